@@ -1,0 +1,1 @@
+//! Test infrastructure: a real local control plane, network namespaces and QEMU VMs.
