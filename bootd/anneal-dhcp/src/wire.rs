@@ -1,0 +1,350 @@
+//! Strict decoding of a client's datagram into a [`Request`].
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use dhcproto::v4::{Message, MessageType, Opcode};
+use dhcproto::{Decodable, Decoder};
+
+use crate::mac::Mac;
+
+/// Largest datagram accepted (an Ethernet MTU); anything bigger is dropped.
+pub const MAX_PACKET: usize = 1500;
+/// Fixed BOOTP header plus the magic cookie.
+const HEADER_LEN: usize = 240;
+const MAGIC: [u8; 4] = [99, 130, 83, 99];
+
+/// Which server port a datagram arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerPort {
+    /// UDP 67: DHCP and proxyDHCP.
+    Dhcp,
+    /// UDP 4011: PXE boot server discovery (proxyDHCP REQUEST).
+    PxeBoot,
+}
+
+/// Where a datagram came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ingress {
+    /// The port it arrived on.
+    pub port: ServerPort,
+    /// Its source address and port.
+    pub src: SocketAddrV4,
+}
+
+/// Why a datagram is not a DHCP request we can read. Each is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum Malformed {
+    #[error("shorter than a bootp header")]
+    Truncated,
+    #[error("larger than the maximum datagram")]
+    Oversized,
+    #[error("not a boot request")]
+    NotBootRequest,
+    #[error("hardware type is not ethernet")]
+    NotEthernet,
+    #[error("bad magic cookie")]
+    BadMagic,
+    #[error("an option runs past the end of the packet")]
+    OptionOverflow,
+    #[error("no message type option")]
+    NoMessageType,
+    #[error("an option has an invalid length")]
+    BadOptionLength,
+    #[error("header does not decode")]
+    BadHeader,
+}
+
+impl Malformed {
+    /// A fixed label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Malformed::Truncated => "truncated",
+            Malformed::Oversized => "oversized",
+            Malformed::NotBootRequest => "not_boot_request",
+            Malformed::NotEthernet => "not_ethernet",
+            Malformed::BadMagic => "bad_magic",
+            Malformed::OptionOverflow => "option_overflow",
+            Malformed::NoMessageType => "no_message_type",
+            Malformed::BadOptionLength => "bad_option_length",
+            Malformed::BadHeader => "bad_header",
+        }
+    }
+}
+
+/// What kind of boot client sent the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientKind {
+    /// iPXE (user class `iPXE` or option 175): gets the per-machine script URL.
+    Ipxe,
+    /// Firmware PXE (option 60 starts with `PXEClient`): gets the first stage over TFTP.
+    Pxe,
+    /// Firmware HTTP boot (option 60 starts with `HTTPClient`): gets an http URL.
+    Http,
+    /// Anything else (an installed OS renewing its lease).
+    Plain,
+}
+
+/// A decoded, validated client request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The BOOTP header as `dhcproto` decoded it (options ignored: see `options`).
+    pub header: Message,
+    /// Options by code, RFC 3396 concatenated; pad and end removed.
+    pub options: BTreeMap<u8, Vec<u8>>,
+    /// Option 53.
+    pub msg_type: MessageType,
+    /// Client hardware address.
+    pub mac: Mac,
+    /// Where it came from.
+    pub ingress: Ingress,
+}
+
+impl Request {
+    /// Validates and decodes one datagram.
+    pub fn parse(bytes: &[u8], ingress: Ingress) -> Result<Request, Malformed> {
+        if bytes.len() > MAX_PACKET {
+            return Err(Malformed::Oversized);
+        }
+        if bytes.len() < HEADER_LEN {
+            return Err(Malformed::Truncated);
+        }
+        if bytes[0] != 1 {
+            return Err(Malformed::NotBootRequest);
+        }
+        if bytes[1] != 1 || bytes[2] != 6 {
+            return Err(Malformed::NotEthernet);
+        }
+        if bytes[236..240] != MAGIC {
+            return Err(Malformed::BadMagic);
+        }
+        let options = walk_options(&bytes[HEADER_LEN..])?;
+        // Only the header: options were walked above, strictly.
+        let header = Message::decode(&mut Decoder::new(&bytes[..HEADER_LEN]))
+            .map_err(|_| Malformed::BadHeader)?;
+        if header.opcode() != Opcode::BootRequest {
+            return Err(Malformed::NotBootRequest);
+        }
+        let msg_type = match options.get(&53) {
+            None => return Err(Malformed::NoMessageType),
+            Some(v) if v.len() == 1 => MessageType::from(v[0]),
+            Some(_) => return Err(Malformed::BadOptionLength),
+        };
+        for (code, len) in [(50u8, 4usize), (54, 4), (57, 2)] {
+            if options.get(&code).is_some_and(|v| v.len() != len) {
+                return Err(Malformed::BadOptionLength);
+            }
+        }
+        if options
+            .get(&93)
+            .is_some_and(|v| v.is_empty() || v.len() % 2 != 0)
+        {
+            return Err(Malformed::BadOptionLength);
+        }
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&bytes[28..34]);
+        Ok(Request {
+            header,
+            options,
+            msg_type,
+            mac: Mac(mac),
+            ingress,
+        })
+    }
+
+    fn ip_opt(&self, code: u8) -> Option<Ipv4Addr> {
+        let v = self.options.get(&code)?;
+        let b: [u8; 4] = v.as_slice().try_into().ok()?;
+        Some(Ipv4Addr::from(b))
+    }
+
+    /// Option 50.
+    pub fn requested_ip(&self) -> Option<Ipv4Addr> {
+        self.ip_opt(50)
+    }
+
+    /// Option 54.
+    pub fn server_id(&self) -> Option<Ipv4Addr> {
+        self.ip_opt(54)
+    }
+
+    /// Option 57, clamped to the RFC 2131 minimum of 576.
+    pub fn max_message_size(&self) -> usize {
+        self.options
+            .get(&57)
+            .and_then(|v| <[u8; 2]>::try_from(v.as_slice()).ok())
+            .map_or(576, |b| usize::from(u16::from_be_bytes(b)).max(576))
+    }
+
+    /// First architecture type of option 93, if any.
+    pub fn arch(&self) -> Option<u16> {
+        let v = self.options.get(&93)?;
+        Some(u16::from_be_bytes([*v.first()?, *v.get(1)?]))
+    }
+
+    /// Option 60 as bytes.
+    pub fn vendor_class(&self) -> &[u8] {
+        self.options.get(&60).map_or(&[], Vec::as_slice)
+    }
+
+    /// True if option 77 says `iPXE`, raw (as iPXE sends it) or RFC 3004 framed.
+    pub fn user_class_ipxe(&self) -> bool {
+        let Some(v) = self.options.get(&77) else {
+            return false;
+        };
+        if v.as_slice() == b"iPXE" {
+            return true;
+        }
+        let mut rest = v.as_slice();
+        while let Some((&len, tail)) = rest.split_first() {
+            let len = usize::from(len);
+            if len == 0 || tail.len() < len {
+                return false;
+            }
+            if &tail[..len] == b"iPXE" {
+                return true;
+            }
+            rest = &tail[len..];
+        }
+        false
+    }
+
+    /// Classifies the client.
+    pub fn client_kind(&self) -> ClientKind {
+        if self.user_class_ipxe() || self.options.contains_key(&175) {
+            ClientKind::Ipxe
+        } else if self.vendor_class().starts_with(b"HTTPClient") {
+            ClientKind::Http
+        } else if self.vendor_class().starts_with(b"PXEClient") {
+            ClientKind::Pxe
+        } else {
+            ClientKind::Plain
+        }
+    }
+}
+
+/// Walks the option area: every option must fit; same-code runs are
+/// concatenated (RFC 3396). A missing end option is tolerated only when the
+/// last option ends exactly at the end of the packet.
+fn walk_options(mut area: &[u8]) -> Result<BTreeMap<u8, Vec<u8>>, Malformed> {
+    let mut out: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+    while let Some((&code, rest)) = area.split_first() {
+        match code {
+            0 => area = rest,
+            255 => break,
+            _ => {
+                let (&len, rest) = rest.split_first().ok_or(Malformed::OptionOverflow)?;
+                let len = usize::from(len);
+                if rest.len() < len {
+                    return Err(Malformed::OptionOverflow);
+                }
+                out.entry(code).or_default().extend_from_slice(&rest[..len]);
+                area = &rest[len..];
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ingress() -> Ingress {
+        Ingress {
+            port: ServerPort::Dhcp,
+            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
+        }
+    }
+
+    fn base(opts: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; 240];
+        p[0] = 1;
+        p[1] = 1;
+        p[2] = 6;
+        p[28..34].copy_from_slice(&[0x52, 0x54, 0, 1, 2, 3]);
+        p[236..240].copy_from_slice(&MAGIC);
+        p.extend_from_slice(opts);
+        p
+    }
+
+    #[test]
+    fn rejects_hostile_shapes() {
+        let ok = base(&[53, 1, 1, 255]);
+        assert!(Request::parse(&ok, ingress()).is_ok());
+        assert_eq!(
+            Request::parse(&ok[..100], ingress()).err(),
+            Some(Malformed::Truncated)
+        );
+        let mut big = ok.clone();
+        big.resize(MAX_PACKET + 1, 0);
+        assert_eq!(
+            Request::parse(&big, ingress()).err(),
+            Some(Malformed::Oversized)
+        );
+        assert_eq!(
+            Request::parse(&base(&[53, 1, 1, 60, 200, b'P']), ingress()).err(),
+            Some(Malformed::OptionOverflow)
+        );
+        assert_eq!(
+            Request::parse(&base(&[53, 1, 1, 60]), ingress()).err(),
+            Some(Malformed::OptionOverflow)
+        );
+        assert_eq!(
+            Request::parse(&base(&[255]), ingress()).err(),
+            Some(Malformed::NoMessageType)
+        );
+        assert_eq!(
+            Request::parse(&base(&[53, 2, 1, 1, 255]), ingress()).err(),
+            Some(Malformed::BadOptionLength)
+        );
+        assert_eq!(
+            Request::parse(&base(&[53, 1, 1, 93, 3, 0, 7, 0, 255]), ingress()).err(),
+            Some(Malformed::BadOptionLength)
+        );
+        let mut reply = ok.clone();
+        reply[0] = 2;
+        assert_eq!(
+            Request::parse(&reply, ingress()).err(),
+            Some(Malformed::NotBootRequest)
+        );
+        let mut magic = ok.clone();
+        magic[236] = 0;
+        assert_eq!(
+            Request::parse(&magic, ingress()).err(),
+            Some(Malformed::BadMagic)
+        );
+        let mut ib = ok;
+        ib[1] = 32;
+        assert_eq!(
+            Request::parse(&ib, ingress()).err(),
+            Some(Malformed::NotEthernet)
+        );
+    }
+
+    #[test]
+    fn concatenates_split_options_and_survives_bad_utf8() {
+        // hostname with invalid UTF-8 before the architecture option
+        let p = base(&[
+            53, 1, 1, 12, 2, 0xff, 0xfe, 60, 3, b'P', b'X', b'E', 60, 6, b'C', b'l', b'i', b'e',
+            b'n', b't', 93, 2, 0, 7, 255,
+        ]);
+        let r = Request::parse(&p, ingress()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.vendor_class(), b"PXEClient");
+        assert_eq!(r.arch(), Some(7));
+        assert_eq!(r.client_kind(), ClientKind::Pxe);
+        assert_eq!(r.mac.to_string(), "52:54:00:01:02:03");
+    }
+
+    #[test]
+    fn ipxe_user_class_raw_and_framed() {
+        let raw = base(&[53, 1, 1, 77, 4, b'i', b'P', b'X', b'E', 255]);
+        let framed = base(&[53, 1, 1, 77, 5, 4, b'i', b'P', b'X', b'E', 255]);
+        let other = base(&[53, 1, 1, 77, 5, 4, b'i', b'P', b'X', b'F', 255]);
+        let o175 = base(&[53, 1, 1, 175, 3, 19, 1, 1, 255]);
+        for (p, want) in [(raw, true), (framed, true), (other, false), (o175, true)] {
+            let r = Request::parse(&p, ingress()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.client_kind() == ClientKind::Ipxe, want);
+        }
+    }
+}
