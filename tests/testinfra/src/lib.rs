@@ -1,1 +1,101 @@
-//! Test infrastructure: a real local control plane, network namespaces and QEMU VMs.
+//! Test infrastructure shared by the end-to-end tests: a real local control
+//! plane (etcd + kube-apiserver built from Go modules), network namespaces
+//! with a bridge and taps, QEMU VMs on OVMF or SeaBIOS with their serial
+//! console captured, and the Debian guest kernel.
+//!
+//! Everything started here is torn down on `Drop` (also when a test panics),
+//! by process group; names are unique per process so tests run in parallel.
+
+mod controlplane;
+mod kernel;
+mod netns;
+mod procs;
+mod vm;
+
+pub use controlplane::ControlPlane;
+pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
+pub use netns::{BRIDGE_IP, Netns};
+pub use procs::{ChildGroup, process_alive};
+pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Where the set-up caches built binaries, the guest kernel and downloads
+/// (`$ANNEAL_CACHE`, default `/var/cache/anneal`).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("ANNEAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/anneal"))
+}
+
+/// Path of a cached control-plane binary (etcd, kube-apiserver, kubectl, ...).
+pub fn cached_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let path = cache_dir().join("bin").join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        anyhow::bail!(
+            "{} is missing: run `bash tests/setup.sh` (it builds the control plane from Go modules)",
+            path.display()
+        )
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A name unique to this process and call: `<prefix><pid36><n>`, at most
+/// 15 characters so it is also a valid interface name.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = format!("{prefix}{}x{n}", radix36(std::process::id()));
+    name.chars().take(15).collect()
+}
+
+fn radix36(mut v: u32) -> String {
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(digits[(v % 36) as usize]);
+        v /= 36;
+        if v == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Runs a command to completion and fails with its stderr when it fails.
+pub fn run(cmd: &mut std::process::Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_fit_interface_names_and_differ() {
+        let a = unique_name("anl");
+        let b = unique_name("anl");
+        assert_ne!(a, b);
+        assert!(a.len() <= 15 && a.starts_with("anl"));
+    }
+}
