@@ -1,0 +1,4 @@
+//! The anneal manager: controllers for claims and readiness rules, and the
+//! CRD YAML generator.
+
+pub mod crdgen;

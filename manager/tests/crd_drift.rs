@@ -1,0 +1,59 @@
+//! The committed CRD YAML under `manager/crds/` must equal what the types
+//! generate. Regenerate with:
+//! `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds`
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+#[test]
+fn committed_crds_match_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let mut expected_files = Vec::new();
+    for crd in anneal_api::crds() {
+        let name = anneal_manager::crdgen::file_name(&crd);
+        let want = anneal_manager::crdgen::render(&crd).unwrap();
+        let got = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
+        assert!(
+            got == want,
+            "manager/crds/{name} drifted from the types; regenerate with \
+             `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds`"
+        );
+        expected_files.push(name);
+    }
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    present.sort();
+    expected_files.sort();
+    assert_eq!(
+        present, expected_files,
+        "stale or missing files in manager/crds/"
+    );
+}
+
+#[test]
+fn every_kind_is_namespaced_with_status_and_short_names() {
+    for crd in anneal_api::crds() {
+        assert_eq!(crd.spec.group, "anneal.dev");
+        assert_eq!(crd.spec.scope, "Namespaced");
+        assert!(
+            crd.spec
+                .names
+                .short_names
+                .as_ref()
+                .is_some_and(|s| !s.is_empty())
+        );
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(
+            version
+                .additional_printer_columns
+                .as_ref()
+                .is_some_and(|c| c.len() >= 2),
+            "{} has printer columns",
+            crd.spec.names.kind
+        );
+    }
+}
