@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's main job: set-up (idempotent), then the QEMU demo with its
+# serial console shown.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+bash "$repo/tests/setup.sh"
+export PATH="$HOME/.cargo/bin:$PATH"
+cd "$repo"
+cargo run -q -p anneal-tests --example demo -- "$@"
