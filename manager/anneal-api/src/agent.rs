@@ -1,0 +1,545 @@
+//! The agent protocol of API.md: the JSON bodies the agent and the manager's
+//! agent API exchange over HTTPS, with no cluster dependency (the static musl
+//! agent builds against this module without kube).
+//!
+//! Every request carries the header [`SCHEMA_HEADER`]`: `[`SCHEMA_VERSION`];
+//! a server refuses a mismatch with 426. Every body rejects unknown fields and
+//! is read with at most [`MAX_BODY_BYTES`] bytes.
+//!
+//! | method | path | request | response |
+//! |---|---|---|---|
+//! | POST | [`paths::REGISTER`] | [`RegisterRequest`] | [`RegisterResponse`] |
+//! | PUT | [`paths::HARDWARE`] | [`HardwareReport`] | empty (204) |
+//! | GET | [`paths::NEXT`] | – | [`NextAction`] |
+//! | POST | [`paths::PROGRESS`] | [`ProgressRequest`] | [`ProgressResponse`] |
+//! | POST | [`paths::RESULT`] | [`ResultRequest`] | empty (204) |
+//!
+//! Requests after `register` authenticate with `Authorization: Bearer
+//! <session token>`. Errors answer an [`ErrorResponse`] body.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The version of this contract; bumped on any incompatible change of a body.
+pub const CONTRACT_VERSION: u32 = 1;
+/// The header every agent request carries.
+pub const SCHEMA_HEADER: &str = "Anneal-Agent-Schema";
+/// The value of [`SCHEMA_HEADER`] for this contract.
+pub const SCHEMA_VERSION: &str = "1";
+/// The largest body either side reads (requests and responses).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// The longest failure reason kept after [`sanitize_reason`].
+pub const MAX_REASON_CHARS: usize = 512;
+
+/// The request paths of the agent API.
+pub mod paths {
+    /// `POST`: trade the boot token for a session token.
+    pub const REGISTER: &str = "/v1/agent/register";
+    /// `PUT`: the hardware inventory.
+    pub const HARDWARE: &str = "/v1/agent/hardware";
+    /// `GET`: long-poll for the next action.
+    pub const NEXT: &str = "/v1/agent/next";
+    /// `POST`: deploy progress.
+    pub const PROGRESS: &str = "/v1/agent/progress";
+    /// `POST`: the outcome of a run.
+    pub const RESULT: &str = "/v1/agent/result";
+}
+
+/// A bearer secret (boot or session token): serialised as a plain string on
+/// the wire, but never shown by `Debug`, with no `Display`, and overwritten
+/// with zeros when dropped.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a secret.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    /// The secret itself, for the one place that must send or hash it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Length in bytes (safe to log).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True for an empty secret.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Compares with `other` in time that depends only on the lengths.
+    pub fn ct_eq(&self, other: &[u8]) -> bool {
+        ct_eq(self.0.as_bytes(), other)
+    }
+}
+
+/// Constant-time equality of two byte strings (time depends only on lengths).
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut acc = 0u8;
+    for (x, y) in a.iter().zip(b) {
+        acc |= std::hint::black_box(x ^ y);
+    }
+    acc == 0
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
+impl Drop for Token {
+    fn drop(&mut self) {
+        // Take the buffer (no copy), overwrite it, and keep the writes from
+        // being optimised away.
+        let mut bytes = std::mem::take(&mut self.0).into_bytes();
+        for b in bytes.iter_mut() {
+            *b = 0;
+        }
+        std::hint::black_box(&bytes);
+    }
+}
+
+/// `POST /v1/agent/register`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterRequest {
+    /// The single-use boot token from `anneal.token`.
+    pub boot_token: Token,
+    /// The MAC of the NIC the machine booted from (`aa:bb:cc:dd:ee:ff`).
+    pub boot_mac: String,
+    /// The agent's version (its crate version).
+    pub agent_version: String,
+    /// `namespace/name` from `anneal.machine`, a lookup hint; the token is
+    /// what authenticates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+}
+
+/// The answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterResponse {
+    /// Bearer token for every later request; short-lived and rotated.
+    pub session_token: Token,
+    /// Seconds until the session token expires.
+    pub expires_in_seconds: u64,
+    /// The machine this agent now speaks for.
+    pub machine: MachineIdentity,
+}
+
+/// Who the manager says this machine is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineIdentity {
+    /// Namespace of the Machine.
+    pub namespace: String,
+    /// Name of the Machine.
+    pub name: String,
+}
+
+/// `PUT /v1/agent/hardware`: the MachineHardware spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HardwareReport {
+    /// Disks, removable ones excluded unless asked for.
+    pub disks: Vec<Disk>,
+    /// Physical NICs (those backed by a device).
+    pub nics: Vec<Nic>,
+    /// Installed memory in bytes (DMI memory devices where present, else the
+    /// kernel's MemTotal).
+    pub memory_bytes: u64,
+    /// Processors.
+    pub cpu: Cpu,
+    /// Firmware mode and Secure Boot.
+    pub firmware: Firmware,
+    /// DMI system identity.
+    pub system: SystemInfo,
+}
+
+/// One disk, with every field a disk hint can match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Disk {
+    /// Kernel name, e.g. `nvme0n1`, `sda`, `vda`.
+    pub device_name: String,
+    /// Capacity in bytes.
+    pub size_bytes: u64,
+    /// Logical sector size in bytes.
+    pub logical_sector_size: u32,
+    /// Physical sector size in bytes.
+    pub physical_sector_size: u32,
+    /// True for spinning media.
+    pub rotational: bool,
+    /// True when the kernel or the bus (USB, MMC) marks it removable.
+    pub removable: bool,
+    /// Model string, trimmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Vendor string, trimmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Serial number, trimmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// World-wide name (`0x5000c500a1b2c3d4`, `eui.…`, `naa.…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    /// SCSI host:channel:target:lun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hctl: Option<String>,
+    /// The PCI address of the controller, e.g. `0000:00:04.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_path: Option<String>,
+    /// Bus, e.g. `nvme`, `virtio`, `scsi`, `ata`, `usb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<String>,
+    /// Existing partitions and what is on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<Partition>,
+}
+
+/// A partition found on a disk.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Partition {
+    /// Kernel name, e.g. `nvme0n1p1`.
+    pub name: String,
+    /// Partition number.
+    pub number: u32,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Filesystem found by the superblock prober (`ext4`, `vfat`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_type: Option<String>,
+    /// Filesystem UUID as blkid prints it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Filesystem label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// One NIC.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Nic {
+    /// Kernel name, e.g. `eth0`, `enp1s0`.
+    pub name: String,
+    /// MAC, lowercase with colons.
+    pub mac: String,
+    /// Link speed in Mbit/s when the link is up and the driver knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_mbps: Option<u32>,
+    /// Bound driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// PCI address of the device (or of its PCI parent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_address: Option<String>,
+    /// True when the link has carrier.
+    pub link: bool,
+}
+
+/// Processors.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cpu {
+    /// Logical CPUs.
+    pub count: u32,
+    /// Model name of the first CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// How the machine booted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FirmwareMode {
+    /// UEFI (efivarfs present).
+    Uefi,
+    /// Legacy BIOS.
+    #[default]
+    Bios,
+}
+
+/// Firmware facts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Firmware {
+    /// UEFI or BIOS.
+    pub mode: FirmwareMode,
+    /// Secure Boot enabled (always false on BIOS).
+    pub secure_boot: bool,
+}
+
+/// DMI system identity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SystemInfo {
+    /// `sys_vendor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// `product_name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    /// `product_serial`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// `product_uuid`, lowercase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+/// `GET /v1/agent/next`: what the agent does next.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "camelCase", deny_unknown_fields)]
+pub enum NextAction {
+    /// Nothing yet: poll again (the server held the request as long as it
+    /// wanted; the agent waits `retryAfterSeconds` before the next poll).
+    #[serde(rename_all = "camelCase")]
+    Wait {
+        /// Seconds before the next poll.
+        #[serde(default)]
+        retry_after_seconds: u32,
+    },
+    /// Deploy. The plan's shape belongs to the deploy contract; until that
+    /// lands it is carried as an opaque JSON object.
+    Deploy {
+        /// The deploy plan.
+        plan: serde_json::Value,
+    },
+    /// Power off.
+    #[serde(rename = "poweroff")]
+    PowerOff,
+    /// Reboot.
+    Reboot,
+    /// Open a debug shell on the console.
+    Shell,
+}
+
+/// Progress of one partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PartitionProgress {
+    /// Partition number.
+    pub number: u32,
+    /// Bytes written.
+    pub bytes_done: u64,
+    /// Bytes to write.
+    pub bytes_total: u64,
+}
+
+/// `POST /v1/agent/progress`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProgressRequest {
+    /// The DeployRun this is about.
+    pub run_id: String,
+    /// The run phase (`Partitioning`, `WritingContent`, …).
+    pub phase: String,
+    /// Per-partition bytes.
+    #[serde(default)]
+    pub partitions: Vec<PartitionProgress>,
+}
+
+/// The answer to a progress report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProgressResponse {
+    /// Go on or stop.
+    pub action: ProgressAction,
+}
+
+/// Go on or stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProgressAction {
+    /// Keep going.
+    Continue,
+    /// Stop the run.
+    Abort,
+}
+
+/// `POST /v1/agent/result`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResultRequest {
+    /// The DeployRun this is about.
+    pub run_id: String,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Outcome {
+    /// It worked.
+    Succeeded,
+    /// It did not; `reason` goes through [`sanitize_reason`] on the server.
+    Failed {
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// An error answer of the agent API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ErrorResponse {
+    /// Machine-readable cause.
+    pub code: ErrorCode,
+    /// Human-readable detail, safe to print (never contains a token).
+    #[serde(default)]
+    pub message: String,
+}
+
+/// Machine-readable error causes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ErrorCode {
+    /// The token is unknown, malformed or bound to another machine/run.
+    InvalidToken,
+    /// The token expired.
+    ExpiredToken,
+    /// The single-use boot token was already used.
+    UsedToken,
+    /// The schema header is missing or differs (HTTP 426).
+    SchemaMismatch,
+    /// The body did not parse or broke a limit.
+    BadRequest,
+    /// The machine is not in a state that accepts this call.
+    Conflict,
+    /// A server-side failure; retry later.
+    Internal,
+}
+
+impl ErrorCode {
+    /// True when retrying the same request cannot succeed.
+    pub fn is_permanent(self) -> bool {
+        matches!(
+            self,
+            Self::InvalidToken | Self::ExpiredToken | Self::UsedToken | Self::SchemaMismatch
+        )
+    }
+}
+
+/// Makes a failure reason safe for a status field: control characters become
+/// spaces, runs of whitespace collapse, and the result is capped at
+/// [`MAX_REASON_CHARS`] characters (with `…` when cut).
+pub fn sanitize_reason(reason: &str) -> String {
+    let mut out = String::new();
+    let mut count = 0usize;
+    let mut last_space = true;
+    for c in reason.chars() {
+        let c = if c.is_control() || c.is_whitespace() {
+            ' '
+        } else {
+            c
+        };
+        if c == ' ' && last_space {
+            continue;
+        }
+        last_space = c == ' ';
+        if count + 1 >= MAX_REASON_CHARS {
+            out.push('…');
+            return out.trim_end().to_string();
+        }
+        out.push(c);
+        count += 1;
+    }
+    out.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_debug_is_redacted_and_json_is_plain() {
+        let t = Token::new("s3cr3t-value");
+        assert_eq!(format!("{t:?}"), "Token(<redacted, 12 bytes>)");
+        let req = RegisterRequest {
+            boot_token: t,
+            boot_mac: "52:54:00:12:34:56".into(),
+            agent_version: "0.1.0".into(),
+            machine: Some("default/m1".into()),
+        };
+        assert!(!format!("{req:?}").contains("s3cr3t"));
+        let json = serde_json::to_string(&req).unwrap();
+        assert_eq!(
+            json,
+            r#"{"bootToken":"s3cr3t-value","bootMac":"52:54:00:12:34:56","agentVersion":"0.1.0","machine":"default/m1"}"#
+        );
+        let back: RegisterRequest = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let bad = r#"{"bootToken":"x","bootMac":"m","agentVersion":"v","extra":1}"#;
+        assert!(serde_json::from_str::<RegisterRequest>(bad).is_err());
+        let bad = r#"{"action":"wait","retryAfterSeconds":1,"extra":true}"#;
+        assert!(serde_json::from_str::<NextAction>(bad).is_err());
+        let bad = r#"{"action":"launchMissiles"}"#;
+        assert!(serde_json::from_str::<NextAction>(bad).is_err());
+    }
+
+    #[test]
+    fn next_actions_round_trip() {
+        for (json, want) in [
+            (
+                r#"{"action":"wait","retryAfterSeconds":5}"#,
+                NextAction::Wait {
+                    retry_after_seconds: 5,
+                },
+            ),
+            (r#"{"action":"poweroff"}"#, NextAction::PowerOff),
+            (r#"{"action":"reboot"}"#, NextAction::Reboot),
+            (r#"{"action":"shell"}"#, NextAction::Shell),
+        ] {
+            let got: NextAction = serde_json::from_str(json).unwrap();
+            assert_eq!(got, want);
+            assert_eq!(serde_json::to_string(&got).unwrap(), json);
+        }
+        let failed = ResultRequest {
+            run_id: "r1".into(),
+            outcome: Outcome::Failed {
+                reason: "disk gone".into(),
+            },
+        };
+        assert_eq!(
+            serde_json::to_string(&failed).unwrap(),
+            r#"{"runId":"r1","outcome":{"status":"failed","reason":"disk gone"}}"#
+        );
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        let t = Token::new("abc");
+        assert!(t.ct_eq(b"abc"));
+        assert!(!t.ct_eq(b"abd"));
+        assert!(!t.ct_eq(b"abcd"));
+        assert!(!t.ct_eq(b""));
+    }
+
+    #[test]
+    fn reasons_are_sanitized_and_capped() {
+        assert_eq!(sanitize_reason("a\n\tb\u{7}  c "), "a b c");
+        let long = "x".repeat(5000);
+        let s = sanitize_reason(&long);
+        assert_eq!(s.chars().count(), MAX_REASON_CHARS);
+        assert!(s.ends_with('…'));
+    }
+}
