@@ -1,4 +1,11 @@
 //! The anneal agent: PID-1 init of the live environment, inventory, deploy,
 //! and the capture/restore subcommands that reuse the imaging code.
 
+pub mod client;
+pub mod cmdline;
+pub mod console;
 pub mod imaging;
+pub mod init;
+pub mod inventory;
+pub mod modules;
+pub mod net;

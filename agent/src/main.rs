@@ -1,7 +1,9 @@
 //! anneal-agent: thin entry point; see the library for the work.
 
-use anneal_agent::imaging;
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use anneal_agent::{cmdline, imaging, init, inventory};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,15 +22,102 @@ enum Command {
     Capture(imaging::CaptureArgs),
     /// Restore a layout and its contents onto a block device or file.
     Restore(imaging::RestoreArgs),
+    /// Run as init (PID 1 of the live environment; chosen automatically when
+    /// the process is PID 1).
+    Init,
+    /// The agent proper, started by PID 1.
+    #[command(hide = true)]
+    InitWorker,
+    /// Print this host's hardware inventory as JSON.
+    Inspect(InspectArgs),
+    /// Parse a kernel command line and print it as JSON (token redacted).
+    Cmdline(CmdlineArgs),
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// Read /sys, /proc and /dev under this root (a captured fixture tree).
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// Keep removable and USB disks.
+    #[arg(long)]
+    include_removable: bool,
+    /// Do not read partitions to probe filesystems.
+    #[arg(long)]
+    no_probe: bool,
+}
+
+#[derive(Debug, Args)]
+struct CmdlineArgs {
+    /// Read from this file (default /proc/cmdline).
+    #[arg(long, conflicts_with = "vectors")]
+    file: Option<PathBuf>,
+    /// Golden-vector mode: one command line per input line, a JSON array of
+    /// {cmdline, result | error} out.
+    #[arg(long)]
+    vectors: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
+    if init::is_pid1() {
+        init::pid1();
+    }
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Capture(args) => {
+            tracing_init();
+            imaging::capture(&args)
+        }
+        Command::Restore(args) => {
+            tracing_init();
+            imaging::restore(&args)
+        }
+        Command::Init => anyhow::bail!(
+            "init runs only as PID 1 (the initramfs's /init); use `anneal-agent inspect` on a running host"
+        ),
+        Command::InitWorker => {
+            if std::env::var_os(init::INIT_START_ENV).is_none() {
+                anyhow::bail!("init-worker is started by PID 1 only");
+            }
+            init::worker()
+        }
+        Command::Inspect(a) => {
+            let hw = inventory::Root::new(&a.root).collect(inventory::Options {
+                include_removable: a.include_removable,
+                probe_filesystems: !a.no_probe,
+            })?;
+            println!("{}", serde_json::to_string_pretty(&hw)?);
+            Ok(())
+        }
+        Command::Cmdline(a) => {
+            if let Some(path) = a.vectors {
+                let input = std::fs::read_to_string(&path)?;
+                let v: Vec<serde_json::Value> = input
+                    .lines()
+                    .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                    .map(cmdline_vector)
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let raw = std::fs::read(a.file.unwrap_or_else(|| "/proc/cmdline".into()))?;
+            let p = cmdline::BootParams::parse(&raw)?;
+            println!("{}", serde_json::to_string_pretty(&p.redacted_json())?);
+            Ok(())
+        }
+    }
+}
+
+/// One golden vector: the input and what the parser made of it.
+fn cmdline_vector(line: &str) -> serde_json::Value {
+    match cmdline::BootParams::parse(line.as_bytes()) {
+        Ok(p) => serde_json::json!({ "cmdline": line, "result": p.redacted_json() }),
+        Err(e) => serde_json::json!({ "cmdline": line, "error": e.to_string() }),
+    }
+}
+
+fn tracing_init() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Capture(args) => imaging::capture(&args),
-        Command::Restore(args) => imaging::restore(&args),
-    }
 }

@@ -166,7 +166,7 @@ impl Archive {
 }
 
 fn pad4(out: &mut Vec<u8>) {
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push(0);
     }
 }
@@ -234,7 +234,7 @@ mod tests {
         assert_eq!(&bytes[117..120], &[0, 0, 0]);
         assert_eq!(&bytes[120..126], b"070701");
         assert!(bytes.windows(10).any(|w| w == b"TRAILER!!!"));
-        assert_eq!(bytes.len() % 4, 0);
+        assert!(bytes.len().is_multiple_of(4));
     }
 
     #[test]

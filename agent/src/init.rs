@@ -1,0 +1,547 @@
+//! PID 1 of the live environment.
+//!
+//! PID 1 mounts the pseudo filesystems, then runs the agent proper as a child
+//! process (the *worker*, the same binary) and reaps every process for the
+//! rest of the boot: orphans of scripts and shells are collected, and the
+//! worker's own children stay waitable by the worker. PID 1 never exits: if
+//! the worker dies it prints why, opens a debug shell (`anneal.debug=shell`)
+//! or reboots after a delay.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anneal_api::agent::{NextAction, Outcome, RegisterRequest, ResultRequest};
+use nix::mount::{MsFlags, mount};
+use nix::sys::reboot::{RebootMode, reboot};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::client::{AgentClient, Backoff, ClientError};
+use crate::cmdline::{BootParams, DebugMode};
+use crate::inventory::{self, Root};
+use crate::modules::{self, ModuleIndex, error_chain};
+use crate::net;
+use crate::say;
+
+/// Environment variable carrying the uptime (ms) at which `/init` started.
+pub const INIT_START_ENV: &str = "ANNEAL_INIT_START_MS";
+/// Seconds before rebooting after a failure without a debug shell.
+pub const REBOOT_DELAY: Duration = Duration::from_secs(30);
+
+fn try_mount(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) {
+    let _ = fs::create_dir_all(target);
+    if let Err(e) = mount(Some(src), target, Some(fstype), flags, data) {
+        // EBUSY: already mounted (e.g. devtmpfs automount).
+        if e != nix::errno::Errno::EBUSY {
+            say!("warning: mounting {fstype} on {target} failed: {e}");
+        }
+    }
+}
+
+/// Mounts proc, sys, devtmpfs, devpts and a tmpfs /run and /tmp.
+pub fn mount_basics() {
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    try_mount("proc", "/proc", "proc", nosuid, None);
+    try_mount("sysfs", "/sys", "sysfs", nosuid, None);
+    try_mount(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    );
+    try_mount(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("gid=5,mode=0620,ptmxmode=0666"),
+    );
+    try_mount(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    );
+    try_mount(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    );
+    say!("mounted proc, sys, devtmpfs, devpts, /run and /tmp");
+}
+
+fn read_cmdline() -> Vec<u8> {
+    fs::read("/proc/cmdline").unwrap_or_default()
+}
+
+/// The PID-1 loop. Never returns.
+pub fn pid1() -> ! {
+    let start = crate::console::uptime();
+    say!(
+        "anneal-agent {} starting as PID 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    mount_basics();
+    let debug = BootParams::parse(&read_cmdline())
+        .map(|p| p.debug)
+        .unwrap_or(DebugMode::Off);
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/init"));
+    loop {
+        let child = Command::new(&exe)
+            .arg("init-worker")
+            .env(INIT_START_ENV, start.as_millis().to_string())
+            .env("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
+            .spawn();
+        let worker = match child {
+            Ok(c) => Pid::from_raw(c.id() as i32),
+            Err(e) => {
+                say!("FAILED: cannot start the agent worker: {e}");
+                after_failure(debug);
+                continue;
+            }
+        };
+        // Reap everything; stop when the worker itself is gone.
+        loop {
+            match waitpid(None, None) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == worker => {
+                    say!("agent worker exited with status {code}");
+                    break;
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == worker => {
+                    say!("agent worker killed by {sig:?}");
+                    break;
+                }
+                Ok(_) => {}
+                Err(nix::errno::Errno::ECHILD) => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        after_failure(debug);
+    }
+}
+
+/// Shell (debug) or delayed reboot.
+fn after_failure(debug: DebugMode) {
+    if debug == DebugMode::Shell {
+        run_shell();
+        say!("debug shell exited; rebooting");
+        reboot_now(RebootMode::RB_AUTOBOOT);
+    } else {
+        say!(
+            "rebooting in {} s (boot with anneal.debug=shell to get a shell instead)",
+            REBOOT_DELAY.as_secs()
+        );
+        std::thread::sleep(REBOOT_DELAY);
+        reboot_now(RebootMode::RB_AUTOBOOT);
+    }
+}
+
+/// A shell on the console, with a controlling terminal when busybox is there.
+pub fn run_shell() {
+    let busybox = Path::new("/bin/busybox");
+    let mut cmd = if busybox.exists() {
+        let mut c = Command::new(busybox);
+        c.args(["setsid", "-c", "/bin/sh", "-l"]);
+        c
+    } else if Path::new("/bin/sh").exists() {
+        Command::new("/bin/sh")
+    } else {
+        say!("no shell in this initramfs (build it with --busybox)");
+        std::thread::sleep(REBOOT_DELAY);
+        return;
+    };
+    say!("starting a debug shell on the console; exit it to reboot");
+    match cmd.env("PS1", "anneal# ").spawn() {
+        Ok(mut c) => {
+            let _ = c.wait();
+        }
+        Err(e) => say!("cannot start the shell: {e}"),
+    }
+}
+
+fn reboot_now(mode: RebootMode) {
+    nix::unistd::sync();
+    if std::process::id() == 1 || is_worker() {
+        let _ = reboot(mode);
+    }
+    // Not PID 1 (tests) or reboot refused: park.
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn is_worker() -> bool {
+    std::env::var_os(INIT_START_ENV).is_some()
+}
+
+/// A failure of one step: what failed and what to check, on one line.
+fn fail(step: &str, err: &dyn std::error::Error, check: &str) -> ! {
+    say!("FAILED: {step}: {}; check: {check}", error_chain(err));
+    // Exit; PID 1 decides between shell and reboot.
+    std::process::exit(1)
+}
+
+fn modules_dir() -> Option<PathBuf> {
+    let release = nix::sys::utsname::uname()
+        .ok()
+        .map(|u| u.release().to_string_lossy().to_string());
+    if let Some(r) = release {
+        let p = PathBuf::from("/lib/modules").join(r);
+        if p.join("modules.dep").exists() {
+            return Some(p);
+        }
+    }
+    fs::read_dir("/lib/modules")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("modules.dep").exists())
+}
+
+fn load_drivers() {
+    let Some(dir) = modules_dir() else {
+        say!("no /lib/modules/<release>/modules.dep: using built-in drivers only");
+        return;
+    };
+    let index = match ModuleIndex::load(&dir) {
+        Ok(i) => i,
+        Err(e) => {
+            say!("warning: module index unreadable: {}", error_chain(&e));
+            return;
+        }
+    };
+    let extra: Vec<String> = fs::read_to_string("/etc/anneal/modules.load")
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    let started = Instant::now();
+    let result =
+        modules::coldplug(
+            &index,
+            &dir,
+            Path::new("/sys/devices"),
+            &extra,
+            |m, err| match err {
+                None => say!("driver loaded: {m}"),
+                Some(e) => say!("driver {m} failed to load: {}", error_chain(e)),
+            },
+        );
+    say!(
+        "{} drivers loaded in {:.1} s ({} failed)",
+        result.loaded.len(),
+        started.elapsed().as_secs_f64(),
+        result.failed.len()
+    );
+}
+
+fn mount_efivarfs() {
+    let target = "/sys/firmware/efi/efivars";
+    if Path::new("/sys/firmware/efi").is_dir() {
+        match mount(
+            Some("efivarfs"),
+            target,
+            Some("efivarfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        ) {
+            Ok(()) => say!("mounted efivarfs (UEFI boot)"),
+            Err(nix::errno::Errno::EBUSY) => {}
+            Err(e) => say!("warning: mounting efivarfs failed: {e}"),
+        }
+    } else {
+        say!("legacy BIOS boot (no /sys/firmware/efi)");
+    }
+}
+
+/// Waits until the set of block devices stops changing (drivers probe
+/// asynchronously), at most `max`.
+fn settle_block_devices(max: Duration) {
+    let list = || -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir("/sys/block")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let start = Instant::now();
+    let mut last = list();
+    let mut stable_since = Instant::now();
+    while start.elapsed() < max {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = list();
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if stable_since.elapsed() >= Duration::from_millis(700) {
+            break;
+        }
+    }
+}
+
+fn since_init() -> Option<Duration> {
+    let ms: u64 = std::env::var(INIT_START_ENV).ok()?.parse().ok()?;
+    Some(crate::console::uptime().saturating_sub(Duration::from_millis(ms)))
+}
+
+fn human_bytes(b: u64) -> String {
+    const G: f64 = (1u64 << 30) as f64;
+    if b >= 1 << 30 {
+        format!("{:.1} GiB", b as f64 / G)
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
+/// The agent proper, as a child of PID 1. Never returns: it reboots, powers
+/// off, or exits with a failure line for PID 1 to handle.
+pub fn worker() -> ! {
+    let params = match BootParams::parse(&read_cmdline()) {
+        Ok(p) => p,
+        Err(e) => fail(
+            "kernel command line",
+            &e,
+            "the boot parameters bootd's iPXE script wrote",
+        ),
+    };
+    for k in &params.unknown {
+        say!("warning: unknown boot parameter {k} ignored");
+    }
+    load_drivers();
+    mount_efivarfs();
+    settle_block_devices(Duration::from_secs(5));
+
+    let reg = match params.registration() {
+        Ok(r) => r,
+        Err(e) => fail(
+            "boot parameters",
+            &e,
+            "that the machine was booted by bootd (anneal.api, anneal.ca and anneal.token)",
+        ),
+    };
+    let netcfg = match net::bring_up(params.bootif, params.ip, net::Timeouts::default()) {
+        Ok(c) => c,
+        Err(e) => fail(
+            "network",
+            &e,
+            "the NIC's driver, cabling, and that a DHCP server answers this MAC",
+        ),
+    };
+    let lease_at = netcfg.at;
+    let mut client = match AgentClient::new(reg.api.clone(), reg.ca) {
+        Ok(c) => c,
+        Err(e) => fail("TLS set-up", &e, "this agent build"),
+    };
+    say!(
+        "registering with {} (CA pinned to sha256 {}…)",
+        reg.api,
+        &reg.ca.to_hex()[..16]
+    );
+    let request = RegisterRequest {
+        boot_token: reg.token.clone(),
+        boot_mac: netcfg.iface.mac.to_string(),
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        machine: params.machine.as_ref().map(ToString::to_string),
+    };
+    let resp = retry("registration", Duration::from_secs(300), || {
+        client.register(&request)
+    });
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => fail("registration", &e, &registration_hint(&e)),
+    };
+    say!(
+        "registered as {}/{} ({:.1} s after /init, {:.1} s after the network was up)",
+        resp.machine.namespace,
+        resp.machine.name,
+        since_init().unwrap_or_default().as_secs_f64(),
+        lease_at.elapsed().as_secs_f64()
+    );
+
+    let hw = match Root::new("/").collect(inventory::Options {
+        include_removable: false,
+        probe_filesystems: true,
+    }) {
+        Ok(h) => h,
+        Err(e) => fail("inventory", &e, "that /sys is mounted"),
+    };
+    say!(
+        "inventory: {} CPUs, {} memory, {} firmware{}, {} disks, {} NICs",
+        hw.cpu.count,
+        human_bytes(hw.memory_bytes),
+        match hw.firmware.mode {
+            anneal_api::agent::FirmwareMode::Uefi => "UEFI",
+            anneal_api::agent::FirmwareMode::Bios => "BIOS",
+        },
+        if hw.firmware.secure_boot {
+            " (Secure Boot)"
+        } else {
+            ""
+        },
+        hw.disks.len(),
+        hw.nics.len()
+    );
+    for d in &hw.disks {
+        say!(
+            "disk {}: {} {} serial={} model={}",
+            d.device_name,
+            human_bytes(d.size_bytes),
+            d.bus.as_deref().unwrap_or("?"),
+            d.serial_number.as_deref().unwrap_or("-"),
+            d.model.as_deref().unwrap_or("-")
+        );
+    }
+    for n in &hw.nics {
+        say!(
+            "nic {}: {} driver={} link={}",
+            n.name,
+            n.mac,
+            n.driver.as_deref().unwrap_or("-"),
+            if n.link { "up" } else { "down" }
+        );
+    }
+    if let Err(e) = retry("hardware report", Duration::from_secs(300), || {
+        client.put_hardware(&hw)
+    }) {
+        fail(
+            "hardware report",
+            &e,
+            "the manager's logs for the rejected field",
+        );
+    }
+    say!("hardware sent");
+    say!("waiting for the next action");
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        match client.next(Duration::from_secs(60)) {
+            Ok(action) => {
+                backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+                handle(&client, action);
+            }
+            Err(e) if e.is_permanent() => fail(
+                "waiting for the next action",
+                &e,
+                "the Machine's state in the manager (session expired or revoked)",
+            ),
+            Err(e) => {
+                let d = backoff.next_delay();
+                say!(
+                    "next: {}; retrying in {:.1} s",
+                    error_chain(&e),
+                    d.as_secs_f64()
+                );
+                std::thread::sleep(d);
+            }
+        }
+    }
+}
+
+fn handle(client: &AgentClient, action: NextAction) {
+    match action {
+        NextAction::Wait {
+            retry_after_seconds,
+        } => {
+            std::thread::sleep(Duration::from_secs(u64::from(
+                retry_after_seconds.clamp(1, 300),
+            )));
+        }
+        NextAction::Reboot => {
+            say!("rebooting (asked by the manager)");
+            reboot_now(RebootMode::RB_AUTOBOOT);
+        }
+        NextAction::PowerOff => {
+            say!("powering off (asked by the manager)");
+            reboot_now(RebootMode::RB_POWER_OFF);
+        }
+        NextAction::Shell => {
+            run_shell();
+        }
+        NextAction::Deploy { plan } => {
+            let run_id = plan
+                .get("runId")
+                .and_then(|r| r.as_str())
+                .unwrap_or_default()
+                .to_string();
+            say!("deploy of run {run_id} requested, but this agent build cannot deploy yet");
+            let res = client.result(&ResultRequest {
+                run_id,
+                outcome: Outcome::Failed {
+                    reason: "this agent build cannot deploy".into(),
+                },
+            });
+            if let Err(e) = res {
+                say!("reporting the deploy result failed: {}", error_chain(&e));
+            }
+        }
+    }
+}
+
+fn registration_hint(e: &ClientError) -> String {
+    use anneal_api::agent::ErrorCode;
+    match e {
+        ClientError::CaMismatch { .. } => {
+            "anneal.ca against the manager's CA (Secret anneal-agent-api-ca) and that the manager serves the CA in its chain".into()
+        }
+        ClientError::Status { code: Some(ErrorCode::UsedToken), .. } => {
+            "the boot token was already used: re-arm the Machine's net boot for a fresh token".into()
+        }
+        ClientError::Status { code: Some(ErrorCode::ExpiredToken), .. } => {
+            "the boot token expired: re-arm the Machine's net boot (or raise spec.bootTimeout)".into()
+        }
+        ClientError::Status { status: 401, .. } => {
+            "the boot token was refused: the Machine must be armed for net boot and anneal.token must be its current token".into()
+        }
+        ClientError::Status { status: 426, .. } => {
+            "the agent and manager versions (Anneal-Agent-Schema differs)".into()
+        }
+        _ => "that anneal.api is reachable from this network and the manager is running".into(),
+    }
+}
+
+/// Retries transient failures with backoff until `budget` is spent; stops at
+/// once on a permanent one.
+fn retry<T>(
+    what: &str,
+    budget: Duration,
+    mut f: impl FnMut() -> Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    let start = Instant::now();
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let mut attempt = 1u32;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_permanent() => return Err(e),
+            Err(e) => {
+                let d = backoff.next_delay();
+                if start.elapsed() + d > budget {
+                    return Err(e);
+                }
+                say!(
+                    "{what} attempt {attempt} failed: {}; retrying in {:.1} s",
+                    error_chain(&e),
+                    d.as_secs_f64()
+                );
+                std::thread::sleep(d);
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// True when this process is PID 1 (then it is init whatever its arguments).
+pub fn is_pid1() -> bool {
+    std::process::id() == 1
+}

@@ -1,0 +1,649 @@
+//! The initramfs builder: the agent as `/init`, the selected kernel modules
+//! with their dependencies (and the index files the agent's coldplug reads),
+//! optional firmware and busybox, written as a reproducible newc cpio and
+//! compressed with zstd or gzip. The same inputs give the same bytes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use anneal_cpio::Archive;
+use anneal_kmod::{ModuleIndex, module_name};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// A failed build.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// An input file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The module index could not be read.
+    #[error("module index")]
+    Index(#[from] anneal_kmod::Error),
+    /// An explicitly named module does not exist in the tree.
+    #[error("module {0} is neither in modules.dep nor built in")]
+    UnknownModule(String),
+    /// The kernel release could not be worked out.
+    #[error("cannot tell the kernel release of {0}: pass it explicitly")]
+    Release(PathBuf),
+    /// The archive refused an entry.
+    #[error("archive")]
+    Archive(#[from] anneal_cpio::Error),
+    /// Compression failed.
+    #[error("{0} compression")]
+    Compress(&'static str, #[source] io::Error),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, BuildError> {
+    fs::read(path).map_err(|source| BuildError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A named group of drivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    /// virtio transport, block, net, SCSI (VMs).
+    Virtio,
+    /// NVMe.
+    Nvme,
+    /// AHCI/SATA and legacy IDE-mode controllers.
+    Sata,
+    /// SAS HBAs and RAID controllers.
+    Sas,
+    /// Common server NICs.
+    Nics,
+    /// efivarfs and the filesystems post-install steps touch.
+    Fs,
+    /// USB host controllers and USB storage (off by default).
+    UsbStorage,
+}
+
+impl Class {
+    /// Every class.
+    pub const ALL: [Class; 7] = [
+        Class::Virtio,
+        Class::Nvme,
+        Class::Sata,
+        Class::Sas,
+        Class::Nics,
+        Class::Fs,
+        Class::UsbStorage,
+    ];
+
+    /// The default selection: everything but USB storage.
+    pub const DEFAULT: [Class; 6] = [
+        Class::Virtio,
+        Class::Nvme,
+        Class::Sata,
+        Class::Sas,
+        Class::Nics,
+        Class::Fs,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Virtio => "virtio",
+            Class::Nvme => "nvme",
+            Class::Sata => "sata",
+            Class::Sas => "sas",
+            Class::Nics => "nics",
+            Class::Fs => "fs",
+            Class::UsbStorage => "usb-storage",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<Class> {
+        Class::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// The modules of the class (missing ones are skipped: kernels differ).
+    pub fn modules(self) -> &'static [&'static str] {
+        match self {
+            Class::Virtio => &[
+                "virtio_pci",
+                "virtio_blk",
+                "virtio_net",
+                "virtio_scsi",
+                "virtio_rng",
+            ],
+            Class::Nvme => &["nvme"],
+            Class::Sata => &["ahci", "ata_piix", "ata_generic", "sd_mod"],
+            Class::Sas => &[
+                "mpt3sas",
+                "megaraid_sas",
+                "mpi3mr",
+                "smartpqi",
+                "hpsa",
+                "aacraid",
+                "isci",
+                "pm80xx",
+                "sd_mod",
+            ],
+            Class::Nics => &[
+                "e1000",
+                "e1000e",
+                "igb",
+                "igc",
+                "ixgbe",
+                "i40e",
+                "ice",
+                "mlx5_core",
+                "bnxt_en",
+                "tg3",
+                "r8169",
+                "vmxnet3",
+            ],
+            Class::Fs => &[
+                "efivarfs",
+                "ext4",
+                "vfat",
+                "nls_cp437",
+                "nls_ascii",
+                "nls_iso8859_1",
+                "nls_utf8",
+                "crc32c_generic",
+                "crc32c_intel",
+            ],
+            Class::UsbStorage => &[
+                "xhci_pci",
+                "ehci_pci",
+                "ohci_pci",
+                "uhci_hcd",
+                "usb_storage",
+                "uas",
+                "sd_mod",
+            ],
+        }
+    }
+}
+
+/// Which modules to pack.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Driver classes.
+    pub classes: Vec<Class>,
+    /// Extra modules by name (an unknown name is an error).
+    pub names: Vec<String>,
+    /// Modules to leave out (and not pull in as dependencies).
+    pub exclude: Vec<String>,
+}
+
+/// Compression of the archive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// zstd (the kernel's `RD_ZSTD`).
+    Zstd,
+    /// gzip (every kernel).
+    Gzip,
+    /// Plain cpio.
+    None,
+}
+
+/// Everything a build reads.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The static agent; becomes `/init`.
+    pub agent: PathBuf,
+    /// `lib/modules/<release>` of the kernel (modules.dep and `kernel/`).
+    pub modules_dir: Option<PathBuf>,
+    /// The kernel release; worked out from the tree when absent.
+    pub kernel_release: Option<String>,
+    /// The module selection.
+    pub selection: Selection,
+    /// A firmware tree (`/lib/firmware` layout): the files the packed modules
+    /// declare (`firmware=` in their modinfo) are taken from it when present.
+    pub firmware_dir: Option<PathBuf>,
+    /// Extra firmware files, relative to `firmware_dir`.
+    pub firmware: Vec<String>,
+    /// A static busybox for the debug shell and script steps.
+    pub busybox: Option<PathBuf>,
+    /// Compression.
+    pub compression: Compression,
+    /// Compression level (zstd 1..=19, gzip 1..=9).
+    pub level: i32,
+}
+
+/// One row of the size table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SizeRow {
+    /// Category (`agent`, `modules/virtio`, `modules/deps`, `firmware`, …).
+    pub category: String,
+    /// Files.
+    pub files: usize,
+    /// Uncompressed bytes.
+    pub bytes: u64,
+}
+
+/// What a build produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The kernel release the modules are for.
+    pub kernel_release: Option<String>,
+    /// Packed modules in load-safe order.
+    pub modules: Vec<String>,
+    /// Selected names the tree does not have (skipped class members).
+    pub missing: Vec<String>,
+    /// Sizes by category.
+    pub sizes: Vec<SizeRow>,
+    /// Size of the uncompressed cpio.
+    pub cpio_bytes: u64,
+    /// Size of the output.
+    pub output_bytes: u64,
+    /// Compression used.
+    pub compression: Compression,
+    /// SHA-256 of the output, hex.
+    pub sha256: String,
+}
+
+impl Report {
+    /// The size table as text.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{:<22} {:>6} {:>12}", "category", "files", "bytes");
+        for r in &self.sizes {
+            let _ = writeln!(s, "{:<22} {:>6} {:>12}", r.category, r.files, r.bytes);
+        }
+        let files: usize = self.sizes.iter().map(|r| r.files).sum();
+        let _ = writeln!(
+            s,
+            "{:<22} {:>6} {:>12}",
+            "total (cpio)", files, self.cpio_bytes
+        );
+        let _ = writeln!(
+            s,
+            "{:<22} {:>6} {:>12}  ({:.1} MiB, sha256 {})",
+            format!("output ({:?})", self.compression).to_lowercase(),
+            "",
+            self.output_bytes,
+            self.output_bytes as f64 / (1024.0 * 1024.0),
+            self.sha256
+        );
+        s
+    }
+}
+
+/// The release of a modules tree: an explicit value, the `version` file
+/// beside it (testinfra's cache layout), or its directory name.
+pub fn kernel_release(modules_dir: &Path, explicit: Option<&str>) -> Result<String, BuildError> {
+    if let Some(r) = explicit {
+        return Ok(r.to_string());
+    }
+    if let Some(parent) = modules_dir.parent()
+        && let Ok(v) = fs::read_to_string(parent.join("version"))
+        && !v.trim().is_empty()
+    {
+        return Ok(v.trim().to_string());
+    }
+    let name = modules_dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+        .unwrap_or_default();
+    if name.contains('.') && name.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+        return Ok(name);
+    }
+    Err(BuildError::Release(modules_dir.to_path_buf()))
+}
+
+/// Modules with their size-table category, and selected names the tree lacks.
+pub type Resolved = (Vec<(String, String)>, Vec<String>);
+
+/// The modules to pack: the selection's names, their hard and `pre:` soft
+/// dependencies, in load order, with the class each came from (`deps` for
+/// dependencies). Returns (modules with categories, missing names).
+pub fn resolve_modules(index: &ModuleIndex, sel: &Selection) -> Result<Resolved, BuildError> {
+    let exclude: BTreeSet<String> = sel.exclude.iter().map(|e| module_name(e)).collect();
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    let mut missing = Vec::new();
+    let mut classes = sel.classes.clone();
+    classes.sort();
+    classes.dedup();
+    for c in &classes {
+        for m in c.modules() {
+            let m = module_name(m);
+            if exclude.contains(&m) || index.is_builtin(&m) {
+                continue;
+            }
+            if !index.has(&m) {
+                missing.push(m);
+                continue;
+            }
+            if !wanted.iter().any(|(w, _)| *w == m) {
+                wanted.push((m, format!("modules/{}", c.name())));
+            }
+        }
+    }
+    for n in &sel.names {
+        let m = module_name(n);
+        if index.is_builtin(&m) || exclude.contains(&m) {
+            continue;
+        }
+        if !index.has(&m) {
+            return Err(BuildError::UnknownModule(n.clone()));
+        }
+        if !wanted.iter().any(|(w, _)| *w == m) {
+            wanted.push((m, "modules/extra".to_string()));
+        }
+    }
+    let names: Vec<String> = wanted.iter().map(|(m, _)| m.clone()).collect();
+    let (order, _unknown) = index.load_order(&names);
+    let category: BTreeMap<&str, &str> = wanted
+        .iter()
+        .map(|(m, c)| (m.as_str(), c.as_str()))
+        .collect();
+    let out = order
+        .into_iter()
+        .filter(|m| !exclude.contains(m))
+        .map(|m| {
+            let c = category
+                .get(m.as_str())
+                .copied()
+                .unwrap_or("modules/deps")
+                .to_string();
+            (m, c)
+        })
+        .collect();
+    missing.sort();
+    missing.dedup();
+    Ok((out, missing))
+}
+
+/// The `firmware=` entries of a module's modinfo.
+pub fn module_firmware(ko: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in ko.split(|&b| b == 0) {
+        if let Some(rest) = s.strip_prefix(b"firmware=")
+            && let Ok(name) = std::str::from_utf8(rest)
+            && !name.is_empty()
+            && !name.contains("..")
+            && !name.starts_with('/')
+        {
+            out.push(name.to_string());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn add_row(rows: &mut BTreeMap<String, SizeRow>, cat: &str, bytes: usize) {
+    let r = rows.entry(cat.to_string()).or_insert_with(|| SizeRow {
+        category: cat.to_string(),
+        ..SizeRow::default()
+    });
+    r.files += 1;
+    r.bytes += bytes as u64;
+}
+
+/// Busybox applets linked into `/bin` when busybox is packed.
+pub const BUSYBOX_APPLETS: &[&str] = &[
+    "sh", "ash", "cat", "chmod", "cp", "dd", "df", "dmesg", "echo", "env", "false", "fdisk",
+    "find", "free", "grep", "gzip", "head", "hexdump", "ip", "kill", "less", "ln", "ls", "lsmod",
+    "mkdir", "mknod", "mount", "mv", "ping", "ps", "readlink", "rm", "sed", "setsid", "sleep",
+    "stat", "sync", "tail", "tar", "test", "top", "touch", "true", "umount", "uname", "vi", "wc",
+    "wget", "xxd", "awk", "blkid", "blockdev", "cut", "sort", "tr", "uniq", "wipefs",
+];
+
+/// Builds the archive (uncompressed) and the report's sizes.
+pub fn build_archive(inputs: &Inputs) -> Result<(Archive, Report), BuildError> {
+    let mut a = Archive::new();
+    let mut rows: BTreeMap<String, SizeRow> = BTreeMap::new();
+    for d in [
+        "proc", "sys", "dev", "run", "tmp", "etc", "root", "mnt", "bin", "sbin",
+    ] {
+        a.dir(d, 0o755)?;
+    }
+    a.dir("tmp", 0o1777)?;
+    a.char_device("dev/console", 0o600, 5, 1)?;
+    a.char_device("dev/null", 0o666, 1, 3)?;
+    a.char_device("dev/kmsg", 0o644, 1, 11)?;
+
+    let agent = read(&inputs.agent)?;
+    add_row(&mut rows, "agent", agent.len());
+    a.file("init", 0o755, agent)?;
+
+    if let Some(bb) = &inputs.busybox {
+        let data = read(bb)?;
+        add_row(&mut rows, "busybox", data.len());
+        a.file("bin/busybox", 0o755, data)?;
+        for applet in BUSYBOX_APPLETS {
+            a.symlink(&format!("bin/{applet}"), "busybox")?;
+        }
+    }
+
+    let mut report = Report {
+        kernel_release: None,
+        modules: Vec::new(),
+        missing: Vec::new(),
+        sizes: Vec::new(),
+        cpio_bytes: 0,
+        output_bytes: 0,
+        compression: inputs.compression,
+        sha256: String::new(),
+    };
+    let mut firmware: BTreeSet<String> = inputs.firmware.iter().cloned().collect();
+    if let Some(dir) = &inputs.modules_dir {
+        let release = kernel_release(dir, inputs.kernel_release.as_deref())?;
+        let index = ModuleIndex::load(dir)?;
+        let (mods, missing) = resolve_modules(&index, &inputs.selection)?;
+        let base = format!("lib/modules/{release}");
+        let packed: BTreeSet<&str> = mods.iter().map(|(m, _)| m.as_str()).collect();
+        let mut dep = String::new();
+        for (m, cat) in &mods {
+            let Some(rel) = index.path_of(m) else {
+                continue;
+            };
+            let data = read(&dir.join(rel))?;
+            if inputs.firmware_dir.is_some() {
+                firmware.extend(module_firmware(&data));
+            }
+            add_row(&mut rows, cat, data.len());
+            a.file(&format!("{base}/{rel}"), 0o644, data)?;
+        }
+        // Index files restricted to what is packed, in the tree's own order.
+        let mut all: Vec<(&str, &str)> = index.modules().collect();
+        all.sort_by(|x, y| x.1.cmp(y.1));
+        for (m, rel) in all {
+            if !packed.contains(m) {
+                continue;
+            }
+            let deps: Vec<String> = index
+                .deps_of(m)
+                .iter()
+                .filter_map(|d| index.path_of(d).map(str::to_string))
+                .collect();
+            let _ = writeln!(dep, "{rel}: {}", deps.join(" "));
+        }
+        let dep = dep.replace(": \n", ":\n");
+        let mut alias = String::new();
+        for (pat, m) in index.aliases() {
+            if packed.contains(m.as_str()) {
+                let _ = writeln!(alias, "alias {pat} {m}");
+            }
+        }
+        let mut softdep = String::new();
+        for m in &packed {
+            let pre = index.softdeps_of(m);
+            if !pre.is_empty() {
+                let _ = writeln!(softdep, "softdep {m} pre: {}", pre.join(" "));
+            }
+        }
+        let builtin = fs::read(dir.join("modules.builtin")).unwrap_or_default();
+        let mut meta = 0usize;
+        for (name, data) in [
+            ("modules.dep", dep.into_bytes()),
+            ("modules.alias", alias.into_bytes()),
+            ("modules.softdep", softdep.into_bytes()),
+            ("modules.builtin", builtin),
+        ] {
+            meta += data.len();
+            a.file(&format!("{base}/{name}"), 0o644, data)?;
+        }
+        let mut load = String::from("# loaded after coldplug, in order\n");
+        for (m, cat) in &mods {
+            if cat == "modules/fs" {
+                let _ = writeln!(load, "{m}");
+            }
+        }
+        meta += load.len();
+        a.file("etc/anneal/modules.load", 0o644, load.into_bytes())?;
+        rows.insert(
+            "module index".into(),
+            SizeRow {
+                category: "module index".into(),
+                files: 5,
+                bytes: meta as u64,
+            },
+        );
+        report.kernel_release = Some(release);
+        report.modules = mods.into_iter().map(|(m, _)| m).collect();
+        report.missing = missing;
+    }
+    if let Some(fw_dir) = &inputs.firmware_dir {
+        for f in &firmware {
+            let path = fw_dir.join(f);
+            if !path.is_file() {
+                continue; // declared but not shipped: drivers run without it
+            }
+            let data = read(&path)?;
+            add_row(&mut rows, "firmware", data.len());
+            a.file(&format!("lib/firmware/{f}"), 0o644, data)?;
+        }
+    }
+    report.sizes = rows.into_values().collect();
+    Ok((a, report))
+}
+
+/// Builds, compresses and writes the initramfs; returns the report.
+pub fn build(inputs: &Inputs) -> Result<(Vec<u8>, Report), BuildError> {
+    let (archive, mut report) = build_archive(inputs)?;
+    let cpio = archive.to_bytes();
+    report.cpio_bytes = cpio.len() as u64;
+    let out = compress(&cpio, inputs.compression, inputs.level)?;
+    report.output_bytes = out.len() as u64;
+    report.sha256 = hex::encode(Sha256::digest(&out));
+    Ok((out, report))
+}
+
+/// Compresses deterministically (single-threaded zstd; gzip with mtime 0).
+pub fn compress(data: &[u8], c: Compression, level: i32) -> Result<Vec<u8>, BuildError> {
+    match c {
+        Compression::None => Ok(data.to_vec()),
+        Compression::Zstd => {
+            let mut enc = zstd::stream::Encoder::new(Vec::new(), level.clamp(1, 19))
+                .map_err(|e| BuildError::Compress("zstd", e))?;
+            enc.include_checksum(true)
+                .map_err(|e| BuildError::Compress("zstd", e))?;
+            enc.set_pledged_src_size(Some(data.len() as u64))
+                .map_err(|e| BuildError::Compress("zstd", e))?;
+            enc.write_all(data)
+                .map_err(|e| BuildError::Compress("zstd", e))?;
+            enc.finish().map_err(|e| BuildError::Compress("zstd", e))
+        }
+        Compression::Gzip => {
+            let lvl = u32::try_from(level.clamp(1, 9)).unwrap_or(9);
+            let mut enc = flate2::GzBuilder::new()
+                .mtime(0)
+                .operating_system(3)
+                .write(Vec::new(), flate2::Compression::new(lvl));
+            enc.write_all(data)
+                .map_err(|e| BuildError::Compress("gzip", e))?;
+            enc.finish().map_err(|e| BuildError::Compress("gzip", e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index() -> ModuleIndex {
+        ModuleIndex::parse(
+            "kernel/drivers/nvme/host/nvme.ko: kernel/drivers/nvme/host/nvme-core.ko\n\
+             kernel/drivers/nvme/host/nvme-core.ko:\n\
+             kernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko\n\
+             kernel/fs/jbd2/jbd2.ko:\n\
+             kernel/crypto/crc32c_generic.ko:\n\
+             kernel/fs/efivarfs/efivarfs.ko:\n",
+            "alias crypto-crc32c crc32c_generic\n",
+            "softdep ext4 pre: crypto-crc32c\n",
+            "kernel/fs/vfat.ko\n",
+        )
+    }
+
+    #[test]
+    fn selection_resolves_deps_and_reports_missing() {
+        let sel = Selection {
+            classes: vec![Class::Nvme, Class::Fs],
+            names: vec![],
+            exclude: vec![],
+        };
+        let (mods, missing) = resolve_modules(&index(), &sel).unwrap();
+        let names: Vec<&str> = mods.iter().map(|(m, _)| m.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "nvme_core",
+                "nvme",
+                "efivarfs",
+                "crc32c_generic",
+                "jbd2",
+                "ext4"
+            ]
+        );
+        assert_eq!(mods[0].1, "modules/deps");
+        assert_eq!(mods[1].1, "modules/nvme");
+        assert!(missing.contains(&"nls_cp437".to_string()));
+        assert!(
+            !missing.contains(&"vfat".to_string()),
+            "builtin is not missing"
+        );
+        let bad = Selection {
+            names: vec!["no_such_driver".into()],
+            ..Selection::default()
+        };
+        assert!(matches!(
+            resolve_modules(&index(), &bad),
+            Err(BuildError::UnknownModule(_))
+        ));
+    }
+
+    #[test]
+    fn firmware_names_from_modinfo() {
+        let ko = b"\0license=GPL\0firmware=intel/ice/ddp/ice.pkg\0firmware=../../etc/shadow\0firmware=rtl_nic/rtl8168h-2.fw\0";
+        assert_eq!(
+            module_firmware(ko),
+            ["intel/ice/ddp/ice.pkg", "rtl_nic/rtl8168h-2.fw"]
+        );
+    }
+
+    #[test]
+    fn compression_is_deterministic() {
+        let data: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        for c in [Compression::Zstd, Compression::Gzip] {
+            let a = compress(&data, c, 3).unwrap();
+            let b = compress(&data, c, 3).unwrap();
+            assert_eq!(a, b);
+            assert!(a.len() < data.len());
+        }
+        let z = compress(&data, Compression::Zstd, 3).unwrap();
+        assert_eq!(zstd::stream::decode_all(z.as_slice()).unwrap(), data);
+    }
+}
