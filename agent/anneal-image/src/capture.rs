@@ -1,0 +1,550 @@
+//! Capture: turn a partition (raw region of a disk image, partclone image)
+//! into a content stream plus its index, and a whole disk into a layout with
+//! one content per partition.
+
+use crate::extents::{Extent, total_len};
+use crate::format::{ContentIndex, FLAG_GAPS_ZERO, FormatError, Header, PIECE_HASH_LEN};
+use crate::fs::{self, FileRegion, FsError, FsInfo, ReadAt};
+use crate::layout::{self, Layout, LayoutError, Role};
+use crate::partclone::{self, PartcloneError};
+use crate::source::{self, SourceError};
+use sha1::Digest as _;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+
+/// Errors of capturing.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// I/O on the source or the output.
+    #[error("{what} {path}")]
+    Io {
+        /// what was done
+        what: &'static str,
+        /// file
+        path: PathBuf,
+        /// cause
+        #[source]
+        source: io::Error,
+    },
+    /// Used-block detection failed.
+    #[error("used-block detection of partition {partition}")]
+    Fs {
+        /// partition number (0: a single partition)
+        partition: u32,
+        /// cause
+        #[source]
+        source: FsError,
+    },
+    /// Partition table.
+    #[error("reading the partition table")]
+    Layout(#[source] LayoutError),
+    /// partclone image.
+    #[error("reading the partclone image")]
+    Partclone(#[source] PartcloneError),
+    /// Source container (compression, split, directory).
+    #[error("opening the source")]
+    Source(#[source] SourceError),
+    /// Index building.
+    #[error("building the content index")]
+    Format(#[source] FormatError),
+    /// The hashing/writing pipeline stopped.
+    #[error("the stream writer stopped")]
+    Pipeline,
+}
+
+/// Capture options.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Piece length of the produced streams.
+    pub piece_length: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            piece_length: crate::format::DEFAULT_PIECE_LENGTH,
+        }
+    }
+}
+
+/// Paths of one content: `<dir>/<name>.index` and `<dir>/<name>.stream`.
+pub fn content_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("{name}.index")),
+        dir.join(format!("{name}.stream")),
+    )
+}
+
+type WriterResult = io::Result<(Vec<[u8; PIECE_HASH_LEN]>, u64)>;
+
+struct SinkResult {
+    piece_hashes: Vec<[u8; PIECE_HASH_LEN]>,
+    sha256: [u8; 32],
+    bytes: u64,
+}
+
+/// Writes the content stream on two worker threads (SHA-256 in one; SHA-1 per
+/// piece, write and fsync in the other) while the caller reads.
+struct StreamSink {
+    tx: Option<mpsc::SyncSender<Vec<u8>>>,
+    free: mpsc::Receiver<Vec<u8>>,
+    piece_length: usize,
+    h256: Option<thread::JoinHandle<[u8; 32]>>,
+    writer: Option<thread::JoinHandle<WriterResult>>,
+    path: PathBuf,
+}
+
+impl StreamSink {
+    fn new(path: &Path, piece_length: u32) -> Result<Self, CaptureError> {
+        let mut file = File::create(path).map_err(|source| CaptureError::Io {
+            what: "creating",
+            path: path.to_owned(),
+            source,
+        })?;
+        let pl = piece_length as usize;
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(2);
+        let (tx2, rx2) = mpsc::sync_channel::<Vec<u8>>(2);
+        let (free_tx, free) = mpsc::channel::<Vec<u8>>();
+        for _ in 0..5 {
+            let _ = free_tx.send(Vec::with_capacity(pl));
+        }
+        let h256 = thread::Builder::new()
+            .name("capture-sha256".into())
+            .spawn(move || {
+                let mut h = sha2::Sha256::new();
+                for buf in rx {
+                    h.update(&buf);
+                    if tx2.send(buf).is_err() {
+                        break;
+                    }
+                }
+                h.finalize().into()
+            })
+            .map_err(|source| CaptureError::Io {
+                what: "spawning a thread for",
+                path: path.to_owned(),
+                source,
+            })?;
+        let writer = thread::Builder::new()
+            .name("capture-write".into())
+            .spawn(move || {
+                let mut hashes = Vec::new();
+                let mut bytes = 0u64;
+                for buf in rx2 {
+                    hashes.push(sha1::Sha1::digest(&buf).into());
+                    file.write_all(&buf)?;
+                    bytes += buf.len() as u64;
+                    let _ = free_tx.send(buf);
+                }
+                file.sync_all()?;
+                Ok((hashes, bytes))
+            })
+            .map_err(|source| CaptureError::Io {
+                what: "spawning a thread for",
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(StreamSink {
+            tx: Some(tx),
+            free,
+            piece_length: pl,
+            h256: Some(h256),
+            writer: Some(writer),
+            path: path.to_owned(),
+        })
+    }
+
+    fn buffer(&mut self) -> Result<Vec<u8>, CaptureError> {
+        let mut b = self.free.recv().map_err(|_| CaptureError::Pipeline)?;
+        b.clear();
+        Ok(b)
+    }
+
+    fn submit(&mut self, buf: Vec<u8>) -> Result<(), CaptureError> {
+        let tx = self.tx.as_ref().ok_or(CaptureError::Pipeline)?;
+        tx.send(buf).map_err(|_| CaptureError::Pipeline)
+    }
+
+    fn finish(mut self) -> Result<SinkResult, CaptureError> {
+        drop(self.tx.take());
+        let sha256 = self
+            .h256
+            .take()
+            .ok_or(CaptureError::Pipeline)?
+            .join()
+            .map_err(|_| CaptureError::Pipeline)?;
+        let (piece_hashes, bytes) = self
+            .writer
+            .take()
+            .ok_or(CaptureError::Pipeline)?
+            .join()
+            .map_err(|_| CaptureError::Pipeline)?
+            .map_err(|source| CaptureError::Io {
+                what: "writing",
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(SinkResult {
+            piece_hashes,
+            sha256,
+            bytes,
+        })
+    }
+}
+
+/// Feeds bytes into piece-sized buffers of a sink.
+struct PieceFiller {
+    sink: StreamSink,
+    cur: Vec<u8>,
+}
+
+impl PieceFiller {
+    fn new(mut sink: StreamSink) -> Result<Self, CaptureError> {
+        let cur = sink.buffer()?;
+        Ok(PieceFiller { sink, cur })
+    }
+
+    /// Calls `fill(dst)` with slices to fill until `len` bytes are supplied.
+    fn feed(
+        &mut self,
+        mut len: u64,
+        mut fill: impl FnMut(&mut [u8]) -> Result<(), CaptureError>,
+    ) -> Result<(), CaptureError> {
+        let pl = self.sink.piece_length;
+        while len > 0 {
+            let room = pl - self.cur.len();
+            let n = (room as u64).min(len) as usize;
+            let old = self.cur.len();
+            self.cur.resize(old + n, 0);
+            fill(&mut self.cur[old..])?;
+            len -= n as u64;
+            if self.cur.len() == pl {
+                let next = self.sink.buffer()?;
+                let full = std::mem::replace(&mut self.cur, next);
+                self.sink.submit(full)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<SinkResult, CaptureError> {
+        if !self.cur.is_empty() {
+            let last = std::mem::take(&mut self.cur);
+            self.sink.submit(last)?;
+        }
+        self.sink.finish()
+    }
+}
+
+fn write_index(
+    index_path: &Path,
+    info: &FsInfo,
+    partition_size: u64,
+    extents: Vec<Extent>,
+    res: SinkResult,
+    piece_length: u32,
+) -> Result<ContentIndex, CaptureError> {
+    let used = total_len(&extents);
+    if used != res.bytes {
+        return Err(CaptureError::Pipeline);
+    }
+    let idx = ContentIndex {
+        header: Header {
+            block_size: info.block_size,
+            piece_length,
+            partition_size,
+            used_bytes: used,
+            last_extent_end: extents.last().map_or(0, Extent::end),
+            fs_type: info.fs_type.clone(),
+            flags: if info.gaps_zero { FLAG_GAPS_ZERO } else { 0 },
+            uuid: info.uuid.clone(),
+            label: info.label.chars().take(64).collect(),
+            stream_sha256: res.sha256,
+        },
+        extents,
+        piece_hashes: res.piece_hashes,
+    };
+    let bytes = idx.build().map_err(CaptureError::Format)?;
+    std::fs::write(index_path, bytes).map_err(|source| CaptureError::Io {
+        what: "writing",
+        path: index_path.to_owned(),
+        source,
+    })?;
+    Ok(idx)
+}
+
+/// Captures the partition `[start, start+len)` of `file` into
+/// `index_path`/`stream_path`.
+pub fn capture_region(
+    file: &File,
+    start: u64,
+    len: u64,
+    index_path: &Path,
+    stream_path: &Path,
+    opts: Options,
+) -> Result<(ContentIndex, FsInfo), CaptureError> {
+    let region = FileRegion { file, start, len };
+    let info = fs::probe(&region);
+    let extents = fs::used_extents(&region, &info).map_err(|source| CaptureError::Fs {
+        partition: 0,
+        source,
+    })?;
+    advise_sequential(file);
+    let mut filler = PieceFiller::new(StreamSink::new(stream_path, opts.piece_length)?)?;
+    for e in &extents {
+        let mut off = e.offset;
+        filler.feed(e.len, |dst| {
+            region
+                .read_exact_at(dst, off)
+                .map_err(|source| CaptureError::Io {
+                    what: "reading the source at",
+                    path: PathBuf::from(format!("offset {}", start + off)),
+                    source,
+                })?;
+            off += dst.len() as u64;
+            Ok(())
+        })?;
+    }
+    let res = filler.finish()?;
+    let idx = write_index(index_path, &info, len, extents, res, opts.piece_length)?;
+    Ok((idx, info))
+}
+
+fn advise_sequential(file: &File) {
+    use std::os::fd::AsFd as _;
+    let _ = nix::fcntl::posix_fadvise(
+        file.as_fd(),
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL,
+    );
+}
+
+/// Imports a partclone image (already decompressed and joined) into a
+/// content; the used blocks are exactly partclone's bitmap.
+pub fn capture_partclone<R: Read>(
+    input: R,
+    index_path: &Path,
+    stream_path: &Path,
+    opts: Options,
+) -> Result<(ContentIndex, FsInfo), CaptureError> {
+    let mut r = partclone::Reader::open(input).map_err(CaptureError::Partclone)?;
+    let h = r.header().clone();
+    let extents = r.extents().to_vec();
+    let bs = u64::from(h.block_size);
+    let mut filler = PieceFiller::new(StreamSink::new(stream_path, opts.piece_length)?)?;
+    let mut scratch = vec![0u8; (1u64 << 20).max(bs) as usize];
+    // the first blocks carry the superblock: keep up to 64 KiB for probing
+    let mut head = Vec::new();
+    for e in &extents {
+        let blocks = e.len.div_ceil(bs);
+        let mut left_blocks = blocks;
+        let mut left_bytes = e.len;
+        let mut disk = e.offset;
+        while left_blocks > 0 {
+            let n = left_blocks.min(scratch.len() as u64 / bs);
+            let chunk = &mut scratch[..(n * bs) as usize];
+            r.read_blocks(chunk).map_err(CaptureError::Partclone)?;
+            let keep = left_bytes.min(n * bs) as usize;
+            if disk < 65536 {
+                let want = (65536 - disk).min(keep as u64) as usize;
+                head.resize(disk as usize, 0);
+                head.extend_from_slice(&chunk[..want]);
+            }
+            let mut pos = 0usize;
+            filler.feed(keep as u64, |dst| {
+                dst.copy_from_slice(&chunk[pos..pos + dst.len()]);
+                pos += dst.len();
+                Ok(())
+            })?;
+            left_blocks -= n;
+            left_bytes -= keep as u64;
+            disk += keep as u64;
+        }
+    }
+    r.finish().map_err(CaptureError::Partclone)?;
+    let res = filler.finish()?;
+    head.resize(65536.min(h.device_size) as usize, 0);
+    let mut info = probe_head(&head, h.device_size);
+    // the used-block map is partclone's, at its block size
+    info.block_size = h.block_size;
+    info.gaps_zero = info.fs_type == "raw";
+    if info.fs_type == "raw" && !h.fs.eq_ignore_ascii_case("raw") {
+        info.fs_type = h.fs.to_ascii_lowercase();
+    }
+    let idx = write_index(
+        index_path,
+        &info,
+        h.device_size,
+        extents,
+        res,
+        opts.piece_length,
+    )?;
+    Ok((idx, info))
+}
+
+/// A probe on the first bytes of a partition, as if it were `size` long.
+struct Head<'a> {
+    b: &'a [u8],
+    size: u64,
+}
+
+impl ReadAt for Head<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        self.b.read_exact_at(buf, off)
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+fn probe_head(head: &[u8], size: u64) -> FsInfo {
+    fs::probe(&Head { b: head, size })
+}
+
+/// Captures every partition of a raw disk image into `out_dir`:
+/// `layout.json` plus `p<N>.index`/`p<N>.stream` per partition with content.
+pub fn capture_disk(source: &Path, out_dir: &Path, opts: Options) -> Result<Layout, CaptureError> {
+    let mut file = File::open(source).map_err(|source_err| CaptureError::Io {
+        what: "opening",
+        path: source.to_owned(),
+        source: source_err,
+    })?;
+    let mut layout = layout::read_layout(&mut file).map_err(CaptureError::Layout)?;
+    std::fs::create_dir_all(out_dir).map_err(|source| CaptureError::Io {
+        what: "creating",
+        path: out_dir.to_owned(),
+        source,
+    })?;
+    for slot in &mut layout.slots {
+        let region = FileRegion {
+            file: &file,
+            start: slot.start_bytes,
+            len: slot.size_bytes,
+        };
+        let info = fs::probe(&region);
+        tracing::info!(partition = slot.number, fs = %info.fs_type, "capturing partition");
+        slot.fs_type = Some(info.fs_type.clone());
+        if !info.uuid.is_empty() {
+            slot.uuid = Some(crate::format::uuid_string(&info.uuid));
+        }
+        if !info.label.is_empty() {
+            slot.label = Some(info.label.clone());
+        }
+        if info.fs_type == "swap" {
+            slot.role = Role::Swap;
+            continue;
+        }
+        let name = format!("p{}", slot.number);
+        let (ip, sp) = content_paths(out_dir, &name);
+        capture_region(&file, slot.start_bytes, slot.size_bytes, &ip, &sp, opts).map_err(|e| {
+            match e {
+                CaptureError::Fs { source, .. } => CaptureError::Fs {
+                    partition: slot.number,
+                    source,
+                },
+                other => other,
+            }
+        })?;
+        slot.content_ref = Some(name);
+    }
+    write_layout(out_dir, &layout)?;
+    Ok(layout)
+}
+
+/// Writes `layout.json` into `dir`.
+pub fn write_layout(dir: &Path, layout: &Layout) -> Result<(), CaptureError> {
+    let p = dir.join("layout.json");
+    let json = serde_json::to_vec_pretty(layout).map_err(|e| CaptureError::Io {
+        what: "serialising",
+        path: p.clone(),
+        source: io::Error::other(e),
+    })?;
+    std::fs::write(&p, json).map_err(|source| CaptureError::Io {
+        what: "writing",
+        path: p,
+        source,
+    })
+}
+
+/// Converts a qcow2 image to raw with `qemu-img convert` (into `scratch`),
+/// then captures it like a raw disk.
+pub fn capture_qcow2(
+    source: &Path,
+    scratch: &Path,
+    out_dir: &Path,
+    opts: Options,
+) -> Result<Layout, CaptureError> {
+    source::qcow2_to_raw(source, scratch).map_err(CaptureError::Source)?;
+    let r = capture_disk(scratch, out_dir, opts);
+    let _ = std::fs::remove_file(scratch);
+    r
+}
+
+/// Captures a single partclone image file (plain, `.gz`, `.zst`, or the
+/// first of split parts `.aa`, `.ab`, ...) into `<out_dir>/<name>.*`.
+pub fn capture_partclone_file(
+    path: &Path,
+    out_dir: &Path,
+    name: &str,
+    opts: Options,
+) -> Result<(ContentIndex, FsInfo), CaptureError> {
+    std::fs::create_dir_all(out_dir).map_err(|source| CaptureError::Io {
+        what: "creating",
+        path: out_dir.to_owned(),
+        source,
+    })?;
+    let input = source::open_partclone(path).map_err(CaptureError::Source)?;
+    let (ip, sp) = content_paths(out_dir, name);
+    capture_partclone(input, &ip, &sp, opts)
+}
+
+/// Captures a Clonezilla image directory: the partition table from
+/// `<disk>-pt.sf`, each partition from its partclone image (swap from
+/// `swappt-<part>.info`).
+pub fn capture_clonezilla(
+    dir: &Path,
+    out_dir: &Path,
+    opts: Options,
+) -> Result<Layout, CaptureError> {
+    let cz = source::read_clonezilla(dir).map_err(CaptureError::Source)?;
+    let mut layout = cz.layout;
+    std::fs::create_dir_all(out_dir).map_err(|source| CaptureError::Io {
+        what: "creating",
+        path: out_dir.to_owned(),
+        source,
+    })?;
+    for slot in &mut layout.slots {
+        if let Some(sw) = cz.swaps.iter().find(|s| s.number == slot.number) {
+            slot.role = Role::Swap;
+            slot.fs_type = Some("swap".into());
+            slot.uuid = sw.uuid.clone();
+            slot.label = sw.label.clone();
+            continue;
+        }
+        let Some(img) = cz.images.iter().find(|i| i.number == slot.number) else {
+            continue;
+        };
+        let name = format!("p{}", slot.number);
+        let (idx, info) = capture_partclone_file(&img.path, out_dir, &name, opts)?;
+        if idx.header.partition_size > slot.size_bytes {
+            return Err(CaptureError::Layout(LayoutError::Invalid(format!(
+                "partition {} image is larger than its slot",
+                slot.number
+            ))));
+        }
+        slot.fs_type = Some(info.fs_type.clone());
+        if !info.uuid.is_empty() {
+            slot.uuid = Some(crate::format::uuid_string(&info.uuid));
+        }
+        if !info.label.is_empty() {
+            slot.label = Some(info.label.clone());
+        }
+        slot.content_ref = Some(name);
+    }
+    write_layout(out_dir, &layout)?;
+    Ok(layout)
+}

@@ -1,0 +1,756 @@
+//! Restore: write contents at their disk offsets with large aligned writes,
+//! each piece verified against its SHA-1 before any of its bytes is written;
+//! on failure after the first write, the target's partition table (or the
+//! partition's first bytes) is zeroed so it cannot boot half-written.
+
+use crate::format::{ContentIndex, FLAG_GAPS_ZERO, FormatError, StreamMap};
+use crate::layout::{self, Layout, LayoutError};
+use sha1::Digest as _;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileExt as _, FileTypeExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+
+/// Alignment used for direct I/O.
+pub const ALIGN: usize = 4096;
+
+/// Errors of restoring.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// I/O before anything was written.
+    #[error("{what} {path}")]
+    Io {
+        /// what was done
+        what: &'static str,
+        /// file
+        path: PathBuf,
+        /// cause
+        #[source]
+        source: io::Error,
+    },
+    /// A content index is invalid.
+    #[error("content {name} is invalid")]
+    Index {
+        /// content name
+        name: String,
+        /// cause
+        #[source]
+        source: FormatError,
+    },
+    /// The layout is invalid or does not fit.
+    #[error("layout refused")]
+    Layout(#[source] LayoutError),
+    /// layout.json unreadable.
+    #[error("layout.json is invalid")]
+    LayoutJson(#[source] serde_json::Error),
+    /// Content and slot disagree, or the stream length lies.
+    #[error("{0}")]
+    Mismatch(String),
+    /// A piece's SHA-1 does not match the index: nothing of it was written.
+    #[error(
+        "piece {piece} of {content} failed verification (stream bytes {stream_offset}..{stream_end})"
+    )]
+    PieceHash {
+        /// content name
+        content: String,
+        /// piece index
+        piece: u64,
+        /// first stream byte
+        stream_offset: u64,
+        /// end of the piece in the stream
+        stream_end: u64,
+    },
+    /// Reading the stream failed at a piece.
+    #[error("reading piece {piece} of {content}")]
+    PieceRead {
+        /// content name
+        content: String,
+        /// piece index
+        piece: u64,
+        /// cause
+        #[source]
+        source: io::Error,
+    },
+    /// Writing an extent failed.
+    #[error("writing piece {piece} of {content} at disk offset {disk_offset} ({len} bytes)")]
+    Write {
+        /// content name
+        content: String,
+        /// piece index
+        piece: u64,
+        /// absolute disk offset
+        disk_offset: u64,
+        /// length
+        len: u64,
+        /// cause
+        #[source]
+        source: io::Error,
+    },
+    /// A later step failed (swap header, mkfs, table, flush).
+    #[error("{step}")]
+    Step {
+        /// what failed
+        step: String,
+        /// cause
+        #[source]
+        source: io::Error,
+    },
+    /// The target was invalidated after `cause`.
+    #[error("restore failed; the target's partition table was invalidated")]
+    Invalidated(#[source] Box<RestoreError>),
+    /// The target was invalidated after `cause`, but invalidation failed too.
+    #[error("restore failed and invalidating the target failed too ({invalidate})")]
+    InvalidateFailed {
+        /// the invalidation error
+        invalidate: io::Error,
+        /// the original failure
+        #[source]
+        cause: Box<RestoreError>,
+    },
+}
+
+/// A 4096-aligned buffer made without unsafe code: a larger vector and an
+/// aligned window into it.
+#[derive(Debug)]
+pub struct AlignedBuf {
+    v: Vec<u8>,
+    off: usize,
+    cap: usize,
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `cap` bytes (rounded up to `ALIGN`).
+    pub fn new(cap: usize) -> Self {
+        let cap = cap.div_ceil(ALIGN) * ALIGN;
+        let v = vec![0u8; cap + ALIGN];
+        let off = v.as_ptr().align_offset(ALIGN);
+        AlignedBuf { v, off, cap }
+    }
+    /// The aligned window.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.v[self.off..self.off + self.cap]
+    }
+    /// The aligned window, mutable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.cap]
+    }
+}
+
+/// The restore target: one buffered and (when possible) one `O_DIRECT`
+/// descriptor of the same file or block device.
+#[derive(Debug)]
+pub struct Target {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    size: u64,
+    block_device: bool,
+    wrote: bool,
+}
+
+impl Target {
+    /// Opens `path`; a regular file is created or extended to `min_size`
+    /// when given.
+    pub fn open(path: &Path, min_size: Option<u64>) -> Result<Self, RestoreError> {
+        let io = |what: &'static str| {
+            let path = path.to_owned();
+            move |source| RestoreError::Io { what, path, source }
+        };
+        let is_blk = std::fs::metadata(path)
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
+        let buffered = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(!is_blk)
+            .truncate(false)
+            .open(path)
+            .map_err(io("opening"))?;
+        let meta = buffered.metadata().map_err(io("inspecting"))?;
+        let mut size = if is_blk {
+            use std::io::Seek as _;
+            (&buffered)
+                .seek(io::SeekFrom::End(0))
+                .map_err(io("sizing"))?
+        } else {
+            meta.len()
+        };
+        if !is_blk
+            && let Some(min) = min_size
+            && size < min
+        {
+            buffered.set_len(min).map_err(io("extending"))?;
+            size = min;
+        }
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(Target {
+            path: path.to_owned(),
+            buffered,
+            direct,
+            size,
+            block_device: is_blk,
+            wrote: false,
+        })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the target is a block device.
+    pub fn is_block_device(&self) -> bool {
+        self.block_device
+    }
+
+    /// Writes `buf` at `off`: `O_DIRECT` when offset, length and address are
+    /// aligned, buffered otherwise.
+    pub fn write_at(&mut self, buf: &[u8], off: u64) -> io::Result<()> {
+        let end = off
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| io::Error::other("offset overflow"))?;
+        if end > self.size {
+            return Err(io::Error::other("write past the end of the target"));
+        }
+        self.wrote = true;
+        let aligned = off.is_multiple_of(ALIGN as u64)
+            && buf.len().is_multiple_of(ALIGN)
+            && (buf.as_ptr() as usize).is_multiple_of(ALIGN);
+        if aligned && let Some(d) = &self.direct {
+            match d.write_all_at(buf, off) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::debug!(path = %self.path.display(), "direct i/o refused, using buffered writes");
+                    self.direct = None;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.buffered.write_all_at(buf, off)
+    }
+
+    /// Makes `[off, off+len)` read as zeros (fallocate zero-range or punch,
+    /// else writes zeros).
+    pub fn zero_range(&mut self, off: u64, len: u64) -> io::Result<()> {
+        use nix::fcntl::{FallocateFlags, fallocate};
+        if len == 0 {
+            return Ok(());
+        }
+        self.wrote = true;
+        let (o, l) = (off as i64, len as i64);
+        if fallocate(&self.buffered, FallocateFlags::FALLOC_FL_ZERO_RANGE, o, l).is_ok() {
+            return Ok(());
+        }
+        let punch = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        if fallocate(&self.buffered, punch, o, l).is_ok() {
+            return Ok(());
+        }
+        let z = vec![0u8; (len.min(4 << 20)) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(z.len() as u64) as usize;
+            self.buffered.write_all_at(&z[..n], off + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// fsync of both descriptors.
+    pub fn sync(&self) -> io::Result<()> {
+        if let Some(d) = &self.direct {
+            d.sync_all()?;
+        }
+        self.buffered.sync_all()
+    }
+
+    /// Whether anything has been written yet.
+    pub fn wrote(&self) -> bool {
+        self.wrote
+    }
+
+    /// The buffered descriptor (for partition-table writes).
+    pub fn file(&self) -> &File {
+        &self.buffered
+    }
+}
+
+/// A content ready to restore: its index (validated) and stream file.
+#[derive(Debug)]
+pub struct Content {
+    /// Name for messages.
+    pub name: String,
+    /// The index.
+    pub index: ContentIndex,
+    /// The stream file.
+    pub stream: PathBuf,
+}
+
+impl Content {
+    /// Loads `index_path` and checks `stream_path` holds exactly the bytes the
+    /// index describes.
+    pub fn load(name: &str, index_path: &Path, stream_path: &Path) -> Result<Self, RestoreError> {
+        let b = std::fs::read(index_path).map_err(|source| RestoreError::Io {
+            what: "reading",
+            path: index_path.to_owned(),
+            source,
+        })?;
+        let index = ContentIndex::parse(&b).map_err(|source| RestoreError::Index {
+            name: name.to_string(),
+            source,
+        })?;
+        let len = std::fs::metadata(stream_path)
+            .map_err(|source| RestoreError::Io {
+                what: "inspecting",
+                path: stream_path.to_owned(),
+                source,
+            })?
+            .len();
+        if len != index.header.used_bytes {
+            return Err(RestoreError::Mismatch(format!(
+                "content {name}: stream holds {len} bytes, index says {}",
+                index.header.used_bytes
+            )));
+        }
+        Ok(Content {
+            name: name.to_string(),
+            index,
+            stream: stream_path.to_owned(),
+        })
+    }
+}
+
+enum Msg {
+    Piece(u64, AlignedBuf),
+    Fail(RestoreError),
+}
+
+/// Writes `content` at `base` on `target`, verifying every piece first.
+/// Checks that the content fits `[base, base+slot_size)` before writing.
+pub fn write_content(
+    target: &mut Target,
+    base: u64,
+    slot_size: u64,
+    content: &Content,
+) -> Result<(), RestoreError> {
+    let idx = &content.index;
+    let h = &idx.header;
+    if h.partition_size > slot_size {
+        return Err(RestoreError::Mismatch(format!(
+            "content {} ({} bytes) is larger than its slot ({slot_size} bytes)",
+            content.name, h.partition_size
+        )));
+    }
+    if base
+        .checked_add(slot_size)
+        .is_none_or(|e| e > target.size())
+    {
+        return Err(RestoreError::Mismatch(format!(
+            "slot at {base}+{slot_size} is past the end of the target ({} bytes)",
+            target.size()
+        )));
+    }
+    if h.flags & FLAG_GAPS_ZERO != 0 {
+        let mut pos = 0u64;
+        for e in &idx.extents {
+            target
+                .zero_range(base + pos, e.offset - pos)
+                .map_err(|source| RestoreError::Step {
+                    step: format!("zeroing gaps of {}", content.name),
+                    source,
+                })?;
+            pos = e.end();
+        }
+        target
+            .zero_range(base + pos, h.partition_size - pos)
+            .map_err(|source| RestoreError::Step {
+                step: format!("zeroing gaps of {}", content.name),
+                source,
+            })?;
+    }
+    let pieces = idx.piece_count();
+    if pieces == 0 {
+        return Ok(());
+    }
+    let pl = h.piece_length as usize;
+    let nbuf = (64usize << 20).div_ceil(pl).clamp(3, 8);
+    let (free_tx, free_rx) = mpsc::channel::<AlignedBuf>();
+    for _ in 0..nbuf {
+        let _ = free_tx.send(AlignedBuf::new(pl));
+    }
+    let (read_tx, read_rx) = mpsc::sync_channel::<Msg>(2);
+    let (ok_tx, ok_rx) = mpsc::sync_channel::<Msg>(2);
+    let stream_path = content.stream.clone();
+    let name = content.name.clone();
+    let used = h.used_bytes;
+    let piece_length = u64::from(h.piece_length);
+    let hashes = idx.piece_hashes.clone();
+    let map = StreamMap::new(&idx.extents);
+    thread::scope(|s| -> Result<(), RestoreError> {
+        // reader: O_DIRECT reads of whole pieces
+        let rname = name.clone();
+        s.spawn(move || {
+            let file = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&stream_path)
+                .or_else(|_| File::open(&stream_path));
+            let file = match file {
+                Ok(f) => f,
+                Err(source) => {
+                    let _ = read_tx.send(Msg::Fail(RestoreError::PieceRead {
+                        content: rname,
+                        piece: 0,
+                        source,
+                    }));
+                    return;
+                }
+            };
+            let mut buffered: Option<File> = None;
+            for i in 0..pieces {
+                let Ok(mut buf) = free_rx.recv() else { return };
+                let start = i * piece_length;
+                let len = (used - start).min(piece_length) as usize;
+                let r = read_piece(&file, &mut buffered, &stream_path, &mut buf, start, len);
+                let msg = match r {
+                    Ok(()) => Msg::Piece(i, buf),
+                    Err(source) => Msg::Fail(RestoreError::PieceRead {
+                        content: rname.clone(),
+                        piece: i,
+                        source,
+                    }),
+                };
+                let fail = matches!(msg, Msg::Fail(_));
+                if read_tx.send(msg).is_err() || fail {
+                    return;
+                }
+            }
+        });
+        // hasher: SHA-1 of each piece against the index
+        let hname = name.clone();
+        s.spawn(move || {
+            for msg in read_rx {
+                let out = match msg {
+                    Msg::Piece(i, buf) => {
+                        let start = i * piece_length;
+                        let len = (used - start).min(piece_length) as usize;
+                        let d: [u8; 20] = sha1::Sha1::digest(&buf.as_slice()[..len]).into();
+                        if hashes.get(i as usize) == Some(&d) {
+                            Msg::Piece(i, buf)
+                        } else {
+                            Msg::Fail(RestoreError::PieceHash {
+                                content: hname.clone(),
+                                piece: i,
+                                stream_offset: start,
+                                stream_end: start + len as u64,
+                            })
+                        }
+                    }
+                    f @ Msg::Fail(_) => f,
+                };
+                let fail = matches!(out, Msg::Fail(_));
+                if ok_tx.send(out).is_err() || fail {
+                    return;
+                }
+            }
+        });
+        // writer: this thread
+        let mut done = 0u64;
+        for msg in ok_rx.iter() {
+            match msg {
+                Msg::Fail(e) => return Err(e),
+                Msg::Piece(i, buf) => {
+                    let start = i * piece_length;
+                    let len = (used - start).min(piece_length);
+                    for r in map.ranges(start, start + len) {
+                        let a = (r.stream_offset - start) as usize;
+                        let data = &buf.as_slice()[a..a + r.len as usize];
+                        target
+                            .write_at(data, base + r.disk_offset)
+                            .map_err(|source| RestoreError::Write {
+                                content: name.clone(),
+                                piece: i,
+                                disk_offset: base + r.disk_offset,
+                                len: r.len,
+                                source,
+                            })?;
+                    }
+                    let _ = free_tx.send(buf);
+                    done += 1;
+                }
+            }
+        }
+        if done != pieces {
+            return Err(RestoreError::Mismatch(format!(
+                "content {name}: {done} of {pieces} pieces arrived"
+            )));
+        }
+        Ok(())
+    })
+}
+
+fn read_piece(
+    file: &File,
+    buffered: &mut Option<File>,
+    path: &Path,
+    buf: &mut AlignedBuf,
+    start: u64,
+    len: usize,
+) -> io::Result<()> {
+    let want = len.div_ceil(ALIGN) * ALIGN;
+    let dst = &mut buf.as_mut_slice()[..want];
+    let mut got = 0usize;
+    while got < len {
+        let r = match buffered {
+            Some(b) => b.read_at(&mut dst[got..len], start + got as u64),
+            None => file.read_at(&mut dst[got..], start + got as u64),
+        };
+        match r {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            Ok(n) => got += n,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && buffered.is_none() => {
+                *buffered = Some(File::open(path)?);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if buffered.is_none() && !got.is_multiple_of(ALIGN) && got < len {
+            // a short direct read not on an alignment boundary: finish buffered
+            *buffered = Some(File::open(path)?);
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f`; on error after the first write, zeroes the partition table
+/// area of `[0, size)` (whole disk) and wraps the error.
+fn guarded(
+    target: &mut Target,
+    f: impl FnOnce(&mut Target) -> Result<(), RestoreError>,
+    invalidate: impl FnOnce(&mut Target) -> io::Result<()>,
+) -> Result<(), RestoreError> {
+    match f(target) {
+        Ok(()) => Ok(()),
+        Err(e) if !target.wrote() => Err(e),
+        Err(e) => {
+            tracing::error!(error = %e, path = %target.path.display(), "restore failed, invalidating the target");
+            match invalidate(target).and_then(|()| target.sync()) {
+                Ok(()) => Err(RestoreError::Invalidated(Box::new(e))),
+                Err(inv) => Err(RestoreError::InvalidateFailed {
+                    invalidate: inv,
+                    cause: Box::new(e),
+                }),
+            }
+        }
+    }
+}
+
+/// Restores one content at `offset` of `target` (a partition-level restore:
+/// on failure the partition's first 1 MiB is zeroed, which removes every
+/// superblock this crate knows).
+pub fn restore_partition(
+    target: &mut Target,
+    offset: u64,
+    content: &Content,
+) -> Result<(), RestoreError> {
+    let size = content.index.header.partition_size;
+    guarded(
+        target,
+        |t| {
+            write_content(t, offset, size, content)?;
+            t.sync().map_err(|source| RestoreError::Step {
+                step: "flushing the target".into(),
+                source,
+            })
+        },
+        |t| {
+            let n = size.min(1 << 20) as usize;
+            t.buffered.write_all_at(&vec![0u8; n], offset)
+        },
+    )
+}
+
+/// Reads `layout.json` from a capture directory.
+pub fn read_layout_json(dir: &Path) -> Result<Layout, RestoreError> {
+    let p = dir.join("layout.json");
+    let b = std::fs::read(&p).map_err(|source| RestoreError::Io {
+        what: "reading",
+        path: p,
+        source,
+    })?;
+    serde_json::from_slice(&b).map_err(RestoreError::LayoutJson)
+}
+
+/// Options of a whole-disk restore.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreOptions {
+    /// Grow the last slot to the end of the target.
+    pub grow_last: bool,
+    /// Size to create or extend a regular-file target to.
+    pub target_size: Option<u64>,
+}
+
+/// Restores a capture directory (`layout.json` plus contents) onto a disk.
+/// Everything is validated before the first write: layout against the
+/// target, each index, each stream length, each content against its slot.
+pub fn restore_image(
+    dir: &Path,
+    target_path: &Path,
+    opts: &RestoreOptions,
+) -> Result<(), RestoreError> {
+    let mut layout = read_layout_json(dir)?;
+    if opts.grow_last
+        && let Some(last) = layout.slots.last_mut()
+    {
+        last.grow = true;
+    }
+    let mut target = Target::open(target_path, opts.target_size)?;
+    let tsize = target.size();
+    layout::validate(&layout, tsize).map_err(RestoreError::Layout)?;
+    let sizes = layout::final_sizes(&layout, tsize);
+    let mut contents = Vec::new();
+    for (slot, size) in layout.slots.iter().zip(&sizes) {
+        let c = match &slot.content_ref {
+            Some(name) => {
+                if name.is_empty()
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                {
+                    return Err(RestoreError::Mismatch(format!("content name {name:?}")));
+                }
+                let (ip, sp) = crate::capture::content_paths(dir, name);
+                let c = Content::load(name, &ip, &sp)?;
+                if c.index.header.partition_size > *size {
+                    return Err(RestoreError::Mismatch(format!(
+                        "content {name} ({} bytes) is larger than slot {} ({size} bytes)",
+                        c.index.header.partition_size, slot.number
+                    )));
+                }
+                Some(c)
+            }
+            None => None,
+        };
+        if c.is_none()
+            && slot.fs_type.as_deref() == Some("swap")
+            && *size < 2 * crate::fs::SWAP_PAGE
+        {
+            return Err(RestoreError::Mismatch(format!(
+                "swap slot {} is too small",
+                slot.number
+            )));
+        }
+        contents.push(c);
+    }
+    tracing::info!(target = %target_path.display(), slots = layout.slots.len(), "restoring");
+    guarded(
+        &mut target,
+        |t| {
+            // first write: remove any old table so a crash leaves no table
+            layout::invalidate(&mut t.buffered, tsize).map_err(|source| RestoreError::Step {
+                step: "clearing the old partition table".into(),
+                source,
+            })?;
+            t.wrote = true;
+            for ((slot, size), c) in layout.slots.iter().zip(&sizes).zip(&contents) {
+                if let Some(c) = c {
+                    tracing::info!(slot = slot.number, content = %c.name, bytes = c.index.header.used_bytes, "writing content");
+                    write_content(t, slot.start_bytes, *size, c)?;
+                } else if slot.fs_type.as_deref() == Some("swap") {
+                    let uuid = slot
+                        .uuid
+                        .as_deref()
+                        .and_then(crate::format::parse_uuid_string)
+                        .unwrap_or_default();
+                    let hdr =
+                        crate::fs::swap_header(*size, &uuid, slot.label.as_deref().unwrap_or(""));
+                    t.write_at(&hdr, slot.start_bytes)
+                        .map_err(|source| RestoreError::Step {
+                            step: format!("writing the swap header of slot {}", slot.number),
+                            source,
+                        })?;
+                } else if let Some(fs) = slot.fs_type.as_deref() {
+                    t.sync().map_err(|source| RestoreError::Step {
+                        step: "flushing before mkfs".into(),
+                        source,
+                    })?;
+                    mkfs(
+                        target_path,
+                        fs,
+                        slot.start_bytes,
+                        *size,
+                        slot.label.as_deref(),
+                    )
+                    .map_err(|source| RestoreError::Step {
+                        step: format!("mkfs {fs} on slot {}", slot.number),
+                        source,
+                    })?;
+                }
+            }
+            t.sync().map_err(|source| RestoreError::Step {
+                step: "flushing contents".into(),
+                source,
+            })?;
+            let mut f = &t.buffered;
+            layout::write_table(&layout, &mut f, tsize).map_err(|e| RestoreError::Step {
+                step: "writing the partition table".into(),
+                source: io::Error::other(e),
+            })?;
+            t.sync().map_err(|source| RestoreError::Step {
+                step: "flushing the target".into(),
+                source,
+            })
+        },
+        |t| layout::invalidate(&mut t.buffered, tsize),
+    )
+}
+
+/// Makes a blank filesystem in `[offset, offset+size)` of `target` with the
+/// tools of the live image.
+fn mkfs(target: &Path, fs: &str, offset: u64, size: u64, label: Option<&str>) -> io::Result<()> {
+    let mut cmd = match fs {
+        "ext2" | "ext3" | "ext4" => {
+            let mut c = std::process::Command::new("mke2fs");
+            c.args(["-q", "-F", "-t", fs, "-E"])
+                .arg(format!("offset={offset}"));
+            if let Some(l) = label {
+                c.args(["-L", l]);
+            }
+            c.arg(target).arg(format!("{}k", size / 1024));
+            c
+        }
+        "vfat" => {
+            let mut c = std::process::Command::new("mkfs.vfat");
+            c.arg("--offset").arg((offset / 512).to_string());
+            if let Some(l) = label {
+                c.args(["-n", l]);
+            }
+            c.arg(target).arg((size / 1024).to_string());
+            c
+        }
+        other => {
+            return Err(io::Error::other(format!("no mkfs for {other}")));
+        }
+    };
+    let out = cmd.output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "mkfs exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads a whole small file (used by tools and tests).
+pub fn read_all(path: &Path) -> io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    File::open(path)?.read_to_end(&mut v)?;
+    Ok(v)
+}
