@@ -1,15 +1,88 @@
 //! bootd: thin entry point.
 
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use anneal_bootd::{Server, ServerOptions, StaticConfig};
+use anyhow::Context;
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(name = "bootd", version)]
-struct Cli {}
+#[command(
+    name = "bootd",
+    version,
+    about = "DHCP, TFTP and HTTP network boot for one Subnet"
+)]
+struct Cli {
+    /// Static YAML boot table (labs without a cluster).
+    #[arg(long, env = "BOOTD_CONFIG")]
+    config: PathBuf,
+    /// Interface the DHCP sockets bind to.
+    #[arg(long, env = "BOOTD_INTERFACE")]
+    interface: Option<String>,
+    /// Address TFTP and HTTP listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    listen_ip: Ipv4Addr,
+    #[arg(long, default_value_t = 67)]
+    dhcp_port: u16,
+    /// 0 disables it.
+    #[arg(long, default_value_t = 4011)]
+    pxe_port: u16,
+    /// 0 disables it.
+    #[arg(long, default_value_t = 69)]
+    tftp_port: u16,
+    #[arg(long, default_value_t = 8080)]
+    http_port: u16,
+    /// Lease file (lease mode).
+    #[arg(long, env = "BOOTD_LEASE_FILE")]
+    lease_file: Option<PathBuf>,
+    /// iPXE boot script template (default: the shipped one).
+    #[arg(long)]
+    template: Option<PathBuf>,
+}
 
-fn main() -> anyhow::Result<()> {
+fn load(cli: &Cli) -> anyhow::Result<anneal_bootd::Snapshot> {
+    let (cfg, rev) = StaticConfig::load(&cli.config)?;
+    Ok(cfg.snapshot(cli.http_port, rev)?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
-    let _cli = Cli::parse();
+    let cli = Cli::parse();
+    let snap = load(&cli).context("loading the boot table")?;
+    let opts = ServerOptions {
+        interface: cli.interface.clone(),
+        listen_ip: cli.listen_ip,
+        dhcp_port: cli.dhcp_port,
+        pxe_port: cli.pxe_port,
+        tftp_port: cli.tftp_port,
+        http_port: cli.http_port,
+        lease_file: cli.lease_file.clone(),
+        template: cli.template.clone(),
+    };
+    let server = Server::start(opts, snap).await.context("starting bootd")?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => match load(&cli) {
+                Ok(s) => {
+                    tracing::info!(revision = %s.table.revision, "boot table reloaded");
+                    server.install(s);
+                }
+                Err(e) => tracing::error!(error = format!("{e:#}"), "reload failed; keeping the live table"),
+            },
+        }
+    }
+    server.shutdown().await;
     Ok(())
 }

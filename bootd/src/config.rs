@@ -1,0 +1,365 @@
+//! The static YAML boot table (labs without a cluster) and its validation.
+//! The watcher builds the same [`Snapshot`] from Machines and the Subnet.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use anneal_dhcp::{BootFiles, BootTable, Cidr, Mac, MachineEntry, Mode};
+
+use crate::state::{MachineBoot, Snapshot, Token};
+
+/// Errors of loading or validating a boot table.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<serde_saphyr::Error>,
+    },
+    #[error("invalid boot table: {0}")]
+    Invalid(String),
+}
+
+fn invalid(s: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(s.into())
+}
+
+/// `spec.dhcp` of a Subnet.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DhcpSpec {
+    pub mode: Mode,
+    /// Tri-state: absent, `""`, or an address.
+    #[serde(default)]
+    pub gateway: Option<String>,
+    #[serde(default)]
+    pub lease_time: Option<String>,
+    #[serde(default)]
+    pub dns_servers: Vec<Ipv4Addr>,
+    #[serde(default)]
+    pub lease_range: Option<LeaseRange>,
+}
+
+/// `spec.dhcp.leaseRange`.
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRange {
+    pub start: Ipv4Addr,
+    pub end: Ipv4Addr,
+}
+
+/// Where the agent reaches the manager (`anneal.api`, `anneal.ca`).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiSpec {
+    pub url: String,
+    pub ca_sha256: String,
+}
+
+/// Kernel and initramfs served over HTTP.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Artifacts {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    #[serde(default = "default_initrd_name")]
+    pub initrd_name: String,
+}
+
+fn default_initrd_name() -> String {
+    "initrd.img".into()
+}
+
+/// One machine of the static table.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticMachine {
+    /// `namespace/name`.
+    pub name: String,
+    pub mac: Mac,
+    #[serde(default)]
+    pub address: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub console: Vec<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Chain `undionly.kpxe` from a NIC ROM iPXE before booting (legacy BIOS).
+    #[serde(default)]
+    pub chain_undionly: bool,
+    #[serde(default)]
+    pub debug_shell: bool,
+}
+
+/// The whole static file.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticConfig {
+    #[serde(default)]
+    pub subnet: Option<String>,
+    #[serde(rename = "serverIP")]
+    pub server_ip: Ipv4Addr,
+    pub cidr: Cidr,
+    pub dhcp: DhcpSpec,
+    #[serde(default)]
+    pub answer_all: bool,
+    #[serde(default)]
+    pub boot_files: BootFiles,
+    /// Defaults to `http://<serverIP>:<http port>`.
+    #[serde(default)]
+    pub http_base: Option<String>,
+    #[serde(default)]
+    pub api: ApiSpec,
+    #[serde(default)]
+    pub artifacts: Option<Artifacts>,
+    /// First-stage files by name (served over TFTP and under `/files/`).
+    #[serde(default)]
+    pub files: BTreeMap<String, PathBuf>,
+    #[serde(default)]
+    pub machines: Vec<StaticMachine>,
+}
+
+/// Parses `30m`, `1h`, `90s`, `3600` into seconds.
+pub fn parse_duration(s: &str) -> Result<u32, ConfigError> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
+    };
+    num.parse::<u32>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| invalid(format!("bad duration {s:?}")))
+}
+
+/// The pieces of a Subnet a boot table needs, shared by the file and the watcher.
+#[derive(Debug, Clone)]
+pub struct SubnetInput {
+    pub server_ip: Ipv4Addr,
+    pub cidr: Cidr,
+    pub dhcp: DhcpSpec,
+    pub answer_all: bool,
+    pub boot_files: BootFiles,
+    pub http_base: String,
+    pub revision: String,
+}
+
+/// Builds a validated [`BootTable`] (API.md rules for gateway, lease time,
+/// reservations).
+pub fn build_table(
+    s: &SubnetInput,
+    machines: BTreeMap<Mac, MachineEntry>,
+) -> Result<BootTable, ConfigError> {
+    let router = match (&s.dhcp.gateway, s.dhcp.mode) {
+        (None, Mode::Lease) => {
+            return Err(invalid(
+                "dhcp.gateway is required in lease mode (\"\" for no router)",
+            ));
+        }
+        (None, Mode::Proxy) => None,
+        (Some(g), _) if g.is_empty() => None,
+        (Some(_), Mode::Proxy) => {
+            return Err(invalid("dhcp.gateway must be empty in proxy mode"));
+        }
+        (Some(g), Mode::Lease) => Some(
+            g.parse::<Ipv4Addr>()
+                .map_err(|_| invalid(format!("bad gateway {g:?}")))?,
+        ),
+    };
+    let lease_time = match &s.dhcp.lease_time {
+        Some(t) => parse_duration(t)?,
+        None => 1800,
+    };
+    if lease_time < 120 {
+        return Err(invalid("dhcp.leaseTime must be at least 2m"));
+    }
+    // serverIP may lie outside the cidr: a relayed segment reaches bootd
+    // through a router.
+    let mut seen = BTreeMap::new();
+    for (mac, m) in &machines {
+        if let Some(a) = m.address {
+            if !s.cidr.contains(a) {
+                return Err(invalid(format!(
+                    "reservation {a} of {mac} is outside {}",
+                    s.cidr
+                )));
+            }
+            if let Some(other) = seen.insert(a, *mac) {
+                return Err(invalid(format!(
+                    "address {a} reserved for both {other} and {mac}"
+                )));
+            }
+        }
+    }
+    let lease_range = s.dhcp.lease_range.map(|r| (r.start, r.end));
+    Ok(BootTable {
+        mode: s.dhcp.mode,
+        server_ip: s.server_ip,
+        cidr: s.cidr,
+        router,
+        dns: s.dhcp.dns_servers.clone(),
+        lease_time,
+        lease_range,
+        answer_all: s.answer_all,
+        boot_files: s.boot_files.clone(),
+        http_base: s.http_base.clone(),
+        machines,
+        revision: s.revision.clone(),
+    })
+}
+
+/// A stable digest of a string (FNV-1a 64), for revisions of static tables.
+pub fn digest(s: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+impl StaticConfig {
+    /// Reads and parses a YAML file.
+    pub fn load(path: &Path) -> Result<(StaticConfig, String), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let cfg = serde_saphyr::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(source),
+        })?;
+        Ok((cfg, digest(&text)))
+    }
+
+    /// Builds the snapshot bootd serves from.
+    pub fn snapshot(&self, http_port: u16, revision: String) -> Result<Snapshot, ConfigError> {
+        let http_base = self
+            .http_base
+            .clone()
+            .unwrap_or_else(|| format!("http://{}:{http_port}", self.server_ip));
+        let mut entries = BTreeMap::new();
+        let mut boots = BTreeMap::new();
+        for m in &self.machines {
+            if !m.name.contains('/') {
+                return Err(invalid(format!(
+                    "machine name {:?} is not namespace/name",
+                    m.name
+                )));
+            }
+            if m.console.len() > 4 {
+                return Err(invalid(format!(
+                    "machine {} has more than 4 consoles",
+                    m.name
+                )));
+            }
+            let entry = MachineEntry {
+                name: m.name.clone(),
+                address: m.address,
+            };
+            if entries.insert(m.mac, entry).is_some() {
+                return Err(invalid(format!("mac {} listed twice", m.mac)));
+            }
+            boots.insert(
+                m.mac,
+                MachineBoot {
+                    name: m.name.clone(),
+                    console: m.console.clone(),
+                    token: m.token.clone().map(Token::new),
+                    chain_undionly: m.chain_undionly,
+                    debug_shell: m.debug_shell,
+                },
+            );
+        }
+        let input = SubnetInput {
+            server_ip: self.server_ip,
+            cidr: self.cidr,
+            dhcp: self.dhcp.clone(),
+            answer_all: self.answer_all,
+            boot_files: self.boot_files.clone(),
+            http_base,
+            revision,
+        };
+        let table = build_table(&input, entries)?;
+        for name in self.files.keys() {
+            if name.is_empty() || name.contains('/') || name.contains("..") {
+                return Err(invalid(format!("file name {name:?} must be a plain name")));
+            }
+        }
+        Ok(Snapshot {
+            table,
+            machines: boots,
+            api: self.api.clone(),
+            artifacts: self.artifacts.clone(),
+            files: self.files.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const YAML: &str = r#"
+subnet: lab/seg1
+serverIP: 10.77.0.2
+cidr: 10.77.0.0/24
+dhcp:
+  mode: lease
+  gateway: ""
+  leaseTime: 10m
+machines:
+  - name: lab/m1
+    mac: "52:54:00:00:00:01"
+    address: 10.77.0.50
+    console: ["ttyS0,115200"]
+"#;
+
+    #[test]
+    fn parses_and_validates() {
+        let cfg: StaticConfig = serde_saphyr::from_str(YAML).unwrap();
+        let s = cfg.snapshot(8080, "r".into()).unwrap();
+        assert_eq!(s.table.lease_time, 600);
+        assert_eq!(s.table.router, None);
+        assert_eq!(s.table.http_base, "http://10.77.0.2:8080");
+        assert_eq!(s.table.machines.len(), 1);
+
+        let no_gw = YAML.replace("  gateway: \"\"\n", "");
+        let cfg: StaticConfig = serde_saphyr::from_str(&no_gw).unwrap();
+        assert!(cfg.snapshot(8080, "r".into()).is_err());
+
+        let short = YAML.replace("10m", "1m");
+        let cfg: StaticConfig = serde_saphyr::from_str(&short).unwrap();
+        assert!(cfg.snapshot(8080, "r".into()).is_err());
+
+        let proxy_gw = YAML
+            .replace("mode: lease", "mode: proxy")
+            .replace("gateway: \"\"", "gateway: 10.77.0.1");
+        let cfg: StaticConfig = serde_saphyr::from_str(&proxy_gw).unwrap();
+        assert!(cfg.snapshot(8080, "r".into()).is_err());
+
+        let outside = YAML.replace("10.77.0.50", "10.78.0.50");
+        let cfg: StaticConfig = serde_saphyr::from_str(&outside).unwrap();
+        assert!(cfg.snapshot(8080, "r".into()).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30m").unwrap(), 1800);
+        assert_eq!(parse_duration("1h").unwrap(), 3600);
+        assert_eq!(parse_duration("90s").unwrap(), 90);
+        assert_eq!(parse_duration("120").unwrap(), 120);
+        assert!(parse_duration("x").is_err());
+    }
+}

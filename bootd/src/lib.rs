@@ -1,0 +1,349 @@
+//! bootd: DHCP (proxy and lease, MAC-gated), TFTP and HTTP network boot.
+//!
+//! [`Server`] runs every listener of one Subnet in-process, so tests start it
+//! directly (or inside a network namespace with [`NetnsServer`]). The binary
+//! only parses arguments and calls in here.
+
+pub mod config;
+pub mod dhcp;
+pub mod http;
+pub mod leasefile;
+pub mod metrics;
+pub mod script;
+pub mod state;
+pub mod tftp;
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anneal_dhcp::{Leases, ServerPort};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ConfigError, StaticConfig};
+pub use state::{Shared, Snapshot};
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Errors of starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("binding {what} on {addr}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("lease file")]
+    LeaseFile(#[from] leasefile::LeaseFileError),
+    #[error("tftp")]
+    Tftp(#[from] tftp::TftpError),
+    #[error("reading template {path}")]
+    Template {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("entering network namespace {name}")]
+    Netns {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server thread ended before it started")]
+    ThreadGone,
+}
+
+/// Where and how to listen.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Bind DHCP sockets to this interface (broadcasts leave through it).
+    pub interface: Option<String>,
+    /// Address for TFTP and HTTP (DHCP always binds 0.0.0.0).
+    pub listen_ip: Ipv4Addr,
+    pub dhcp_port: u16,
+    /// 0 disables port 4011.
+    pub pxe_port: u16,
+    /// 0 disables TFTP.
+    pub tftp_port: u16,
+    pub http_port: u16,
+    pub lease_file: Option<PathBuf>,
+    /// Overrides the shipped boot script template.
+    pub template: Option<PathBuf>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            interface: None,
+            listen_ip: Ipv4Addr::UNSPECIFIED,
+            dhcp_port: 67,
+            pxe_port: 4011,
+            tftp_port: 69,
+            http_port: 8080,
+            lease_file: None,
+            template: None,
+        }
+    }
+}
+
+/// A running bootd.
+#[derive(Debug)]
+pub struct Server {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    tasks: JoinSet<()>,
+    /// Bound HTTP address.
+    pub http_addr: SocketAddr,
+    /// Bound TFTP address, if enabled.
+    pub tftp_addr: Option<SocketAddr>,
+}
+
+fn bind_err(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> ServerError {
+    move |source| ServerError::Bind { what, addr, source }
+}
+
+async fn persist_leases(shared: Arc<Shared>, path: PathBuf, cancel: CancellationToken) {
+    loop {
+        let stop = tokio::select! {
+            () = cancel.cancelled() => true,
+            () = shared.lease_dirty.notified() => false,
+        };
+        let leases: Vec<_> = shared.leases().iter().copied().collect();
+        let p = path.clone();
+        match tokio::task::spawn_blocking(move || leasefile::store(&p, &leases)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "lease file not written"),
+            Err(e) => tracing::error!(error = %e, "lease writer panicked"),
+        }
+        if stop {
+            return;
+        }
+        // Coalesce bursts: at most ~20 rewrites a second.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Server {
+    /// Loads and filters the lease file, binds every listener and starts serving.
+    pub async fn start(opts: ServerOptions, snapshot: Snapshot) -> Result<Server, ServerError> {
+        let template = match &opts.template {
+            Some(p) => std::fs::read_to_string(p).map_err(|source| ServerError::Template {
+                path: p.clone(),
+                source,
+            })?,
+            None => script::BOOT_TEMPLATE.to_owned(),
+        };
+        let mut leases = Leases::default();
+        if let Some(path) = &opts.lease_file {
+            leases = Leases::from_leases(leasefile::load(path)?);
+            let gone = state::filter_leases(&mut leases, &snapshot.table);
+            for l in &gone {
+                tracing::info!(mac = %l.mac, address = %l.address, "dropped persisted lease: mac not in the allowlist");
+            }
+            let kept: Vec<_> = leases.iter().copied().collect();
+            leasefile::store(path, &kept)?;
+            tracing::info!(kept = kept.len(), dropped = gone.len(), "lease file loaded");
+        }
+        let shared = Arc::new(Shared::new(snapshot, leases, template));
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let iface = opts.interface.as_deref();
+
+        let dhcp_addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.dhcp_port);
+        let s = dhcp::udp_socket(dhcp_addr, iface)
+            .and_then(tokio::net::UdpSocket::from_std)
+            .map_err(bind_err("dhcp", dhcp_addr.into()))?;
+        tasks.spawn(dhcp::serve(
+            shared.clone(),
+            s,
+            ServerPort::Dhcp,
+            cancel.clone(),
+        ));
+        if opts.pxe_port != 0 {
+            let a = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.pxe_port);
+            let s = dhcp::udp_socket(a, iface)
+                .and_then(tokio::net::UdpSocket::from_std)
+                .map_err(bind_err("pxe", a.into()))?;
+            tasks.spawn(dhcp::serve(
+                shared.clone(),
+                s,
+                ServerPort::PxeBoot,
+                cancel.clone(),
+            ));
+        }
+        let mut tftp_addr = None;
+        if opts.tftp_port != 0 {
+            let a = SocketAddrV4::new(opts.listen_ip, opts.tftp_port);
+            let s = std::net::UdpSocket::bind(a).map_err(bind_err("tftp", a.into()))?;
+            tftp_addr = s.local_addr().ok();
+            let srv = tftp::server(shared.clone(), s).await?;
+            let c = cancel.clone();
+            tasks.spawn(async move {
+                tokio::select! {
+                    () = c.cancelled() => {}
+                    r = srv.serve() => if let Err(e) = r {
+                        tracing::error!(error = %e, "tftp server stopped");
+                    },
+                }
+            });
+        }
+        let ha = SocketAddr::V4(SocketAddrV4::new(opts.listen_ip, opts.http_port));
+        let l = tokio::net::TcpListener::bind(ha)
+            .await
+            .map_err(bind_err("http", ha))?;
+        let http_addr = l.local_addr().map_err(bind_err("http", ha))?;
+        tasks.spawn(http::serve(shared.clone(), l, cancel.clone()));
+        if let Some(p) = opts.lease_file.clone() {
+            tasks.spawn(persist_leases(shared.clone(), p, cancel.clone()));
+        }
+        tracing::info!(
+            revision = %shared.snapshot().table.revision,
+            mode = ?shared.snapshot().table.mode,
+            %http_addr,
+            "bootd serving"
+        );
+        Ok(Server {
+            shared,
+            cancel,
+            tasks,
+            http_addr,
+            tftp_addr,
+        })
+    }
+
+    /// The shared state (metrics, leases, snapshot).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Makes a new table live.
+    pub fn install(&self, snap: Snapshot) {
+        self.shared.install(snap);
+    }
+
+    /// Stops every task (the lease file gets a final write).
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Runs `f` on a fresh thread that has entered the network namespace
+/// `/run/netns/NAME` (namespaces are per thread; the caller's is untouched).
+pub fn in_netns<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ServerError> {
+    let name = netns.to_owned();
+    let err = |source| ServerError::Netns {
+        name: netns.to_owned(),
+        source,
+    };
+    std::thread::spawn(move || -> std::io::Result<T> {
+        let file = std::fs::File::open(format!("/run/netns/{name}"))?;
+        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(std::io::Error::from)?;
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| ServerError::ThreadGone)?
+    .map_err(err)
+}
+
+/// A [`Server`] running on its own thread inside a named network namespace
+/// (`/run/netns/NAME`). Dropping it stops the server.
+#[derive(Debug)]
+pub struct NetnsServer {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub http_addr: SocketAddr,
+}
+
+impl NetnsServer {
+    /// Starts `Server::start(opts, snapshot)` inside `netns`.
+    pub fn start(
+        netns: &str,
+        opts: ServerOptions,
+        snapshot: Snapshot,
+    ) -> Result<NetnsServer, ServerError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let name = netns.to_owned();
+        let thread = std::thread::Builder::new()
+            .name(format!("bootd-{name}"))
+            .spawn(move || {
+                let enter = || -> std::io::Result<tokio::runtime::Runtime> {
+                    let f = std::fs::File::open(format!("/run/netns/{name}"))?;
+                    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)?;
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                };
+                let rt = match enter() {
+                    Ok(rt) => rt,
+                    Err(source) => {
+                        let _ = tx.send(Err(ServerError::Netns { name, source }));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match Server::start(opts, snapshot).await {
+                        Ok(srv) => {
+                            let cancel = CancellationToken::new();
+                            let _ =
+                                tx.send(Ok((srv.shared.clone(), cancel.clone(), srv.http_addr)));
+                            cancel.cancelled().await;
+                            srv.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|source| ServerError::Netns {
+                name: netns.to_owned(),
+                source,
+            })?;
+        let (shared, cancel, http_addr) = rx.recv().map_err(|_| ServerError::ThreadGone)??;
+        Ok(NetnsServer {
+            shared,
+            cancel,
+            thread: Some(thread),
+            http_addr,
+        })
+    }
+
+    /// The shared state.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops the server and waits for its thread.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        self.cancel.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for NetnsServer {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}

@@ -1,0 +1,86 @@
+//! Prometheus metrics: no per-machine labels, fixed label values.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PacketLabels {
+    /// DHCP message type of the request (`discover`, `request`, ...).
+    pub msg_type: String,
+    /// `offer`, `ack`, `nak`, `update`, or `drop_<reason>`.
+    pub outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// `script`, `kernel`, `initrd`, `file`, `metrics`, `other`.
+    pub kind: String,
+    pub code: u16,
+}
+
+/// Every metric bootd exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub packets: Family<PacketLabels, Counter>,
+    pub malformed: Family<ReasonLabels, Counter>,
+    pub leases_active: Gauge,
+    pub tftp_bytes: Counter,
+    pub tftp_requests: Family<ReasonLabels, Counter>,
+    pub http_bytes: Counter,
+    pub http_requests: Family<HttpLabels, Counter>,
+}
+
+impl Metrics {
+    /// Renders the text exposition format.
+    pub fn render(&self) -> String {
+        let mut r = Registry::with_prefix("bootd");
+        r.register(
+            "dhcp_packets",
+            "DHCP requests by message type and outcome",
+            self.packets.clone(),
+        );
+        r.register(
+            "dhcp_malformed",
+            "Datagrams dropped as malformed, by reason",
+            self.malformed.clone(),
+        );
+        r.register(
+            "dhcp_leases_active",
+            "Unexpired leases",
+            self.leases_active.clone(),
+        );
+        r.register(
+            "tftp_bytes",
+            "Bytes served over TFTP",
+            self.tftp_bytes.clone(),
+        );
+        r.register(
+            "tftp_requests",
+            "TFTP read requests by outcome",
+            self.tftp_requests.clone(),
+        );
+        r.register(
+            "http_bytes",
+            "Bytes served over HTTP",
+            self.http_bytes.clone(),
+        );
+        r.register(
+            "http_requests",
+            "HTTP requests by kind and status",
+            self.http_requests.clone(),
+        );
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,156 @@
+//! iPXE script rendering: a template with `{{name}}` placeholders, every one
+//! of which must be replaced; a leftover placeholder is an error and the
+//! script is never sent.
+
+use std::collections::BTreeMap;
+
+use anneal_dhcp::Mac;
+
+use crate::state::{MachineBoot, Snapshot};
+
+/// The boot script template shipped in `ipxe/`.
+pub const BOOT_TEMPLATE: &str = include_str!("../../ipxe/boot.ipxe.tmpl");
+/// The script for a MAC no Machine enrolls.
+pub const UNKNOWN_TEMPLATE: &str = include_str!("../../ipxe/unknown.ipxe.tmpl");
+/// Prelude that chains `undionly.kpxe` from a NIC ROM iPXE.
+pub const UNDIONLY_PRELUDE: &str = include_str!("../../ipxe/undionly-chain.ipxe.tmpl");
+
+/// Errors of rendering a script.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScriptError {
+    #[error("template placeholder {{{{{0}}}}} has no value")]
+    Unreplaced(String),
+    #[error("template has an unterminated placeholder")]
+    Unterminated,
+    #[error("kernel argument {0:?} contains whitespace or quotes")]
+    BadArgument(String),
+    #[error("no kernel and initrd are configured")]
+    NoArtifacts,
+}
+
+/// Replaces every `{{key}}`; values are not rescanned.
+pub fn render(template: &str, values: &BTreeMap<&str, String>) -> Result<String, ScriptError> {
+    let mut out = String::with_capacity(template.len() + 256);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find("}}").ok_or(ScriptError::Unterminated)?;
+        let key = after[..end].trim();
+        let v = values
+            .get(key)
+            .ok_or_else(|| ScriptError::Unreplaced(key.to_owned()))?;
+        out.push_str(v);
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn arg(k: &str, v: &str) -> Result<String, ScriptError> {
+    if v.is_empty()
+        || v.chars()
+            .any(|c| c.is_whitespace() || c == '"' || c == '\'')
+    {
+        return Err(ScriptError::BadArgument(k.to_owned()));
+    }
+    Ok(format!("{k}={v}"))
+}
+
+/// The kernel command line of API.md (without `initrd=`, which the template adds).
+pub fn cmdline(snap: &Snapshot, mac: Mac, m: &MachineBoot) -> Result<String, ScriptError> {
+    let mut parts = Vec::new();
+    if !snap.api.url.is_empty() {
+        parts.push(arg("anneal.api", &snap.api.url)?);
+    }
+    if !snap.api.ca_sha256.is_empty() {
+        parts.push(arg("anneal.ca", &snap.api.ca_sha256)?);
+    }
+    if let Some(t) = &m.token {
+        parts.push(arg("anneal.token", t.expose())?);
+    }
+    parts.push(arg("anneal.machine", &m.name)?);
+    parts.push(format!("BOOTIF={}", mac.bootif()));
+    for c in &m.console {
+        parts.push(arg("console", c)?);
+    }
+    if m.debug_shell {
+        parts.push("anneal.debug=shell".into());
+    }
+    Ok(parts.join(" "))
+}
+
+/// The script for an enrolled machine.
+pub fn boot_script(
+    template: &str,
+    snap: &Snapshot,
+    mac: Mac,
+    m: &MachineBoot,
+) -> Result<String, ScriptError> {
+    let art = snap.artifacts.as_ref().ok_or(ScriptError::NoArtifacts)?;
+    let base = snap.table.http_base.trim_end_matches('/');
+    let server = snap.table.server_ip.to_string();
+    let prelude = if m.chain_undionly {
+        let mut v = BTreeMap::new();
+        v.insert("server", server.clone());
+        v.insert("undionly", snap.table.boot_files.bios.clone());
+        render(UNDIONLY_PRELUDE, &v)?
+    } else {
+        String::new()
+    };
+    let mut v = BTreeMap::new();
+    v.insert("machine", m.name.clone());
+    v.insert("mac", mac.to_string());
+    v.insert("server", server);
+    v.insert("prelude", prelude);
+    v.insert("initrd_name", art.initrd_name.clone());
+    v.insert("initrd_url", format!("{base}/boot/initrd"));
+    v.insert("kernel_url", format!("{base}/boot/kernel"));
+    v.insert("cmdline", cmdline(snap, mac, m)?);
+    render(template, &v)
+}
+
+/// The script for an unknown MAC: says why on the console, then `exit`s.
+pub fn unknown_script(mac: Mac) -> Result<String, ScriptError> {
+    let mut v = BTreeMap::new();
+    v.insert("mac", mac.to_string());
+    render(UNKNOWN_TEMPLATE, &v)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn leftover_placeholder_is_an_error() {
+        let mut v = BTreeMap::new();
+        v.insert("a", "1".to_string());
+        assert_eq!(render("x {{a}} y", &v).unwrap(), "x 1 y");
+        assert_eq!(
+            render("x {{a}} {{b}}", &v),
+            Err(ScriptError::Unreplaced("b".into()))
+        );
+        assert_eq!(render("x {{a", &v), Err(ScriptError::Unterminated));
+        // values are not rescanned
+        v.insert("a", "{{b}}".to_string());
+        assert_eq!(render("{{a}}", &v).unwrap(), "{{b}}");
+    }
+
+    #[test]
+    fn unknown_script_exits() {
+        let s = unknown_script(Mac([0x52, 0x54, 0, 0, 0, 9])).unwrap();
+        assert!(s.starts_with("#!ipxe"));
+        assert!(s.contains("52:54:00:00:00:09"));
+        assert!(s.contains("\nexit"));
+    }
+
+    #[test]
+    fn bad_console_is_refused() {
+        assert!(arg("console", "ttyS0 115200").is_err());
+        assert_eq!(
+            arg("console", "ttyS0,115200").unwrap(),
+            "console=ttyS0,115200"
+        );
+    }
+}

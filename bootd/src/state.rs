@@ -1,0 +1,135 @@
+//! What bootd serves from: one snapshot of the boot table, swapped whole.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use anneal_dhcp::{BootTable, Leases, Mac};
+use tokio::sync::{Notify, watch};
+
+use crate::config::{ApiSpec, Artifacts};
+use crate::metrics::Metrics;
+
+/// A boot token: zeroized on drop, never printed.
+#[derive(Clone, PartialEq, Eq, zeroize::ZeroizeOnDrop)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a plaintext token.
+    pub fn new(s: String) -> Token {
+        Token(s)
+    }
+
+    /// The plaintext, for the kernel command line only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// Per-machine facts the HTTP side needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineBoot {
+    /// `namespace/name`.
+    pub name: String,
+    pub console: Vec<String>,
+    pub token: Option<Token>,
+    pub chain_undionly: bool,
+    pub debug_shell: bool,
+}
+
+/// One consistent view of a Subnet's boot table.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub table: BootTable,
+    pub machines: BTreeMap<Mac, MachineBoot>,
+    pub api: ApiSpec,
+    pub artifacts: Option<Artifacts>,
+    pub files: BTreeMap<String, PathBuf>,
+}
+
+/// State shared by every server task.
+#[derive(Debug)]
+pub struct Shared {
+    snapshot: RwLock<Arc<Snapshot>>,
+    pub leases: Mutex<Leases>,
+    pub metrics: Metrics,
+    /// Woken when leases changed and must be persisted.
+    pub lease_dirty: Notify,
+    /// The revision that is live (answers come from it).
+    pub live_revision: watch::Sender<String>,
+    /// The boot script template.
+    pub template: String,
+}
+
+impl Shared {
+    pub fn new(snapshot: Snapshot, leases: Leases, template: String) -> Shared {
+        let rev = snapshot.table.revision.clone();
+        Shared {
+            snapshot: RwLock::new(Arc::new(snapshot)),
+            leases: Mutex::new(leases),
+            metrics: Metrics::default(),
+            lease_dirty: Notify::new(),
+            live_revision: watch::Sender::new(rev),
+            template,
+        }
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Locks the leases (a poisoned lock still holds consistent data: every
+    /// mutation is a single map operation).
+    pub fn leases(&self) -> std::sync::MutexGuard<'_, Leases> {
+        match self.leases.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Makes `snap` live. Leases of MACs that left the allowlist (or whose
+    /// reservation moved) are released at once. Returns the released MACs.
+    pub fn install(&self, snap: Snapshot) -> Vec<Mac> {
+        let rev = snap.table.revision.clone();
+        let released = {
+            let mut leases = self.leases();
+            let gone = filter_leases(&mut leases, &snap.table);
+            gone.into_iter().map(|l| l.mac).collect::<Vec<_>>()
+        };
+        {
+            let mut g = match self.snapshot.write() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            *g = Arc::new(snap);
+        }
+        for mac in &released {
+            tracing::info!(%mac, "released lease: mac left the allowlist or its reservation changed");
+        }
+        if !released.is_empty() {
+            self.lease_dirty.notify_one();
+        }
+        self.live_revision.send_replace(rev);
+        released
+    }
+}
+
+/// Drops leases the table no longer allows: MAC not enrolled (unless the
+/// Subnet answers all), or a reservation that names another address.
+pub fn filter_leases(leases: &mut Leases, table: &BootTable) -> Vec<anneal_dhcp::Lease> {
+    leases.retain(|l| match table.machines.get(&l.mac) {
+        Some(m) => m.address.is_none_or(|a| a == l.address) && table.cidr.contains(l.address),
+        None => table.answer_all && table.cidr.contains(l.address),
+    })
+}
