@@ -222,9 +222,18 @@ impl Root {
     fn disk(&self, name: &str, opts: Options) -> Option<Disk> {
         let base = format!("sys/block/{name}");
         let real = fs::canonicalize(self.p(&base)).ok()?;
-        let real_s = real.to_string_lossy().to_string();
-        if real_s.contains("/devices/virtual/") {
-            return None; // loop, ram, zram, dm, md
+        // Judge the path below the root only (a fixture directory's own name
+        // must not look like a bus).
+        let real_s = match fs::canonicalize(&self.0) {
+            Ok(root) => format!("/{}", real.strip_prefix(&root).unwrap_or(&real).display()),
+            Err(_) => real.to_string_lossy().to_string(),
+        };
+        // NVMe namespaces under native multipath hang off a virtual
+        // nvme-subsystem device; every other virtual block device (loop,
+        // ram, zram, dm, md) is not a disk.
+        let nvme_head = real_s.contains("/nvme-subsystem/");
+        if real_s.contains("/devices/virtual/") && !nvme_head {
+            return None;
         }
         let size_bytes = self.read(format!("{base}/size"))?.parse::<u64>().ok()? * 512;
         if size_bytes == 0 {
@@ -277,10 +286,33 @@ impl Root {
             serial_number,
             wwn,
             hctl,
-            pcie_path: nearest_pci(&real),
+            pcie_path: if nvme_head {
+                self.nvme_subsystem_pci(&base)
+            } else {
+                nearest_pci(&real)
+            },
             bus: bus.map(str::to_string),
             partitions,
         })
+    }
+
+    /// The PCI address of the first controller of a multipath NVMe head
+    /// (the subsystem links its controllers as `nvmeN`).
+    fn nvme_subsystem_pci(&self, base: &str) -> Option<String> {
+        let mut ctrls: Vec<PathBuf> = fs::read_dir(self.p(&format!("{base}/device")))
+            .ok()?
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.strip_prefix("nvme")
+                    .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .map(|e| e.path())
+            .collect();
+        ctrls.sort();
+        ctrls
+            .iter()
+            .find_map(|c| fs::canonicalize(c).ok().and_then(|p| nearest_pci(&p)))
     }
 
     fn partitions(&self, disk: &str, base: &str, opts: Options) -> Vec<Partition> {
