@@ -1,10 +1,18 @@
 //! The custom resources of anneal.dev/v1alpha1.
 
+mod claim;
 mod common;
+mod content;
+mod hooks;
 mod machine;
+mod network;
 
+pub use claim::*;
 pub use common::*;
+pub use content::*;
+pub use hooks::*;
 pub use machine::*;
+pub use network::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -12,5 +20,17 @@ use kube::CustomResourceExt;
 /// Every CustomResourceDefinition of anneal.dev, in the order an operator
 /// meets the kinds (API.md).
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Machine::crd()]
+    vec![
+        Site::crd(),
+        Subnet::crd(),
+        ImageImport::crd(),
+        PartitionContent::crd(),
+        Image::crd(),
+        Machine::crd(),
+        MachineClaim::crd(),
+        MachineHardware::crd(),
+        DeployRun::crd(),
+        PostHook::crd(),
+        ReadinessRule::crd(),
+    ]
 }

@@ -1,0 +1,585 @@
+//! MachineClaim (deploy intent), MachineHardware (inventory) and DeployRun
+//! (one attempt).
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::{Condition, DiskHints, LabelSelector, NameRef, Time, Toleration};
+use super::content::Params;
+
+/// The deploy intent: which Image, which disks, which hooks; bound to one
+/// Machine.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "anneal.dev",
+    version = "v1alpha1",
+    kind = "MachineClaim",
+    namespaced,
+    status = "MachineClaimStatus",
+    shortname = "mc",
+    shortname = "claim",
+    category = "anneal",
+    doc = "The deploy intent (which Image, which disks, which hooks), bound atomically to one Machine by name or by selector.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Pending, Bound or Failed"}"#,
+    printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".status.machineName","description":"The Machine this claim is bound to"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.imageRef.name","description":"The OS Image to deploy"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.machineName) != has(self.selector)").message("spec.machineName and spec.selector are mutually exclusive; set exactly one").field_path(".machineName"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.machineName) || (has(self.machineName) && self.machineName == oldSelf.machineName)").message("spec.machineName is immutable").field_path(".machineName"))]
+#[x_kube(validation = Rule::new("has(oldSelf.selector) == has(self.selector)").message("spec.selector cannot be added or removed after creation").field_path(".selector"))]
+pub struct MachineClaimSpec {
+    /// Binds exactly the Machine of this name (same namespace). Mutually
+    /// exclusive with `selector`; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub machine_name: Option<String>,
+    /// Chooses an Available Machine by labels and reported hardware.
+    /// Mutually exclusive with `machineName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<MachineSelector>,
+    /// Lets this claim bind machines carrying matching taints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub tolerations: Vec<Toleration>,
+    /// The bootable OS Image to deploy; absent when only data images are
+    /// deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ref: Option<NameRef>,
+    /// Non-OS images deployed in the same session, each on its own disk.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub data_images: Vec<DataImage>,
+    /// Hints selecting the disk for the OS image: all hints given must match
+    /// exactly one disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_disk: Option<DiskHints>,
+    /// PostHooks run after the Image's own, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post_hook_refs: Vec<NameRef>,
+    /// Template parameters; override Image params and hook defaults.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub params: Params,
+    /// Per-machine tuning of the content transfer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferSpec>,
+    /// Power action when the deployment ends: `Reboot` (default) or
+    /// `PowerOff`.
+    #[serde(default)]
+    pub after_deploy: AfterDeploy,
+}
+
+/// Chooses a candidate Machine.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSelector {
+    /// Labels the Machine must carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_labels: Option<std::collections::BTreeMap<String, String>>,
+    /// Label expressions (In, NotIn, Exists, DoesNotExist) the Machine must
+    /// satisfy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("spec.selector.matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist"))]
+    #[x_kube(validation = Rule::new("self.all(e, (e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))").message("spec.selector.matchExpressions[].values must be non-empty for In and NotIn and empty for Exists and DoesNotExist"))]
+    #[schemars(length(max = 32))]
+    pub match_expressions:
+        Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement>>,
+    /// Hardware floors matched against the Machine's MachineHardware.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<HardwareFloor>,
+}
+
+impl MachineSelector {
+    /// The label part of this selector.
+    pub fn labels(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: self.match_labels.clone(),
+            match_expressions: self.match_expressions.clone(),
+        }
+    }
+}
+
+/// Minimum hardware a Machine must report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareFloor {
+    /// At least this many logical CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "minCPUs")]
+    #[schemars(range(min = 1))]
+    pub min_cpus: Option<i32>,
+    /// At least this much memory, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub min_memory_bytes: Option<i64>,
+    /// Each entry must match a distinct disk of the Machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub disks: Vec<DiskHints>,
+}
+
+/// A data image and the disk it goes to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataImage {
+    /// The (non-bootable) Image to deploy.
+    pub image_ref: NameRef,
+    /// Hints selecting its disk; must resolve to exactly one disk, distinct
+    /// from every other disk of the claim.
+    pub target_disk: DiskHints,
+}
+
+/// Content transfer tuning.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferSpec {
+    /// Maximum peer connections of the machine's BitTorrent client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_connections: Option<i32>,
+    /// Maximum simultaneous uploads to other machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1024))]
+    pub max_uploads: Option<i32>,
+    /// Piece cache size in MiB; absent: derived from the machine's memory.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "cacheSizeMB"
+    )]
+    #[schemars(range(min = 16, max = 65536))]
+    pub cache_size_mb: Option<i32>,
+    /// Fall back to HTTP range requests when no peer serves a piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_fallback: Option<bool>,
+}
+
+/// Power action after a deployment.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum AfterDeploy {
+    /// Reboot into the deployed OS.
+    #[default]
+    Reboot,
+    /// Power the machine off.
+    PowerOff,
+}
+
+/// Binding phase of a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum ClaimPhase {
+    /// Not bound yet.
+    Pending,
+    /// Bound to `status.machineName`.
+    Bound,
+    /// `spec.machineName` names a Machine that does not exist; never retried
+    /// on its own.
+    Failed,
+}
+
+/// Observed state of a MachineClaim.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineClaimStatus {
+    /// Pending, Bound or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClaimPhase>,
+    /// The Machine bound to this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_name: Option<String>,
+    /// When the claim was bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_at: Option<Time>,
+    /// The DeployRun in flight for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_run_ref: Option<NameRef>,
+    /// The most recent DeployRun that succeeded for this claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_run_ref: Option<NameRef>,
+    /// Conditions: Bound, Ready (the machine reached Provisioned for the
+    /// current intent), Valid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Hardware inventory reported by the agent; same name as its Machine.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "anneal.dev",
+    version = "v1alpha1",
+    kind = "MachineHardware",
+    namespaced,
+    shortname = "mhw",
+    shortname = "hw",
+    category = "anneal",
+    doc = "Hardware inventory reported by the agent; same name as its Machine, owned by it, no status (it is itself observed state).",
+    printcolumn = r#"{"name":"CPUs","type":"integer","jsonPath":".spec.cpu.count"}"#,
+    printcolumn = r#"{"name":"Memory","type":"integer","jsonPath":".spec.memoryBytes"}"#,
+    printcolumn = r#"{"name":"Firmware","type":"string","jsonPath":".spec.firmware.mode"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineHardwareSpec {
+    /// Disks; the field set matches disk hints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<HardwareDisk>,
+    /// Network interfaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<HardwareNic>,
+    /// Total memory in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<i64>,
+    /// Processors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<HardwareCpu>,
+    /// Firmware kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<HardwareFirmware>,
+    /// System identity (DMI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<HardwareSystem>,
+}
+
+/// One disk of the inventory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareDisk {
+    /// Kernel device path, for example `/dev/nvme0n1`.
+    pub device_name: String,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: i64,
+    /// Serial number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// World Wide Name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    /// Model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Vendor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Whether the disk is rotational.
+    #[serde(default)]
+    pub rotational: bool,
+    /// PCIe path of the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_path: Option<String>,
+    /// SCSI host:channel:target:lun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hctl: Option<String>,
+    /// Enclosure slot number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_number: Option<i32>,
+    /// Logical sector size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_sector_size: Option<i32>,
+    /// Physical sector size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_sector_size: Option<i32>,
+}
+
+impl HardwareDisk {
+    /// Whether every hint given matches this disk.
+    pub fn matches(&self, hints: &DiskHints) -> bool {
+        fn eq(want: &Option<String>, have: Option<&str>) -> bool {
+            want.as_deref().is_none_or(|w| have == Some(w))
+        }
+        const GB: i64 = 1_000_000_000;
+        eq(&hints.device_name, Some(&self.device_name))
+            && eq(&hints.serial_number, self.serial_number.as_deref())
+            && eq(&hints.wwn, self.wwn.as_deref())
+            && eq(&hints.model, self.model.as_deref())
+            && eq(&hints.vendor, self.vendor.as_deref())
+            && eq(&hints.pcie_path, self.pcie_path.as_deref())
+            && eq(&hints.hctl, self.hctl.as_deref())
+            && hints.rotational.is_none_or(|r| r == self.rotational)
+            && hints
+                .slot_number
+                .is_none_or(|s| Some(s) == self.slot_number)
+            && hints
+                .min_size_gigabytes
+                .is_none_or(|min| self.size_bytes >= min.saturating_mul(GB))
+            && hints
+                .max_size_gigabytes
+                .is_none_or(|max| self.size_bytes <= max.saturating_mul(GB))
+    }
+}
+
+/// One network interface of the inventory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareNic {
+    /// Interface name.
+    pub name: String,
+    /// MAC address.
+    pub mac: String,
+    /// Link speed in Mbit/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_mbps: Option<i32>,
+    /// Kernel driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// PCI address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_address: Option<String>,
+    /// Whether the link is up.
+    #[serde(default)]
+    pub link: bool,
+}
+
+/// Processors of the inventory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareCpu {
+    /// Logical CPUs.
+    pub count: i32,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// Firmware kind.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum FirmwareMode {
+    /// UEFI.
+    #[default]
+    #[serde(rename = "uefi")]
+    Uefi,
+    /// Legacy BIOS.
+    #[serde(rename = "bios")]
+    Bios,
+}
+
+/// Firmware of the inventory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareFirmware {
+    /// uefi or bios.
+    pub mode: FirmwareMode,
+    /// Whether Secure Boot is enabled.
+    #[serde(default)]
+    pub secure_boot: bool,
+}
+
+/// System identity of the inventory (DMI).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HardwareSystem {
+    /// System vendor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Product name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    /// Serial number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// System UUID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+impl MachineHardwareSpec {
+    /// Whether this inventory meets `floor`: enough CPUs, enough memory, and
+    /// a distinct disk for each disk hint (greedy in hint order, then
+    /// verified by a small matching search).
+    pub fn meets(&self, floor: &HardwareFloor) -> bool {
+        if let Some(min) = floor.min_cpus
+            && self.cpu.as_ref().is_none_or(|c| c.count < min)
+        {
+            return false;
+        }
+        if let Some(min) = floor.min_memory_bytes
+            && self.memory_bytes.is_none_or(|m| m < min)
+        {
+            return false;
+        }
+        let mut used = vec![false; self.disks.len()];
+        assign_disks(&floor.disks, &self.disks, &mut used)
+    }
+}
+
+/// Whether each hint can be given its own disk (backtracking; hint lists are
+/// at most 16 long, disks few).
+fn assign_disks(hints: &[DiskHints], disks: &[HardwareDisk], used: &mut [bool]) -> bool {
+    let Some((first, rest)) = hints.split_first() else {
+        return true;
+    };
+    for (i, disk) in disks.iter().enumerate() {
+        if used.get(i).copied().unwrap_or(true) || !disk.matches(first) {
+            continue;
+        }
+        if let Some(slot) = used.get_mut(i) {
+            *slot = true;
+        }
+        if assign_disks(rest, disks, used) {
+            return true;
+        }
+        if let Some(slot) = used.get_mut(i) {
+            *slot = false;
+        }
+    }
+    false
+}
+
+/// The immutable snapshot of one deployment attempt, owned by the Machine.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "anneal.dev",
+    version = "v1alpha1",
+    kind = "DeployRun",
+    namespaced,
+    status = "DeployRunStatus",
+    shortname = "run",
+    shortname = "dr",
+    category = "anneal",
+    doc = "The immutable snapshot of one deployment attempt, owned by the Machine.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machineRef.name"}"#,
+    printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.imageRef.name"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: a DeployRun records one attempt"))]
+pub struct DeployRunSpec {
+    /// The Machine this run deploys to.
+    pub machine_ref: NameRef,
+    /// The MachineClaim this run serves (a record; the run outlives it).
+    pub claim_ref: NameRef,
+    /// The OS Image; absent for a data-only run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ref: Option<NameRef>,
+    /// The data images of the claim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_images: Vec<DataImage>,
+    /// The disk each image resolved to against the inventory at creation;
+    /// excluded from the new-run comparison.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved_disks: Vec<ResolvedDisk>,
+    /// Content hash of every resolved hook step; a change starts a new run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks_hash: Option<String>,
+}
+
+/// The disk one image of a run resolved to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedDisk {
+    /// The Image written to this disk.
+    pub image_ref: NameRef,
+    /// Kernel device path at resolution time.
+    pub device_name: String,
+    /// Serial number, when the disk reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// World Wide Name, when the disk reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    /// Size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+}
+
+/// Phase of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum RunPhase {
+    /// Created, waiting for the agent.
+    Pending,
+    /// Writing partition tables.
+    Partitioning,
+    /// Restoring contents.
+    WritingContent,
+    /// Running post hooks.
+    RunningPostHook,
+    /// Boot entry, sync, power action.
+    Finalizing,
+    /// Done.
+    Succeeded,
+    /// Failed; see conditions.
+    Failed,
+}
+
+/// Progress of one partition of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PartitionProgressStatus {
+    /// Partition number.
+    pub number: i32,
+    /// Bytes written.
+    #[serde(default)]
+    pub bytes_done: i64,
+    /// Bytes to write.
+    #[serde(default)]
+    pub bytes_total: i64,
+    /// Whole percent, 0 to 100.
+    #[serde(default)]
+    pub percent: i32,
+}
+
+/// When a run was in one phase.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseTiming {
+    /// The phase.
+    pub phase: String,
+    /// When it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<Time>,
+    /// When it ended; absent while in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<Time>,
+}
+
+/// Transfer counters of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferStatus {
+    /// Peers currently connected.
+    #[serde(default)]
+    pub peers: i32,
+    /// Bytes downloaded from peers.
+    #[serde(default)]
+    pub downloaded_bytes: i64,
+    /// Bytes uploaded to other machines.
+    #[serde(default)]
+    pub uploaded_bytes: i64,
+    /// Bytes fetched over the HTTP fallback.
+    #[serde(default)]
+    pub http_bytes: i64,
+}
+
+/// Observed state of a DeployRun.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeployRunStatus {
+    /// Pending, Partitioning, WritingContent, RunningPostHook, Finalizing,
+    /// Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RunPhase>,
+    /// One entry per partition written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<PartitionProgressStatus>,
+    /// Start and end of each phase entered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_timings: Vec<PhaseTiming>,
+    /// Transfer counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<TransferStatus>,
+    /// Conditions: Succeeded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
