@@ -386,6 +386,71 @@ pub fn capture_partclone<R: Read>(
     Ok((idx, info))
 }
 
+/// Captures raw partition bytes from a stream (`partclone.dd` output),
+/// eliding zero blocks of `fs::RAW_BLOCK` bytes; the partition size is the
+/// stream length.
+pub fn capture_raw_stream<R: Read>(
+    mut input: R,
+    index_path: &Path,
+    stream_path: &Path,
+    opts: Options,
+) -> Result<(ContentIndex, FsInfo), CaptureError> {
+    let block = fs::RAW_BLOCK as usize;
+    let mut filler = PieceFiller::new(StreamSink::new(stream_path, opts.piece_length)?)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut head = Vec::new();
+    let mut b = crate::extents::ExtentBuilder::new();
+    let mut size = 0u64;
+    loop {
+        let mut n = 0usize;
+        while n < buf.len() {
+            match input.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(CaptureError::Io {
+                        what: "reading",
+                        path: PathBuf::from("the raw image"),
+                        source,
+                    });
+                }
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        if head.len() < 65536 {
+            let want = (65536 - head.len()).min(n);
+            head.extend_from_slice(&buf[..want]);
+        }
+        for (i, blk) in buf[..n].chunks(block).enumerate() {
+            if blk.iter().any(|x| *x != 0) {
+                b.push(size + (i * block) as u64, blk.len() as u64);
+                let mut pos = 0usize;
+                filler.feed(blk.len() as u64, |dst| {
+                    dst.copy_from_slice(&blk[pos..pos + dst.len()]);
+                    pos += dst.len();
+                    Ok(())
+                })?;
+            }
+        }
+        size += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    let res = filler.finish()?;
+    let extents = b.finish();
+    head.resize(65536.min(size) as usize, 0);
+    let mut info = probe_head(&head, size);
+    // the used-block map is zero elision, whatever the filesystem
+    info.block_size = fs::RAW_BLOCK;
+    info.gaps_zero = true;
+    let idx = write_index(index_path, &info, size, extents, res, opts.piece_length)?;
+    Ok((idx, info))
+}
+
 /// A probe on the first bytes of a partition, as if it were `size` long.
 struct Head<'a> {
     b: &'a [u8],
@@ -497,9 +562,12 @@ pub fn capture_partclone_file(
         path: out_dir.to_owned(),
         source,
     })?;
-    let input = source::open_partclone(path).map_err(CaptureError::Source)?;
+    let (input, kind) = source::open_partclone(path).map_err(CaptureError::Source)?;
     let (ip, sp) = content_paths(out_dir, name);
-    capture_partclone(input, &ip, &sp, opts)
+    match kind {
+        source::ImageKind::Partclone => capture_partclone(input, &ip, &sp, opts),
+        source::ImageKind::Raw => capture_raw_stream(input, &ip, &sp, opts),
+    }
 }
 
 /// Captures a Clonezilla image directory: the partition table from

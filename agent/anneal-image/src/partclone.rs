@@ -210,7 +210,7 @@ pub fn parse_bitmap(h: &Header, b: &[u8]) -> Result<Vec<Extent>, PartcloneError>
         });
     }
     let bitmap = &b[..n];
-    if crc32fast::hash(bitmap) != le32(b, n) {
+    if crc_update(0xFFFF_FFFF, bitmap) != le32(b, n) {
         return Err(PartcloneError::BitmapCrc);
     }
     // bits past the last block must be clear
@@ -420,7 +420,7 @@ pub fn build(
             bm[i / 8] |= 1 << (i % 8);
         }
     }
-    let c = crc32fast::hash(&bm);
+    let c = crc_update(0xFFFF_FFFF, &bm);
     h.extend_from_slice(&bm);
     h.extend_from_slice(&c.to_le_bytes());
     let bs = block_size as usize;

@@ -101,9 +101,19 @@ pub fn split_parts(path: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Opens a partclone image: joins split parts and undoes gzip or zstd
-/// compression (detected by magic bytes).
-pub fn open_partclone(path: &Path) -> Result<Box<dyn Read + Send>, SourceError> {
+/// What a Clonezilla partition image holds once decompressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// A partclone image (header, bitmap, blocks).
+    Partclone,
+    /// Raw partition bytes, as `partclone.dd` writes them.
+    Raw,
+}
+
+/// Opens a partition image: joins split parts, undoes gzip or zstd
+/// compression (detected by magic bytes) and tells a partclone image from
+/// raw `partclone.dd` output.
+pub fn open_partclone(path: &Path) -> Result<(Box<dyn Read + Send>, ImageKind), SourceError> {
     let parts = split_parts(path);
     let mut magic = [0u8; 4];
     let mut first = File::open(&parts[0]).map_err(io_err("opening", &parts[0]))?;
@@ -112,21 +122,32 @@ pub fn open_partclone(path: &Path) -> Result<Box<dyn Read + Send>, SourceError> 
         .map_err(io_err("reading", &parts[0]))?;
     drop(first);
     let raw = BufReader::with_capacity(1 << 20, MultiFile::new(parts));
-    if n >= 2 && magic[..2] == [0x1f, 0x8b] {
-        return Ok(Box::new(BufReader::with_capacity(
+    let mut inner: Box<dyn Read + Send> = if n >= 2 && magic[..2] == [0x1f, 0x8b] {
+        Box::new(BufReader::with_capacity(
             1 << 20,
             flate2::read::MultiGzDecoder::new(raw),
-        )));
-    }
-    if n == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
+        ))
+    } else if n == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
         let d = zstd::stream::read::Decoder::with_buffer(raw)
             .map_err(io_err("starting zstd on", path))?;
-        return Ok(Box::new(BufReader::with_capacity(1 << 20, d)));
-    }
-    if n == 4 && &magic == b"part" {
-        return Ok(Box::new(raw));
-    }
-    Err(SourceError::Compression(path.to_owned()))
+        Box::new(BufReader::with_capacity(1 << 20, d))
+    } else if n >= 3 && (magic[..3] == [0x42, 0x5a, 0x68] || magic == [0xfd, 0x37, 0x7a, 0x58]) {
+        // bzip2, xz
+        return Err(SourceError::Compression(path.to_owned()));
+    } else {
+        Box::new(raw)
+    };
+    let mut head = Vec::with_capacity(16);
+    (&mut inner)
+        .take(16)
+        .read_to_end(&mut head)
+        .map_err(io_err("reading", path))?;
+    let kind = if head.starts_with(crate::partclone::MAGIC) {
+        ImageKind::Partclone
+    } else {
+        ImageKind::Raw
+    };
+    Ok((Box::new(io::Cursor::new(head).chain(inner)), kind))
 }
 
 /// One partclone image of a Clonezilla directory.

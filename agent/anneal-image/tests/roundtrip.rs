@@ -256,3 +256,79 @@ fn hostile_captures_are_refused_or_invalidate() {
     assert!(head[..34 * 512].iter().all(|b| *b == 0));
     assert!(head[head.len() - 33 * 512..].iter().all(|b| *b == 0));
 }
+
+/// A Clonezilla image directory made from the GPT disk with Debian's
+/// partclone (gzip and zstd, split), imported, restored, checked like the
+/// raw round trip.
+#[test]
+fn clonezilla_directory_round_trip() {
+    let dir = tmpdir();
+    let d = dir.path();
+    let disk = build_disk(d, "gpt");
+    let cz = d.join("cz");
+    std::fs::create_dir_all(&cz).unwrap();
+    sh(&format!(
+        "sfdisk -d {disk} | sed -E 's#^[^ ]*img([0-9]+) :#/dev/sda\\1 :#' > {cz}/sda-pt.sf && echo sda > {cz}/disk && echo 'sda1 sda2 sda3 sda4' > {cz}/parts",
+        disk = disk.display(),
+        cz = cz.display()
+    ));
+    let log = d.join("pc.log");
+    for (n, (tool, comp)) in [
+        (1usize, ("vfat", "gz")),
+        (2, ("ext4", "zst")),
+        (4, ("dd", "gz")),
+    ] {
+        let part = d.join(format!("p{n}.part"));
+        extract(&disk, PARTS[n - 1].0 * 512, PARTS[n - 1].1 * 512, &part);
+        let compress = if comp == "gz" {
+            "gzip -c"
+        } else {
+            "zstd -q -c"
+        };
+        let clone = if tool == "dd" { "" } else { "-c" };
+        sh(&format!(
+            "partclone.{tool} {clone} -q -L {log} -s {part} -o - | {compress} > {d}/tmp && \
+             split -n 2 {d}/tmp {cz}/sda{n}.{tool}-ptcl-img.{comp}. && rm {d}/tmp {part}",
+            log = log.display(),
+            part = part.display(),
+            d = d.display(),
+            cz = cz.display()
+        ));
+    }
+    std::fs::write(
+        cz.join("swappt-sda3.info"),
+        format!("UUID=\"{SWAP_UUID}\"\nLABEL=\"swp\"\n"),
+    )
+    .unwrap();
+    let out = d.join("captured");
+    let l = capture::capture_clonezilla(
+        &cz,
+        &out,
+        Options {
+            piece_length: 1 << 20,
+        },
+    )
+    .unwrap();
+    assert_eq!(l.partition_table, TableKind::Gpt);
+    let fs: Vec<&str> = l
+        .slots
+        .iter()
+        .map(|s| s.fs_type.as_deref().unwrap())
+        .collect();
+    assert_eq!(fs, ["vfat", "ext4", "swap", "raw"]);
+    // the table of the Clonezilla dump carries the disk GUID
+    let src = layout::read_layout(&mut std::fs::File::open(&disk).unwrap()).unwrap();
+    assert_eq!(l.disk_guid, src.disk_guid);
+    let target = d.join("target.img");
+    std::fs::write(&target, noise(78, 192 * MIB as usize)).unwrap();
+    restore::restore_image(
+        &out,
+        &target,
+        &RestoreOptions {
+            grow_last: true,
+            target_size: None,
+        },
+    )
+    .unwrap();
+    check_restored(d, &disk, &target, TableKind::Gpt);
+}
