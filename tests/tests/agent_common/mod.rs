@@ -1,0 +1,81 @@
+//! Shared by the agent_* tests: builds the artifacts they boot or inspect.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The cargo target directory.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn cargo(args: &[&str]) {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(["build", "--quiet"])
+        .args(args)
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The static musl agent (release), built if needed.
+pub fn agent_musl() -> PathBuf {
+    cargo(&[
+        "--release",
+        "--target",
+        "x86_64-unknown-linux-musl",
+        "-p",
+        "anneal-agent",
+        "--bin",
+        "anneal-agent",
+    ]);
+    target_dir().join("x86_64-unknown-linux-musl/release/anneal-agent")
+}
+
+/// The initramfs builder (debug build).
+pub fn initramfs_tool() -> PathBuf {
+    cargo(&["-p", "anneal-initramfs", "--bin", "anneal-initramfs"]);
+    target_dir().join("debug/anneal-initramfs")
+}
+
+/// The agent-protocol test server (debug build of the agent's example).
+pub fn fake_manager() -> PathBuf {
+    cargo(&["-p", "anneal-agent", "--example", "fake_manager"]);
+    target_dir().join("debug/examples/fake_manager")
+}
+
+/// Builds an initramfs with the broad default driver set and busybox;
+/// returns (output path, report JSON).
+pub fn build_initramfs(tool: &Path, agent: &Path, modules: &Path, out: &Path) -> serde_json::Value {
+    let report = out.with_extension("report.json");
+    let res = Command::new(tool)
+        .arg("--agent")
+        .arg(agent)
+        .arg("--modules")
+        .arg(modules)
+        .args(["--busybox", "/bin/busybox", "--compression", "zstd", "-o"])
+        .arg(out)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "anneal-initramfs failed:\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    println!("{}", String::from_utf8_lossy(&res.stderr));
+    serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap()
+}
