@@ -242,6 +242,14 @@ impl StaticConfig {
         Ok((cfg, digest(&text)))
     }
 
+    /// Parses YAML text.
+    pub fn from_yaml(text: &str) -> Result<StaticConfig, ConfigError> {
+        serde_saphyr::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::from("<inline>"),
+            source: Box::new(source),
+        })
+    }
+
     /// Builds the snapshot bootd serves from.
     pub fn snapshot(&self, http_port: u16, revision: String) -> Result<Snapshot, ConfigError> {
         let http_base = self

@@ -146,6 +146,25 @@ mod tests {
     }
 
     #[test]
+    fn shipped_boot_template_renders_completely() {
+        let cfg = crate::StaticConfig::from_yaml(
+            "serverIP: 10.77.0.1\ncidr: 10.77.0.0/24\ndhcp: {mode: proxy}\n\
+             artifacts: {kernel: /k, initrd: /i}\n\
+             machines: [{name: lab/m1, mac: \"52:54:00:00:00:01\", console: [ttyS0], chainUndionly: true}]\n",
+        )
+        .unwrap();
+        let snap = cfg.snapshot(8080, "r".into()).unwrap();
+        let mac = Mac([0x52, 0x54, 0, 0, 0, 1]);
+        let m = snap.machines.get(&mac).unwrap();
+        let s = boot_script(BOOT_TEMPLATE, &snap, mac, m).unwrap();
+        assert!(!s.contains("{{"), "{s}");
+        assert!(s.contains(
+            "initrd=initrd.img anneal.machine=lab/m1 BOOTIF=01-52-54-00-00-00-01 console=ttyS0"
+        ));
+        assert!(s.contains("chain tftp://10.77.0.1/undionly.kpxe"));
+    }
+
+    #[test]
     fn bad_console_is_refused() {
         assert!(arg("console", "ttyS0 115200").is_err());
         assert_eq!(
