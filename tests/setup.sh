@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine, run as root.
 # Installs every Debian package the tests and the demo need, the Rust musl
-# target, builds the local control plane (etcd, kube-apiserver,
-# kube-controller-manager, kubectl) from Go modules, and fetches the Debian
+# target, builds the local control plane (etcd, kube-apiserver, kubectl) from Go modules, and fetches the Debian
 # kernel. Everything built or downloaded is cached under $ANNEAL_CACHE
 # (default /var/cache/anneal), never in the tree. A re-run on a ready machine
 # takes seconds.
@@ -85,7 +84,9 @@ build_go() { # module-dir output package
 build_go "$here/controlplane/etcd" etcd .
 build_go "$here/controlplane/kube" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build_go "$here/controlplane/kube" kubectl k8s.io/kubernetes/cmd/kubectl
-build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+# kube-controller-manager (owner-reference garbage collection) is pinned in
+# tools.go too; build it here once a test needs it:
+#   build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 
 # --- Debian kernel (guest) ------------------------------------------------------
 "$repo/qemu/fetch-kernel.sh"
