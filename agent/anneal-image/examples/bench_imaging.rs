@@ -1,1 +1,281 @@
-fn main() {}
+//! Imaging benchmark: a 4 GiB ext4 with ~1.5 GiB of files, captured with
+//! anneal and `partclone.ext4 -c`, restored to a file on the same disk with
+//! anneal, `partclone.restore` and `dd iflag=direct oflag=direct bs=4M` of
+//! the same bytes. Page cache dropped before every contender; every time
+//! includes the final flush. Prints ratios, writes target/bench/imaging.json.
+//!
+//! Run as root: `cargo run --release -p anneal-image --example bench_imaging`
+//! (options: `--runs N`, `--used-mib N`, `--keep`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use anneal_image::capture::{self, Options};
+use anneal_image::restore::{self, Content, Target};
+use anyhow::{Context as _, bail};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const SCRATCH: &str = "/var/tmp/anneal-bench";
+const FS_SIZE: u64 = 4 << 30;
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("spawning {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn drop_caches() {
+    let _ = Command::new("sync").status();
+    if let Err(e) = std::fs::write("/proc/sys/vm/drop_caches", "3\n") {
+        eprintln!("warning: cannot drop caches: {e}");
+    }
+}
+
+fn fresh(p: &Path) {
+    let _ = std::fs::remove_file(p);
+}
+
+/// Fills a 4 GiB ext4 image with `used_mib` of pseudo-random files.
+fn build_fs(dir: &Path, used_mib: u64) -> anyhow::Result<PathBuf> {
+    let img = dir.join("fs.img");
+    let f = std::fs::File::create(&img)?;
+    f.set_len(FS_SIZE)?;
+    drop(f);
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img))?;
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(&mnt))?;
+    let fill = || -> anyhow::Result<()> {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut buf = vec![0u8; 8 << 20];
+        let mut left = used_mib << 20;
+        let mut n = 0;
+        while left > 0 {
+            // files from 64 KiB to 40 MiB
+            let size = (((n * 7919) % 640 + 1) << 16).min(left);
+            let sub = mnt.join(format!("d{}", n % 16));
+            std::fs::create_dir_all(&sub)?;
+            let mut f = std::fs::File::create(sub.join(format!("f{n}.bin")))?;
+            let mut w = 0u64;
+            while w < size {
+                let k = (size - w).min(buf.len() as u64) as usize;
+                for c in buf[..k].chunks_exact_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    c.copy_from_slice(&x.to_le_bytes());
+                }
+                f.write_all(&buf[..k])?;
+                w += k as u64;
+            }
+            left -= size;
+            n += 1;
+        }
+        Ok(())
+    };
+    let r = fill();
+    run(Command::new("umount").arg(&mnt))?;
+    r?;
+    Ok(img)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    drop_caches();
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let runs: usize = arg("--runs").map_or(Ok(3), |s| s.parse())?;
+    let used_mib: u64 = arg("--used-mib").map_or(Ok(1536), |s| s.parse())?;
+    let keep = args.iter().any(|a| a == "--keep");
+    let dir = PathBuf::from(SCRATCH);
+    std::fs::create_dir_all(&dir)?;
+    let log = dir.join("partclone.log");
+    let img = if dir.join("fs.img").exists() && keep {
+        dir.join("fs.img")
+    } else {
+        eprintln!("building a 4 GiB ext4 with {used_mib} MiB of files...");
+        build_fs(&dir, used_mib)?
+    };
+    let out = dir.join("content");
+    std::fs::create_dir_all(&out)?;
+    let (idx_path, stream_path) = capture::content_paths(&out, "p1");
+    let pc_img = dir.join("partclone.img");
+    let (mut cap_anneal, mut cap_pc) = (Vec::new(), Vec::new());
+    let (mut rs_anneal, mut rs_pc, mut rs_dd) = (Vec::new(), Vec::new(), Vec::new());
+    let t1 = dir.join("t-anneal.img");
+    let t2 = dir.join("t-partclone.img");
+    let t3 = dir.join("t-dd.img");
+    for run_no in 0..runs {
+        // capture
+        fresh(&pc_img);
+        cap_pc.push(time(|| {
+            run(Command::new("partclone.ext4")
+                .args(["-c", "-q", "-L"])
+                .arg(&log)
+                .arg("-s")
+                .arg(&img)
+                .arg("-o")
+                .arg(&pc_img))?;
+            run(&mut Command::new("sync"))
+        })?);
+        fresh(&idx_path);
+        fresh(&stream_path);
+        cap_anneal.push(time(|| {
+            let f = std::fs::File::open(&img)?;
+            capture::capture_region(&f, 0, FS_SIZE, &idx_path, &stream_path, Options::default())?;
+            Ok(())
+        })?);
+        // restore
+        let content = Content::load("p1", &idx_path, &stream_path)?;
+        let used = content.index.header.used_bytes;
+        for t in [&t1, &t2, &t3] {
+            fresh(t);
+        }
+        rs_pc.push(time(|| {
+            std::fs::File::create(&t2)?.set_len(FS_SIZE)?;
+            run(Command::new("partclone.restore")
+                .args(["-q", "-C", "-L"])
+                .arg(&log)
+                .arg("-s")
+                .arg(&pc_img)
+                .arg("-O")
+                .arg(&t2))?;
+            run(&mut Command::new("sync"))
+        })?);
+        rs_anneal.push(time(|| {
+            let mut t = Target::open(&t1, Some(FS_SIZE))?;
+            restore::restore_partition(&mut t, 0, &content)?;
+            Ok(())
+        })?);
+        rs_dd.push(time(|| {
+            run(Command::new("dd")
+                .arg(format!("if={}", stream_path.display()))
+                .arg(format!("of={}", t3.display()))
+                .args([
+                    "iflag=direct",
+                    "oflag=direct",
+                    "bs=4M",
+                    "conv=fsync",
+                    "status=none",
+                ]))
+        })?);
+        eprintln!(
+            "run {run_no}: capture anneal {:.2}s partclone {:.2}s | restore anneal {:.2}s partclone {:.2}s dd {:.2}s ({} MiB used)",
+            cap_anneal[run_no],
+            cap_pc[run_no],
+            rs_anneal[run_no],
+            rs_pc[run_no],
+            rs_dd[run_no],
+            used >> 20
+        );
+    }
+    // the anneal result is a clean filesystem identical to partclone's
+    run(Command::new("e2fsck").arg("-fn").arg(&t1))?;
+    let content = Content::load("p1", &idx_path, &stream_path)?;
+    let same = {
+        use std::os::unix::fs::FileExt as _;
+        let a = std::fs::File::open(&t1)?;
+        let b = std::fs::File::open(&t2)?;
+        let mut ok = true;
+        for e in content.index.extents.iter().step_by(7) {
+            let n = e.len.min(1 << 20) as usize;
+            let (mut x, mut y) = (vec![0u8; n], vec![0u8; n]);
+            a.read_exact_at(&mut x, e.offset)?;
+            b.read_exact_at(&mut y, e.offset)?;
+            ok &= x == y;
+        }
+        ok
+    };
+    if !same {
+        bail!("anneal and partclone.restore outputs differ in used blocks");
+    }
+    let used = content.index.header.used_bytes;
+    let (ca, cp) = (median(&mut cap_anneal), median(&mut cap_pc));
+    let (ra, rp, rd) = (
+        median(&mut rs_anneal),
+        median(&mut rs_pc),
+        median(&mut rs_dd),
+    );
+    let mib = used as f64 / f64::from(1u32 << 20);
+    let report = serde_json::json!({
+        "benchmark": "imaging",
+        "fsSizeBytes": FS_SIZE,
+        "usedBytes": used,
+        "runs": runs,
+        "seconds": {
+            "captureAnneal": ca, "capturePartclone": cp,
+            "restoreAnneal": ra, "restorePartclone": rp, "ddDirect": rd,
+        },
+        "mibPerSecond": {
+            "restoreAnneal": mib / ra, "restorePartclone": mib / rp, "ddDirect": mib / rd,
+            "captureAnneal": mib / ca, "capturePartclone": mib / cp,
+        },
+        "ratios": {
+            "restoreVsPartclone": rp / ra,
+            "restoreVsDdDirect": rd / ra,
+            "captureVsPartclone": cp / ca,
+        },
+        "goals": {
+            "restoreVsPartclone": 1.2, "restoreVsDdDirect": 0.9, "captureVsPartclone": 1.0,
+        },
+        "allRuns": {
+            "captureAnneal": cap_anneal, "capturePartclone": cap_pc,
+            "restoreAnneal": rs_anneal, "restorePartclone": rs_pc, "ddDirect": rs_dd,
+        },
+    });
+    println!(
+        "used {:.0} MiB of 4 GiB ext4, median of {runs} runs (page cache dropped, flush included)",
+        mib
+    );
+    println!(
+        "restore: anneal {ra:.2}s ({:.0} MiB/s), partclone.restore {rp:.2}s, dd direct {rd:.2}s",
+        mib / ra
+    );
+    println!(
+        "  ratio vs partclone.restore: {:.2}x (goal >= 1.2x); share of dd direct rate: {:.0}% (goal >= 90%)",
+        rp / ra,
+        100.0 * rd / ra
+    );
+    println!(
+        "capture: anneal {ca:.2}s, partclone.ext4 -c {cp:.2}s, ratio {:.2}x (goal >= 1.0x)",
+        cp / ca
+    );
+    let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench");
+    std::fs::create_dir_all(&bench_dir)?;
+    let json_path = bench_dir.join("imaging.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", json_path.display());
+    if !keep {
+        std::fs::remove_dir_all(&dir)?;
+    } else {
+        for t in [&t1, &t2, &t3] {
+            fresh(t);
+        }
+    }
+    Ok(())
+}
