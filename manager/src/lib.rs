@@ -1,4 +1,12 @@
 //! The anneal manager: controllers for claims and readiness rules, and the
 //! CRD YAML generator.
 
+pub mod claims;
+pub mod conditions;
 pub mod crdgen;
+pub mod leader;
+pub mod metrics;
+pub mod readiness;
+mod run;
+
+pub use run::{RunConfig, RunError, run};

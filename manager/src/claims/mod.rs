@@ -1,0 +1,813 @@
+//! The claim controller: binds MachineClaims to Machines atomically and
+//! releases them when the claim is deleted.
+//!
+//! Binding is one JSON merge patch of `Machine.spec.claimRef` that carries
+//! the Machine's `metadata.resourceVersion`: the API server refuses it with
+//! 409 Conflict when anyone wrote the Machine since we read it, so exactly
+//! one claim wins a machine no matter how many controllers or replicas race.
+//! On 409 the controller moves on to the next candidate from its (re-listed)
+//! cache and, when they are exhausted, requeues shortly to re-list.
+//!
+//! Release (claim deletion, behind the finalizer `anneal.dev/claim-release`):
+//! the Machine's `status.state` becomes `Released` first (so no claim can
+//! take a machine whose disks still hold the old deployment), then
+//! `spec.claimRef` is cleared under the same optimistic lock. `Retain` keeps
+//! it `Released` (condition Ready=False, reason `Released`) until it is
+//! re-inspected; `Recycle` needs the wipe of the lifecycle controller, so it
+//! stays `Released` with reason `RecyclePending` for that controller to pick
+//! up.
+
+pub mod select;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anneal_api::{
+    ClaimPhase, Machine, MachineClaim, MachineClaimStatus, MachineHardware, MachineState,
+    ReclaimPolicy, Time,
+};
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::conditions;
+use crate::metrics::Metrics;
+use select::Skip;
+
+/// Finalizer that holds a claim until its machine is released.
+pub const FINALIZER: &str = "anneal.dev/claim-release";
+const KIND: &str = "MachineClaim";
+
+/// Errors of one claim reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// An API call failed.
+    #[error("api call failed: {0}")]
+    Kube(#[source] kube::Error),
+    /// The finalizer wrapper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ClaimError>>),
+    /// The object has no namespace.
+    #[error("object has no namespace")]
+    NoNamespace,
+    /// The machine changed under a release; retried.
+    #[error("machine {0} changed during release; retrying")]
+    ReleaseConflict(String),
+    /// The caches did not sync in time.
+    #[error("caches not ready")]
+    NotReady,
+}
+
+impl From<kube::Error> for ClaimError {
+    fn from(e: kube::Error) -> Self {
+        Self::Kube(e)
+    }
+}
+
+/// Shared state of the claim controller.
+pub struct Context {
+    client: Client,
+    machines: Store<Machine>,
+    hardware: Store<MachineHardware>,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// Claims bound by this process whose Machine update the cache may not
+    /// show yet: claim key -> machine name.
+    recent: Mutex<HashMap<String, (String, Instant)>>,
+    /// Machines this process bound or lost a race for, hidden from
+    /// candidate lists until the cache catches up: machine key -> when.
+    taken: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("claims::Context").finish_non_exhaustive()
+    }
+}
+
+/// How long a local "bound" or "taken" note outlives the cache lag.
+const NOTE_TTL: Duration = Duration::from_secs(30);
+
+fn key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Runs the claim controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    concurrency: u16,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let claims: Api<MachineClaim> = scoped(&client, namespace.as_deref());
+    let machines_api: Api<Machine> = scoped(&client, namespace.as_deref());
+    let hardware_api: Api<MachineHardware> = scoped(&client, namespace.as_deref());
+
+    let (machines, machines_writer) = reflector::store();
+    let machine_stream = watcher(machines_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(machines_writer)
+        .touched_objects();
+    let (hardware, hardware_writer) = reflector::store();
+    let hardware_stream = watcher(hardware_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(hardware_writer)
+        .touched_objects();
+
+    let controller = Controller::new(claims, watcher::Config::default())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
+    let claim_store = controller.store();
+    let claim_store2 = claim_store.clone();
+    let machines_for_map = machines.clone();
+
+    let ctx = Arc::new(Context {
+        client,
+        machines,
+        hardware,
+        recorder,
+        metrics: metrics.clone(),
+        recent: Mutex::new(HashMap::new()),
+        taken: Mutex::new(HashMap::new()),
+    });
+
+    controller
+        .watches_stream(machine_stream, move |m: Machine| {
+            claims_for_machine(&claim_store, &m)
+        })
+        .watches_stream(hardware_stream, move |hw: MachineHardware| {
+            let ns = hw.namespace().unwrap_or_default();
+            match machines_for_map.get(&ObjectRef::new(&hw.name_any()).within(&ns)) {
+                Some(m) => claims_for_machine(&claim_store2, &m),
+                None => Vec::new(),
+            }
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "claim reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Claims a Machine event concerns: its bound claim, or, for a machine that
+/// could be bound, every unbound claim in its namespace that names it or
+/// uses a selector.
+fn claims_for_machine(claims: &Store<MachineClaim>, m: &Machine) -> Vec<ObjectRef<MachineClaim>> {
+    let ns = m.namespace().unwrap_or_default();
+    if let Some(r) = &m.spec.claim_ref {
+        return vec![ObjectRef::new(&r.name).within(r.namespace_or(&ns))];
+    }
+    if m.spec.unclaimable || m.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    let name = m.name_any();
+    claims
+        .state()
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|c| {
+            let phase = c.status.as_ref().and_then(|s| s.phase);
+            !matches!(phase, Some(ClaimPhase::Bound | ClaimPhase::Failed))
+        })
+        .filter(|c| {
+            c.spec.selector.is_some() || c.spec.machine_name.as_deref() == Some(name.as_str())
+        })
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+fn error_policy(_claim: Arc<MachineClaim>, err: &ClaimError, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(KIND);
+    warn!(error = %err, "claim reconcile error");
+    Action::requeue(Duration::from_secs(2))
+}
+
+async fn reconcile(claim: Arc<MachineClaim>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
+    ctx.metrics.reconciled(KIND);
+    let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
+    let api: Api<MachineClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, claim, |event| async {
+        match event {
+            Finalizer::Apply(c) => apply(&c, &ctx).await,
+            Finalizer::Cleanup(c) => cleanup(&c, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| ClaimError::Finalizer(Box::new(e)))
+}
+
+async fn wait_ready(ctx: &Context) -> Result<(), ClaimError> {
+    let ready = async {
+        let _ = ctx.machines.wait_until_ready().await;
+        let _ = ctx.hardware.wait_until_ready().await;
+    };
+    tokio::time::timeout(Duration::from_secs(30), ready)
+        .await
+        .map_err(|_| ClaimError::NotReady)
+}
+
+/// The machine bound to this claim, if any: from our own recent binds, the
+/// cache, or (when status names a machine the cache disagrees about) a live
+/// read.
+async fn bound_machine(
+    claim: &MachineClaim,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<Arc<Machine>>, ClaimError> {
+    let name = claim.name_any();
+    let ck = key(ns, &name);
+    let names_us = |m: &Machine| {
+        m.spec
+            .claim_ref
+            .as_ref()
+            .is_some_and(|r| select::ref_names(r, ns, ns, &name))
+    };
+    let recent = {
+        let mut recent = ctx.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.retain(|_, (_, at)| at.elapsed() < NOTE_TTL);
+        recent.get(&ck).map(|(m, _)| m.clone())
+    };
+    let hint = recent.or_else(|| claim.status.as_ref().and_then(|s| s.machine_name.clone()));
+    if let Some(m) = &hint
+        && let Some(cached) = ctx.machines.get(&ObjectRef::new(m).within(ns))
+        && names_us(&cached)
+    {
+        return Ok(Some(cached));
+    }
+    if let Some(found) = ctx
+        .machines
+        .state()
+        .into_iter()
+        .find(|m| m.namespace().as_deref() == Some(ns) && names_us(m))
+    {
+        return Ok(Some(found));
+    }
+    if let Some(m) = hint {
+        let api: Api<Machine> = Api::namespaced(ctx.client.clone(), ns);
+        match api.get_opt(&m).await? {
+            Some(live) if names_us(&live) => return Ok(Some(Arc::new(live))),
+            _ => {
+                ctx.recent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&ck);
+            }
+        }
+    }
+    Ok(None)
+}
+
+async fn apply(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimError> {
+    wait_ready(ctx).await?;
+    let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
+    let status = claim.status.clone().unwrap_or_default();
+    if status.phase == Some(ClaimPhase::Failed) {
+        return Ok(Action::await_change());
+    }
+
+    if let Some(machine) = bound_machine(claim, &ns, ctx).await? {
+        write_bound(claim, &machine, ctx).await?;
+        return Ok(Action::requeue(Duration::from_secs(600)));
+    }
+    if status.phase == Some(ClaimPhase::Bound) {
+        // The machine let go of us (claimRef cleared or machine deleted).
+        write_pending(
+            claim,
+            "MachineReleased",
+            "the bound machine no longer names this claim",
+            ctx,
+        )
+        .await?;
+    }
+
+    if let Some((reason, message)) = invalid(claim) {
+        write_pending(claim, reason, &message, ctx).await?;
+        return Ok(Action::await_change());
+    }
+
+    if let Some(name) = claim.spec.machine_name.clone() {
+        return bind_named(claim, &ns, &name, ctx).await;
+    }
+    bind_selected(claim, &ns, ctx).await
+}
+
+/// Spec rules CEL cannot express (checked before binding).
+fn invalid(claim: &MachineClaim) -> Option<(&'static str, String)> {
+    let mut hints = Vec::new();
+    if claim.spec.image_ref.is_some()
+        && let Some(t) = &claim.spec.target_disk
+    {
+        hints.push(("spec.targetDisk".to_string(), t));
+    }
+    for (i, d) in claim.spec.data_images.iter().enumerate() {
+        hints.push((format!("spec.dataImages[{i}].targetDisk"), &d.target_disk));
+    }
+    for (i, (a_name, a)) in hints.iter().enumerate() {
+        for (b_name, b) in hints.iter().skip(i + 1) {
+            if a == b {
+                return Some((
+                    "DuplicateDiskHints",
+                    format!(
+                        "{a_name} and {b_name} are identical hints: the disks of a claim must differ"
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+async fn bind_named(
+    claim: &MachineClaim,
+    ns: &str,
+    name: &str,
+    ctx: &Context,
+) -> Result<Action, ClaimError> {
+    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), ns);
+    let mut machine = match ctx.machines.get(&ObjectRef::new(name).within(ns)) {
+        Some(m) => (*m).clone(),
+        None => match api.get_opt(name).await? {
+            Some(m) => m,
+            None => {
+                write_failed(claim, name, ctx).await?;
+                return Ok(Action::await_change());
+            }
+        },
+    };
+    for _ in 0..5 {
+        if let Err(skip) = select::check_named(&machine, claim) {
+            let message = format!("machine {name}: {}", describe(skip));
+            write_pending(claim, skip.reason(), &message, ctx).await?;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        match try_bind(&machine, claim, ns, ctx).await? {
+            Some(bound) => {
+                write_bound(claim, &bound, ctx).await?;
+                return Ok(Action::requeue(Duration::from_secs(600)));
+            }
+            None => {
+                // 409: read the machine again and re-check.
+                match api.get_opt(name).await? {
+                    Some(m) => machine = m,
+                    None => {
+                        write_failed(claim, name, ctx).await?;
+                        return Ok(Action::await_change());
+                    }
+                }
+            }
+        }
+    }
+    Ok(Action::requeue(Duration::from_millis(200)))
+}
+
+async fn bind_selected(
+    claim: &MachineClaim,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Action, ClaimError> {
+    let ck = key(ns, &claim.name_any());
+    let taken: Vec<String> = {
+        let mut taken = ctx.taken.lock().unwrap_or_else(|e| e.into_inner());
+        taken.retain(|_, at| at.elapsed() < Duration::from_secs(2));
+        taken.keys().cloned().collect()
+    };
+    let mut skips = BTreeMap::new();
+    let mut candidates = Vec::new();
+    let mut machines: Vec<Arc<Machine>> = ctx
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| m.namespace().as_deref() == Some(ns))
+        .collect();
+    machines.sort_by_key(|m| m.name_any());
+    for m in machines {
+        let name = m.name_any();
+        let hw = ctx.hardware.get(&ObjectRef::new(&name).within(ns));
+        match select::check_selected(&m, hw.as_deref(), claim) {
+            Ok(()) if taken.contains(&key(ns, &name)) => {
+                skips.insert(name, Skip::Claimed);
+            }
+            Ok(()) => candidates.push(m),
+            Err(skip) => {
+                skips.insert(name, skip);
+            }
+        }
+    }
+    if candidates.is_empty() {
+        let (reason, message) = match select::best_reason(&skips) {
+            Some(Skip::Claimed) if !taken.is_empty() => {
+                // Machines are in flux: look again soon.
+                write_pending(
+                    claim,
+                    "NoMatchingMachine",
+                    "every matching machine is bound",
+                    ctx,
+                )
+                .await?;
+                return Ok(Action::requeue(Duration::from_millis(500)));
+            }
+            Some(skip) => (
+                "NoMatchingMachine",
+                format!(
+                    "no machine matches the selector; closest: {}",
+                    describe(skip)
+                ),
+            ),
+            None => (
+                "NoMatchingMachine",
+                "no machines in the namespace".to_string(),
+            ),
+        };
+        write_pending(claim, reason, &message, ctx).await?;
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    select::rotate(&mut candidates, &ck);
+    for m in candidates {
+        if let Some(bound) = try_bind(&m, claim, ns, ctx).await? {
+            write_bound(claim, &bound, ctx).await?;
+            return Ok(Action::requeue(Duration::from_secs(600)));
+        }
+    }
+    // Every candidate was taken under us: re-list from the cache shortly.
+    Ok(Action::requeue(Duration::from_millis(100)))
+}
+
+fn describe(skip: Skip) -> &'static str {
+    match skip {
+        Skip::Claimed => "bound to another claim",
+        Skip::Deleting => "being deleted",
+        Skip::Cordoned => "cordoned (spec.unclaimable)",
+        Skip::Tainted => "carries a taint this claim does not tolerate",
+        Skip::NotAvailable => "not in a state that admits a claim",
+        Skip::LabelMismatch => "labels do not match",
+        Skip::NoHardware => "no MachineHardware reported yet",
+        Skip::HardwareBelowFloor => "hardware below the selector's floors",
+    }
+}
+
+/// The bind: one merge patch of `spec.claimRef` carrying the resourceVersion
+/// we read. `Ok(None)` on 409 Conflict.
+async fn try_bind(
+    machine: &Machine,
+    claim: &MachineClaim,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<Machine>, ClaimError> {
+    let name = machine.name_any();
+    let Some(rv) = machine.resource_version() else {
+        return Ok(None);
+    };
+    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), ns);
+    let patch = json!({
+        "metadata": {"resourceVersion": rv},
+        "spec": {"claimRef": {"name": claim.name_any(), "namespace": ns}},
+    });
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(bound) => {
+            ctx.metrics.binds.inc();
+            let now = Instant::now();
+            ctx.taken
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key(ns, &name), now);
+            ctx.recent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key(ns, &claim.name_any()), (name.clone(), now));
+            info!(claim = %claim.name_any(), machine = %name, namespace = ns, "bound");
+            Ok(Some(bound))
+        }
+        Err(e) if is_conflict(&e) => {
+            ctx.metrics.bind_conflicts.inc();
+            ctx.taken
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key(ns, &name), Instant::now());
+            debug!(claim = %claim.name_any(), machine = %name, "bind conflict");
+            Ok(None)
+        }
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn patch_status(
+    claim: &MachineClaim,
+    status: &MachineClaimStatus,
+    ctx: &Context,
+) -> Result<(), ClaimError> {
+    if claim.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
+    let api: Api<MachineClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    // A merge patch only removes what it names as null.
+    let mut new = serde_json::to_value(status).unwrap_or_default();
+    if let (Some(old), Some(obj)) = (
+        claim
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok()),
+        new.as_object_mut(),
+    ) && let Some(old) = old.as_object()
+    {
+        for k in old.keys() {
+            obj.entry(k.clone()).or_insert(serde_json::Value::Null);
+        }
+    }
+    let patch = json!({"status": new});
+    match api
+        .patch_status(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn event(
+    ctx: &Context,
+    obj: &impl Resource<DynamicType = ()>,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Bind".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
+        debug!(error = %e, "publishing event failed");
+    }
+}
+
+async fn write_bound(
+    claim: &MachineClaim,
+    machine: &Machine,
+    ctx: &Context,
+) -> Result<(), ClaimError> {
+    let old = claim.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let generation = claim.metadata.generation;
+    let name = machine.name_any();
+    let newly = old.phase != Some(ClaimPhase::Bound) || old.machine_name.as_deref() != Some(&name);
+    status.phase = Some(ClaimPhase::Bound);
+    status.machine_name = Some(name.clone());
+    if newly || status.bound_at.is_none() {
+        status.bound_at = Some(Time(Timestamp::now()));
+    }
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        "Valid",
+        true,
+        "Valid",
+        "spec is valid",
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        "Bound",
+        true,
+        "Bound",
+        format!("bound to machine {name}"),
+        generation,
+    );
+    let state = machine.status.as_ref().and_then(|s| s.state);
+    let (ready, reason, message) = match state {
+        Some(MachineState::Provisioned) => (
+            true,
+            "Provisioned",
+            "the machine is provisioned".to_string(),
+        ),
+        Some(s) => (false, "NotProvisioned", format!("machine is {s:?}")),
+        None => (false, "NotProvisioned", "machine state unknown".to_string()),
+    };
+    conditions::set(
+        &mut status.conditions,
+        "Ready",
+        ready,
+        reason,
+        message,
+        generation,
+    );
+    patch_status(claim, &status, ctx).await?;
+    if newly {
+        event(
+            ctx,
+            claim,
+            EventType::Normal,
+            "Bound",
+            format!("bound to machine {name}"),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+async fn write_pending(
+    claim: &MachineClaim,
+    reason: &str,
+    message: &str,
+    ctx: &Context,
+) -> Result<(), ClaimError> {
+    let old = claim.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let generation = claim.metadata.generation;
+    status.phase = Some(ClaimPhase::Pending);
+    status.machine_name = None;
+    status.bound_at = None;
+    status.observed_generation = generation;
+    let valid = reason != "DuplicateDiskHints";
+    conditions::set(
+        &mut status.conditions,
+        "Valid",
+        valid,
+        if valid { "Valid" } else { reason },
+        if valid { "spec is valid" } else { message },
+        generation,
+    );
+    let prev_reason = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Bound")
+        .map(|c| c.reason.clone());
+    conditions::set(
+        &mut status.conditions,
+        "Bound",
+        false,
+        reason,
+        message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "NotBound",
+        "the claim is not bound",
+        generation,
+    );
+    patch_status(claim, &status, ctx).await?;
+    if prev_reason.as_deref() != Some(reason) {
+        let type_ = if valid {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        event(ctx, claim, type_, reason, message.to_string()).await;
+    }
+    Ok(())
+}
+
+async fn write_failed(claim: &MachineClaim, name: &str, ctx: &Context) -> Result<(), ClaimError> {
+    let mut status = claim.status.clone().unwrap_or_default();
+    let generation = claim.metadata.generation;
+    let message = format!("machine {name} does not exist");
+    status.phase = Some(ClaimPhase::Failed);
+    status.machine_name = None;
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        "Bound",
+        false,
+        "MachineNotFound",
+        &message,
+        generation,
+    );
+    conditions::set(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "NotBound",
+        "the claim is not bound",
+        generation,
+    );
+    patch_status(claim, &status, ctx).await?;
+    event(ctx, claim, EventType::Warning, "MachineNotFound", message).await;
+    Ok(())
+}
+
+async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimError> {
+    wait_ready(ctx).await?;
+    let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
+    let Some(machine) = bound_machine(claim, &ns, ctx).await? else {
+        return Ok(Action::await_change());
+    };
+    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = machine.name_any();
+    // Always work on a fresh copy: the release is two guarded writes.
+    let Some(mut live) = api.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    let claim_name = claim.name_any();
+    if !live
+        .spec
+        .claim_ref
+        .as_ref()
+        .is_some_and(|r| select::ref_names(r, &ns, &ns, &claim_name))
+    {
+        return Ok(Action::await_change());
+    }
+    let (reason, message) = match live.spec.reclaim_policy {
+        ReclaimPolicy::Retain => (
+            "Released",
+            format!(
+                "claim {claim_name} was deleted; reclaimPolicy Retain keeps the disks until re-inspection"
+            ),
+        ),
+        ReclaimPolicy::Recycle => (
+            "RecyclePending",
+            format!("claim {claim_name} was deleted; reclaimPolicy Recycle waits for the wipe"),
+        ),
+    };
+    // 1. status.state = Released, guarded by resourceVersion.
+    let mut status = live.status.clone().unwrap_or_default();
+    status.state = Some(MachineState::Released);
+    let generation = live.metadata.generation;
+    conditions::set(
+        &mut status.conditions,
+        "Ready",
+        false,
+        reason,
+        &message,
+        generation,
+    );
+    let patch = json!({
+        "metadata": {"resourceVersion": live.resource_version()},
+        "status": status,
+    });
+    live = match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(m) => m,
+        Err(e) if is_conflict(&e) => return Err(ClaimError::ReleaseConflict(name)),
+        Err(e) => return Err(e.into()),
+    };
+    // 2. clear spec.claimRef under the same lock.
+    let patch = json!({
+        "metadata": {"resourceVersion": live.resource_version()},
+        "spec": {"claimRef": null},
+    });
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(released) => {
+            ctx.metrics.releases.inc();
+            ctx.recent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key(&ns, &claim_name));
+            info!(claim = %claim_name, machine = %name, reason, "released");
+            event(ctx, &released, EventType::Normal, reason, message).await;
+            Ok(Action::await_change())
+        }
+        Err(e) if is_conflict(&e) => Err(ClaimError::ReleaseConflict(name)),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,157 @@
+//! Leader election on a coordination.k8s.io/v1 Lease, so two or more
+//! replicas can run and only one reconciles. Correctness of binding does not
+//! depend on it (every bind is an optimistic-locked write); it keeps
+//! replicas from wasting work on conflicts.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use tracing::{info, warn};
+
+/// Errors of leader election.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// An API call failed.
+    #[error("lease api call failed: {0}")]
+    Kube(#[source] kube::Error),
+    /// The lease could not be renewed within its duration.
+    #[error("lost the lease {0}")]
+    Lost(String),
+}
+
+/// Parameters of the election.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// This replica's identity (holderIdentity).
+    pub identity: String,
+    /// How long a lease is valid without renewal.
+    pub lease_duration: Duration,
+    /// How often the holder renews.
+    pub renew_every: Duration,
+}
+
+/// Campaigns for and holds one Lease.
+#[derive(Debug)]
+pub struct Elector {
+    api: Api<Lease>,
+    cfg: LeaseConfig,
+}
+
+fn now() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+impl Elector {
+    /// An elector for `cfg` using `client`.
+    pub fn new(client: Client, cfg: LeaseConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &cfg.namespace),
+            cfg,
+        }
+    }
+
+    /// Blocks until this replica holds the lease.
+    pub async fn acquire(&self) -> Result<(), LeaderError> {
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    info!(lease = %self.cfg.name, identity = %self.cfg.identity, "acquired leadership");
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "lease attempt failed"),
+            }
+            tokio::time::sleep(self.cfg.renew_every).await;
+        }
+    }
+
+    /// Renews the lease until a renewal cannot be confirmed within the lease
+    /// duration; then returns `Lost` (the caller must stop reconciling).
+    pub async fn hold(&self) -> LeaderError {
+        let mut last_ok = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(self.cfg.renew_every).await;
+            match self.try_acquire_or_renew().await {
+                Ok(true) => last_ok = tokio::time::Instant::now(),
+                Ok(false) => return LeaderError::Lost(self.cfg.name.clone()),
+                Err(e) => warn!(error = %e, "lease renewal failed"),
+            }
+            // Stop before the lease can expire for others.
+            if last_ok.elapsed() + self.cfg.renew_every >= self.cfg.lease_duration {
+                return LeaderError::Lost(self.cfg.name.clone());
+            }
+        }
+    }
+
+    /// One attempt: create the lease, take it over when expired or free, or
+    /// renew it when ours. Every write carries the resourceVersion read.
+    pub async fn try_acquire_or_renew(&self) -> Result<bool, LeaderError> {
+        let secs = i32::try_from(self.cfg.lease_duration.as_secs())
+            .unwrap_or(15)
+            .max(1);
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.cfg.name)
+            .await
+            .map_err(LeaderError::Kube)?
+        else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.cfg.name.clone()),
+                    namespace: Some(self.cfg.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.cfg.identity.clone()),
+                    lease_duration_seconds: Some(secs),
+                    acquire_time: Some(now()),
+                    renew_time: Some(now()),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(LeaderError::Kube(e)),
+            };
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let ours = holder == self.cfg.identity;
+        if !ours && !holder.is_empty() {
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(secs));
+            let expired = spec.renew_time.as_ref().is_none_or(|t| {
+                t.0.saturating_add(SignedDuration::from_secs(duration))
+                    .is_ok_and(|end| end < Timestamp::now())
+            });
+            if !expired {
+                return Ok(false);
+            }
+        }
+        if !ours {
+            spec.holder_identity = Some(self.cfg.identity.clone());
+            spec.acquire_time = Some(now());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.lease_duration_seconds = Some(secs);
+        spec.renew_time = Some(now());
+        match self
+            .api
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(LeaderError::Kube(e)),
+        }
+    }
+}

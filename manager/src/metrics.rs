@@ -1,0 +1,143 @@
+//! `/metrics`: reconcile counts and errors by kind, binds and bind
+//! conflicts. No per-object labels, so cardinality stays fixed.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Label set: the kind a controller reconciles.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// Kind, for example `MachineClaim`.
+    pub kind: String,
+}
+
+/// The manager's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciles run, by kind.
+    pub reconciles: Family<KindLabel, Counter>,
+    /// Reconciles that returned an error, by kind.
+    pub reconcile_errors: Family<KindLabel, Counter>,
+    /// Successful binds.
+    pub binds: Counter,
+    /// Bind patches refused with 409 Conflict.
+    pub bind_conflicts: Counter,
+    /// Machines released by claim deletion.
+    pub releases: Counter,
+    /// 1 while this replica holds the leader Lease.
+    pub leader: Gauge,
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("anneal_manager");
+        let reconciles = Family::<KindLabel, Counter>::default();
+        let reconcile_errors = Family::<KindLabel, Counter>::default();
+        let binds = Counter::default();
+        let bind_conflicts = Counter::default();
+        let releases = Counter::default();
+        let leader = Gauge::default();
+        registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by kind",
+            reconcile_errors.clone(),
+        );
+        registry.register("binds", "Claims bound to machines", binds.clone());
+        registry.register(
+            "bind_conflicts",
+            "Bind patches refused with 409 Conflict",
+            bind_conflicts.clone(),
+        );
+        registry.register(
+            "releases",
+            "Machines released by claim deletion",
+            releases.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica is the leader",
+            leader.clone(),
+        );
+        Arc::new(Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            binds,
+            bind_conflicts,
+            releases,
+            leader,
+        })
+    }
+
+    /// Counts one reconcile of `kind`.
+    pub fn reconciled(&self, kind: &str) {
+        self.reconciles
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one failed reconcile of `kind`.
+    pub fn failed(&self, kind: &str) {
+        self.reconcile_errors
+            .get_or_create(&KindLabel {
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Serves `GET /metrics` (and `/healthz`) on `listener` until the task is
+/// dropped. Deliberately minimal: one request per connection.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let n = match stream.read(&mut buf).await {
+                Ok(n) => n,
+                Err(_) => return,
+            };
+            let head = String::from_utf8_lossy(buf.get(..n).unwrap_or_default());
+            let path = head.split_whitespace().nth(1).unwrap_or("/");
+            let (status, body, ctype) = match path {
+                "/metrics" => (
+                    "200 OK",
+                    metrics.render(),
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+                "/healthz" => ("200 OK", "ok\n".to_string(), "text/plain"),
+                _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}

@@ -1,0 +1,281 @@
+//! The ReadinessRule controller: lifts a taint from the Machines a rule
+//! selects once their listed conditions hold; in `Continuous` mode it puts
+//! the taint back whenever a condition stops holding. `BootstrapOnly` never
+//! adds a taint: the creator of the Machine does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anneal_api::{EnforcementMode, Machine, NameRef, ReadinessRule, ReadinessRuleStatus, Taint};
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::conditions;
+use crate::metrics::Metrics;
+
+const KIND: &str = "ReadinessRule";
+
+/// Errors of one rule reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleError {
+    /// An API call failed.
+    #[error("api call failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object has no namespace.
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+struct Context {
+    client: Client,
+    machines: Store<Machine>,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+}
+
+/// What a rule wants done to one machine's taints, if anything.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TaintChange {
+    /// Remove the rule's taint.
+    Remove,
+    /// Add the rule's taint.
+    Add,
+}
+
+fn same_taint(a: &Taint, b: &Taint) -> bool {
+    a.key == b.key && a.effect == b.effect
+}
+
+/// Whether the machine's conditions satisfy the rule.
+pub fn conditions_hold(rule: &ReadinessRule, machine: &Machine) -> bool {
+    let have = machine
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    rule.spec
+        .conditions
+        .iter()
+        .all(|want| conditions::status(have, &want.type_) == Some(want.required_status.as_str()))
+}
+
+/// The pure decision for one selected machine.
+pub fn decide(rule: &ReadinessRule, machine: &Machine) -> Option<TaintChange> {
+    let tainted = machine
+        .spec
+        .taints
+        .iter()
+        .any(|t| same_taint(t, &rule.spec.taint));
+    match (
+        conditions_hold(rule, machine),
+        tainted,
+        rule.spec.enforcement_mode,
+    ) {
+        (true, true, _) => Some(TaintChange::Remove),
+        (false, false, EnforcementMode::Continuous) => Some(TaintChange::Add),
+        _ => None,
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (rules_api, machines_api): (Api<ReadinessRule>, Api<Machine>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (machines, writer) = reflector::store();
+    let stream = watcher(machines_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    let controller = Controller::new(rules_api, watcher::Config::default());
+    let rules = controller.store();
+    let ctx = Arc::new(Context {
+        client,
+        machines,
+        recorder,
+        metrics,
+    });
+    controller
+        .watches_stream(stream, move |m: Machine| {
+            let ns = m.namespace().unwrap_or_default();
+            rules
+                .state()
+                .iter()
+                .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+                .map(|r| ObjectRef::from_obj(r.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "readiness reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_rule: Arc<ReadinessRule>, err: &RuleError, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(KIND);
+    warn!(error = %err, "readiness rule reconcile error");
+    Action::requeue(Duration::from_secs(2))
+}
+
+async fn reconcile(rule: Arc<ReadinessRule>, ctx: Arc<Context>) -> Result<Action, RuleError> {
+    ctx.metrics.reconciled(KIND);
+    let ns = rule.namespace().ok_or(RuleError::NoNamespace)?;
+    let _ = tokio::time::timeout(Duration::from_secs(30), ctx.machines.wait_until_ready()).await;
+    let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut selected = 0;
+    let mut ready = 0;
+    let mut tainted = Vec::new();
+    let mut requeue_soon = false;
+    let mut machines: Vec<Arc<Machine>> = ctx
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| m.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|m| rule.spec.machine_selector.matches(m.labels()))
+        .collect();
+    machines.sort_by_key(|m| m.name_any());
+    for m in machines {
+        selected += 1;
+        let holds = conditions_hold(&rule, &m);
+        if holds {
+            ready += 1;
+        }
+        let mut taints = m.spec.taints.clone();
+        let change = decide(&rule, &m);
+        match change {
+            Some(TaintChange::Remove) => taints.retain(|t| !same_taint(t, &rule.spec.taint)),
+            Some(TaintChange::Add) => taints.push(rule.spec.taint.clone()),
+            None => {}
+        }
+        if taints.iter().any(|t| same_taint(t, &rule.spec.taint)) {
+            tainted.push(NameRef::new(m.name_any()));
+        }
+        let Some(change) = change else { continue };
+        let patch = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "spec": {"taints": taints},
+        });
+        match machines_api
+            .patch(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(updated) => {
+                let (reason, note) = match change {
+                    TaintChange::Remove => (
+                        "TaintRemoved",
+                        format!(
+                            "readiness rule {} lifted taint {}",
+                            rule.name_any(),
+                            rule.spec.taint.key
+                        ),
+                    ),
+                    TaintChange::Add => (
+                        "TaintApplied",
+                        format!(
+                            "readiness rule {} applied taint {}",
+                            rule.name_any(),
+                            rule.spec.taint.key
+                        ),
+                    ),
+                };
+                info!(machine = %m.name_any(), rule = %rule.name_any(), reason, "taint changed");
+                let ev = Event {
+                    type_: EventType::Normal,
+                    reason: reason.to_string(),
+                    note: Some(note),
+                    action: "Taint".to_string(),
+                    secondary: Some(rule.object_ref(&())),
+                };
+                if let Err(e) = ctx.recorder.publish(&ev, &updated.object_ref(&())).await {
+                    debug!(error = %e, "publishing event failed");
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => requeue_soon = true,
+            Err(e) => return Err(e.into()),
+        }
+    }
+
+    let generation = rule.metadata.generation;
+    let mut status = rule.status.clone().unwrap_or_default();
+    let old = status.clone();
+    status.selected_machines = Some(selected);
+    status.ready_machines = Some(ready);
+    status.tainted = tainted;
+    status.observed_generation = generation;
+    conditions::set(
+        &mut status.conditions,
+        "Valid",
+        true,
+        "Valid",
+        "spec is valid",
+        generation,
+    );
+    let all = ready == selected;
+    conditions::set(
+        &mut status.conditions,
+        "Ready",
+        all,
+        if all {
+            "AllConditionsHold"
+        } else {
+            "ConditionsPending"
+        },
+        format!("{ready} of {selected} selected machines satisfy the conditions"),
+        generation,
+    );
+    if status != old {
+        let api: Api<ReadinessRule> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = json!({"status": status_value(&status)});
+        match api
+            .patch_status(
+                &rule.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(if requeue_soon {
+        Action::requeue(Duration::from_millis(200))
+    } else {
+        Action::requeue(Duration::from_secs(300))
+    })
+}
+
+fn status_value(status: &ReadinessRuleStatus) -> serde_json::Value {
+    let mut v = serde_json::to_value(status).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.entry("tainted")
+            .or_insert(serde_json::Value::Array(Vec::new()));
+    }
+    v
+}
