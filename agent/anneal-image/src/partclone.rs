@@ -365,10 +365,11 @@ pub fn read_all(b: &[u8]) -> Result<(Header, Vec<Extent>, Vec<u8>), PartcloneErr
     let ext = r.extents().to_vec();
     let mut data = Vec::new();
     let bs = h.block_size as usize;
-    let mut chunk = vec![0u8; bs * 64];
+    let per = (1usize << 20).div_ceil(bs).max(1);
+    let mut chunk = vec![0u8; bs * per];
     let mut left = h.used_blocks;
     while left > 0 {
-        let n = left.min(64) as usize;
+        let n = left.min(per as u64) as usize;
         r.read_blocks(&mut chunk[..n * bs])?;
         data.extend_from_slice(&chunk[..n * bs]);
         left -= n as u64;

@@ -150,6 +150,7 @@ pub struct Target {
     block_device: bool,
     wrote: AtomicBool,
     direct_ok: AtomicBool,
+    grow_to: Option<u64>,
 }
 
 impl Target {
@@ -179,11 +180,15 @@ impl Target {
         } else {
             meta.len()
         };
+        // a regular file is extended lazily (at `sync`): writes past its end
+        // then take the file system's extending-write path, which is cheaper
+        // for direct I/O than filling holes inside the file
+        let mut grow_to = None;
         if !is_blk
             && let Some(min) = min_size
             && size < min
         {
-            buffered.set_len(min).map_err(io("extending"))?;
+            grow_to = Some(min);
             size = min;
         }
         let direct = OpenOptions::new()
@@ -199,6 +204,7 @@ impl Target {
             block_device: is_blk,
             wrote: AtomicBool::new(false),
             direct_ok: AtomicBool::new(true),
+            grow_to,
         })
     }
 
@@ -269,6 +275,11 @@ impl Target {
 
     /// fsync of both descriptors.
     pub fn sync(&self) -> io::Result<()> {
+        if let Some(len) = self.grow_to
+            && self.buffered.metadata()?.len() < len
+        {
+            self.buffered.set_len(len)?;
+        }
         if let Some(d) = &self.direct {
             d.sync_all()?;
         }
@@ -703,7 +714,9 @@ pub fn restore_image(
         &mut target,
         |t| {
             // first write: remove any old table so a crash leaves no table
-            layout::invalidate(&mut t.buffered, tsize).map_err(|source| RestoreError::Step {
+            // (a file target still to be grown only has its current length)
+            let existing = t.buffered.metadata().map_or(tsize, |m| m.len().min(tsize));
+            layout::invalidate(&mut t.buffered, existing).map_err(|source| RestoreError::Step {
                 step: "clearing the old partition table".into(),
                 source,
             })?;
@@ -757,7 +770,10 @@ pub fn restore_image(
                 source,
             })
         },
-        |t| layout::invalidate(&mut t.buffered, tsize),
+        |t| {
+            let existing = t.buffered.metadata().map_or(tsize, |m| m.len().min(tsize));
+            layout::invalidate(&mut t.buffered, existing)
+        },
     )
 }
 

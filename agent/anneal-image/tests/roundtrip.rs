@@ -164,7 +164,7 @@ fn round_trip(table: &str, kind: TableKind) {
     assert_eq!(root.index.header.fs_type, "ext4");
     // larger target with garbage where the elided zeros must land
     let target = d.join("target.img");
-    std::fs::write(&target, noise(77, 192 * MIB as usize)).unwrap();
+    dirty_target(&target, 192 * MIB, PARTS[3].0 * 512, PARTS[3].1 * 512);
     restore::restore_image(
         &out,
         &target,
@@ -200,7 +200,7 @@ fn hostile_captures_are_refused_or_invalidate() {
 
     // a layout larger than the target: refused, target untouched
     let small = d.join("small.img");
-    std::fs::write(&small, noise(5, 64 * MIB as usize)).unwrap();
+    dirty_target(&small, 64 * MIB, 0, MIB);
     let before = std::fs::read(&small).unwrap();
     let e = restore::restore_image(&out, &small, &RestoreOptions::default()).unwrap_err();
     assert!(matches!(e, RestoreError::Layout(_)), "{e:?}");
@@ -208,7 +208,7 @@ fn hostile_captures_are_refused_or_invalidate() {
 
     // a stream whose length lies: refused before any write
     let target = d.join("target.img");
-    std::fs::write(&target, noise(6, 160 * MIB as usize)).unwrap();
+    dirty_target(&target, 160 * MIB, PARTS[1].0 * 512, 4 * MIB);
     let before = std::fs::read(&target).unwrap();
     let stream = out.join("p2.stream");
     let good = std::fs::read(&stream).unwrap();
@@ -320,7 +320,7 @@ fn clonezilla_directory_round_trip() {
     let src = layout::read_layout(&mut std::fs::File::open(&disk).unwrap()).unwrap();
     assert_eq!(l.disk_guid, src.disk_guid);
     let target = d.join("target.img");
-    std::fs::write(&target, noise(78, 192 * MIB as usize)).unwrap();
+    dirty_target(&target, 192 * MIB, PARTS[3].0 * 512, PARTS[3].1 * 512);
     restore::restore_image(
         &out,
         &target,

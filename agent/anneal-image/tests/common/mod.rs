@@ -28,14 +28,28 @@ pub fn sh(script: &str) -> String {
 /// Deterministic pseudo-random bytes.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut out = vec![0u8; len.div_ceil(8) * 8];
+    for c in out.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A sparse file of `size` bytes with garbage in its first MiB, its last
+/// MiB and `[garbage_at, garbage_at + garbage_len)`.
+pub fn dirty_target(path: &Path, size: u64, garbage_at: u64, garbage_len: u64) {
+    use std::os::unix::fs::FileExt as _;
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(size).unwrap();
+    f.write_all_at(&noise(11, MIB as usize), 0).unwrap();
+    f.write_all_at(&noise(12, MIB as usize), size - MIB)
+        .unwrap();
+    f.write_all_at(&noise(13, garbage_len as usize), garbage_at)
+        .unwrap();
 }
 
 pub fn sha256_hex(b: &[u8]) -> String {
