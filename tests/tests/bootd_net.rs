@@ -319,6 +319,48 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     server.stop();
 }
 
+/// Runs `f` while tcpdump on br0 records UDP datagrams from port 67; returns
+/// `f`'s result and how many were seen.
+fn capture_replies<T>(ns: &Netns, f: impl FnOnce() -> T) -> (T, usize) {
+    let pcap = ns
+        .dir()
+        .join(format!("cap-{}.pcap", anneal_bootd::unix_now()));
+    let _ = std::fs::remove_file(&pcap);
+    let mut child = ns
+        .exec("tcpdump")
+        .args(["-i", "br0", "-n", "-U", "-w"])
+        .arg(&pcap)
+        .args(["udp and src port 67"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // wait until the capture is live (the file header is written on start)
+    for _ in 0..50 {
+        if std::fs::metadata(&pcap)
+            .map(|m| m.len() >= 24)
+            .unwrap_or(false)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let r = f();
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let o = out({
+        let mut c = Command::new("tcpdump");
+        c.args(["-n", "-r"]).arg(&pcap);
+        c
+    });
+    let n = String::from_utf8_lossy(&o.stdout).lines().count();
+    (r, n)
+}
+
 fn tempdir_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let p = dir.join(name);
     std::fs::create_dir_all(&p).unwrap();

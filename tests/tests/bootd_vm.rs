@@ -1,0 +1,315 @@
+//! Firmware conformance matrix: real firmware under TCG network-boots through
+//! bootd (DHCP, TFTP, HTTP) to a marker printed by a tiny busybox initramfs
+//! started by the Debian kernel. Cases run concurrently.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig};
+use anneal_testinfra::{Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel, smoke_initramfs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology {
+    /// bootd alone on the segment, lease mode.
+    Lease,
+    /// bootd in proxy mode beside a plain dnsmasq (addresses only) in a
+    /// second namespace.
+    ProxyBesideDnsmasq,
+    /// bootd two hops away behind Debian's dhcrelay.
+    Relayed,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    name: &'static str,
+    firmware: Firmware,
+    option_rom: bool,
+    http_boot: bool,
+    chain_undionly: bool,
+    topology: Topology,
+    mac: &'static str,
+}
+
+const FILES: &str = "files: {snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib/ipxe/ipxe.efi, undionly.kpxe: /usr/lib/ipxe/undionly.kpxe}";
+
+fn config(case: &Case, dir: &Path, kernel: &Path) -> String {
+    let (server, cidr, dhcp) = match case.topology {
+        Topology::Lease => (
+            "10.77.0.1",
+            "10.77.0.0/24",
+            "dhcp: {mode: lease, gateway: \"\", leaseTime: 10m}".to_string(),
+        ),
+        Topology::ProxyBesideDnsmasq => ("10.77.0.1", "10.77.0.0/24", "dhcp: {mode: proxy}".into()),
+        Topology::Relayed => (
+            "10.99.0.1",
+            "10.77.0.0/24",
+            "dhcp: {mode: lease, gateway: 10.77.0.254, leaseTime: 10m}".into(),
+        ),
+    };
+    let address = if case.topology == Topology::ProxyBesideDnsmasq {
+        String::new()
+    } else {
+        "\n    address: 10.77.0.50".into()
+    };
+    format!(
+        "serverIP: {server}\ncidr: {cidr}\n{dhcp}\n{FILES}\n\
+         artifacts: {{kernel: {kernel}, initrd: {dir}/initrd.cpio}}\n\
+         machines:\n  - name: lab/{name}\n    mac: \"{mac}\"{address}\n    console: [ttyS0]\n    chainUndionly: {chain}\n",
+        kernel = kernel.display(),
+        dir = dir.display(),
+        name = case.name,
+        mac = case.mac,
+        chain = case.chain_undionly,
+    )
+}
+
+async fn run_case(case: Case) -> anyhow::Result<f64> {
+    let kernel = debian_kernel()?;
+    let mut ns = Netns::create("bv")?;
+    ns.start_router_advertisements()?;
+    let dir = ns.dir();
+    let marker = format!("ANNEAL-BOOTD-MARKER-{}", case.name);
+    std::fs::write(
+        dir.join("initrd.cpio"),
+        smoke_initramfs(&format!("echo {marker} ok\npoweroff -f"))?,
+    )?;
+    let cfg = config(&case, &dir, &kernel.vmlinuz);
+    let snap = StaticConfig::from_yaml(&cfg)?.snapshot(8080, "r1".into())?;
+
+    // Namespaces that must outlive the VM.
+    let mut keep: Vec<Netns> = Vec::new();
+    let mut children: Vec<std::process::Child> = Vec::new();
+    let server = match case.topology {
+        Topology::Lease => NetnsServer::start(
+            ns.name(),
+            ServerOptions {
+                interface: Some("br0".into()),
+                lease_file: Some(dir.join("leases.json")),
+                ..ServerOptions::default()
+            },
+            snap,
+        )?,
+        Topology::ProxyBesideDnsmasq => {
+            // the segment's own DHCP server, addresses only, in its own namespace
+            let other = Netns::bare("bvd")?;
+            ns.add_veth_to_bridge(&other, "vd0", "d0", "10.77.0.3/24")?;
+            children.push(
+                other
+                    .exec("dnsmasq")
+                    .args([
+                        "--keep-in-foreground",
+                        "--port=0",
+                        "--interface=d0",
+                        "--bind-interfaces",
+                        "--dhcp-range=10.77.0.100,10.77.0.150,10m",
+                        "--no-ping",
+                        "--dhcp-leasefile=/dev/null",
+                        "--log-facility=-",
+                    ])
+                    .arg(format!("--pid-file={}/dnsmasq.pid", dir.display()))
+                    .stdout(std::fs::File::create(dir.join("dnsmasq.log"))?)
+                    .stderr(std::fs::File::create(dir.join("dnsmasq.err"))?)
+                    .spawn()?,
+            );
+            keep.push(other);
+            NetnsServer::start(
+                ns.name(),
+                ServerOptions {
+                    interface: Some("br0".into()),
+                    ..ServerOptions::default()
+                },
+                snap,
+            )?
+        }
+        Topology::Relayed => {
+            // client segment (br0 here) -- relay ns -- bootd ns
+            let relay = Netns::bare("bvy")?;
+            let bootd_ns = Netns::bare("bvb")?;
+            ns.add_veth_to_bridge(&relay, "vr0", "rd0", "10.77.0.254/24")?;
+            relay.link(&bootd_ns, "ru0", "10.99.0.254/24", "b0", "10.99.0.1/24")?;
+            bootd_ns.ip(&["route", "add", "10.77.0.0/24", "via", "10.99.0.254"])?;
+            relay
+                .exec("sysctl")
+                .args(["-qw", "net.ipv4.ip_forward=1"])
+                .status()?;
+            children.push(
+                relay
+                    .exec("dhcrelay")
+                    .args(["-d", "-4", "-iu", "ru0", "-id", "rd0", "10.99.0.1"])
+                    .stdout(std::fs::File::create(dir.join("dhcrelay.log"))?)
+                    .stderr(std::fs::File::create(dir.join("dhcrelay.err"))?)
+                    .spawn()?,
+            );
+            let s = NetnsServer::start(
+                bootd_ns.name(),
+                ServerOptions {
+                    interface: Some("b0".into()),
+                    lease_file: Some(dir.join("leases.json")),
+                    ..ServerOptions::default()
+                },
+                snap,
+            )?;
+            keep.push(relay);
+            keep.push(bootd_ns);
+            s
+        }
+    };
+
+    let tap = ns.add_tap()?;
+    let mut nic = NicConfig::virtio(&tap, case.mac);
+    nic.option_rom = case.option_rom;
+    let mut extra = Vec::new();
+    if case.http_boot {
+        for v in ["IPv4PXESupport", "IPv6PXESupport"] {
+            extra.push("-fw_cfg".to_string());
+            extra.push(format!("name=opt/org.tianocore/{v},string=n"));
+        }
+    }
+    let vm_cfg = VmConfig {
+        firmware: case.firmware,
+        memory_mib: 1024,
+        cpus: 1,
+        nics: vec![nic],
+        extra_args: extra,
+        ..VmConfig::default()
+    };
+    let started = Instant::now();
+    let mut vm = Vm::launch(&vm_cfg, Some(&ns))?;
+    let res = vm
+        .wait_for_line(&format!("^{marker} ok"), Duration::from_secs(330))
+        .await;
+    let secs = started.elapsed().as_secs_f64();
+    vm.kill();
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let metrics = server.shared().metrics.render();
+    server.stop();
+    drop(keep);
+    res.map_err(|e| anyhow::anyhow!("case {}: {e:#}\nbootd metrics:\n{metrics}", case.name))?;
+    println!("{}: marker after {secs:.1} s", case.name);
+    // The path each case claims is the path it took.
+    let tftp = metric(&metrics, "bootd_tftp_requests_total{reason=\"served\"}");
+    let scripts = metric(&metrics, "kind=\"script\",code=\"200\"");
+    let files = metric(&metrics, "kind=\"file\",code=\"200\"");
+    let ctx = format!("case {}:\n{metrics}", case.name);
+    anyhow::ensure!(scripts >= 1, "no script served, {ctx}");
+    if case.http_boot {
+        anyhow::ensure!(files >= 1 && tftp == 0, "not an HTTP boot, {ctx}");
+    } else if !case.option_rom || case.chain_undionly {
+        anyhow::ensure!(tftp >= 1, "no first stage over TFTP, {ctx}");
+    } else {
+        anyhow::ensure!(tftp == 0, "iPXE ROM fetched a first stage, {ctx}");
+    }
+    if case.chain_undionly {
+        anyhow::ensure!(
+            scripts >= 2,
+            "undionly.kpxe did not fetch the script again, {ctx}"
+        );
+    }
+    match case.topology {
+        Topology::ProxyBesideDnsmasq => {
+            let log = std::fs::read_to_string(dir.join("dnsmasq.log")).unwrap_or_default()
+                + &std::fs::read_to_string(dir.join("dnsmasq.err")).unwrap_or_default();
+            anyhow::ensure!(
+                log.contains("DHCPACK"),
+                "dnsmasq handed out no address: {log}"
+            );
+            // OVMF takes the boot file from the proxy offer itself (option 43
+            // discovery control 8); iPXE takes its script URL from it too.
+            anyhow::ensure!(
+                metric(&metrics, "msg_type=\"discover\",outcome=\"offer\"") >= 2,
+                "no proxy offers to firmware and iPXE, {ctx}"
+            );
+        }
+        Topology::Lease | Topology::Relayed => {
+            anyhow::ensure!(
+                metric(&metrics, "msg_type=\"request\",outcome=\"ack\"") >= 1,
+                "no lease acked, {ctx}"
+            );
+        }
+    }
+    Ok(secs)
+}
+
+fn metric(m: &str, needle: &str) -> u64 {
+    m.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+const UEFI_PXE_LEASE: Case = Case {
+    name: "uefi-pxe-lease",
+    firmware: Firmware::Ovmf,
+    option_rom: false,
+    http_boot: false,
+    chain_undionly: false,
+    topology: Topology::Lease,
+    mac: "52:54:00:b0:00:01",
+};
+
+const fn case(name: &'static str, firmware: Firmware, mac: &'static str) -> Case {
+    Case {
+        name,
+        firmware,
+        option_rom: true,
+        http_boot: false,
+        chain_undionly: false,
+        topology: Topology::Lease,
+        mac,
+    }
+}
+
+const UEFI_IPXE_ROM: Case = case("uefi-ipxe-rom", Firmware::Ovmf, "52:54:00:b0:00:02");
+const UEFI_HTTP: Case = Case {
+    option_rom: false,
+    http_boot: true,
+    ..case("uefi-http", Firmware::Ovmf, "52:54:00:b0:00:03")
+};
+const SEABIOS_IPXE_ROM: Case = case("seabios-ipxe-rom", Firmware::SeaBios, "52:54:00:b0:00:04");
+const SEABIOS_UNDIONLY: Case = Case {
+    chain_undionly: true,
+    ..case("seabios-undionly", Firmware::SeaBios, "52:54:00:b0:00:05")
+};
+const UEFI_PXE_PROXY: Case = Case {
+    option_rom: false,
+    topology: Topology::ProxyBesideDnsmasq,
+    ..case("uefi-pxe-proxy", Firmware::Ovmf, "52:54:00:b0:00:06")
+};
+const SEABIOS_RELAYED: Case = Case {
+    topology: Topology::Relayed,
+    ..case("seabios-relayed", Firmware::SeaBios, "52:54:00:b0:00:07")
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn firmware_matrix() {
+    let cases = [
+        UEFI_PXE_LEASE,
+        UEFI_IPXE_ROM,
+        UEFI_HTTP,
+        SEABIOS_IPXE_ROM,
+        SEABIOS_UNDIONLY,
+        UEFI_PXE_PROXY,
+        SEABIOS_RELAYED,
+    ];
+    let t0 = Instant::now();
+    let handles: Vec<_> = cases.iter().map(|c| tokio::spawn(run_case(*c))).collect();
+    let mut failures = Vec::new();
+    for (c, h) in cases.iter().zip(handles) {
+        match h.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => failures.push(format!("{e:#}")),
+            Err(e) => failures.push(format!("{}: {e}", c.name)),
+        }
+    }
+    println!(
+        "matrix: {} cases in {:.1} s",
+        cases.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
