@@ -282,7 +282,8 @@ impl Root {
             rotational: self.read(format!("{base}/queue/rotational")).as_deref() == Some("1"),
             removable,
             model: attr("device/model"),
-            vendor: attr("device/vendor"),
+            // virtio's `vendor` is the PCI vendor id (0x1af4), not a name.
+            vendor: attr("device/vendor").filter(|v| !v.starts_with("0x")),
             serial_number,
             wwn,
             hctl,
