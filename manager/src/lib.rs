@@ -10,3 +10,6 @@ pub mod readiness;
 mod run;
 
 pub use run::{RunConfig, RunError, run};
+pub mod agentapi;
+pub mod lifecycle;
+pub mod redfish;

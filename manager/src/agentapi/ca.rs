@@ -1,0 +1,148 @@
+//! The agent API's certificate authority, kept in Secret
+//! `anneal-agent-api-ca` (keys `ca.crt`, `ca.key`) in the manager's
+//! namespace: generated on first start unless the operator provided one,
+//! and the issuer of a fresh serving certificate at every start (the CA
+//! certificate is never the serving certificate).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use sha2::{Digest, Sha256};
+
+/// Name of the CA Secret.
+pub const CA_SECRET: &str = "anneal-agent-api-ca";
+/// Key of the CA certificate (PEM).
+pub const CA_CERT_KEY: &str = "ca.crt";
+/// Key of the CA private key (PEM).
+pub const CA_KEY_KEY: &str = "ca.key";
+
+/// Errors of the CA.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// The Secret cannot be read or created.
+    #[error("cannot read or create secret {CA_SECRET}")]
+    Kube(#[source] kube::Error),
+    /// The Secret lacks a key or holds junk.
+    #[error("secret {CA_SECRET} lacks a usable {0}")]
+    Malformed(&'static str),
+    /// Certificate generation failed.
+    #[error("certificate generation failed")]
+    Rcgen(#[source] rcgen::Error),
+}
+
+/// The CA and a serving certificate it issued.
+#[derive(Debug, Clone)]
+pub struct AgentPki {
+    /// CA certificate (PEM), what bootd publishes.
+    pub ca_pem: String,
+    /// SHA-256 of the CA certificate (DER), lowercase hex: `anneal.ca=`.
+    pub ca_sha256: String,
+    /// Serving certificate chain (PEM: leaf then CA).
+    pub serving_chain_pem: String,
+    /// Serving key (PEM).
+    pub serving_key_pem: String,
+}
+
+fn ca_params() -> Result<CertificateParams, CaError> {
+    let mut p = CertificateParams::new(Vec::<String>::new()).map_err(CaError::Rcgen)?;
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "anneal agent API CA");
+    p.distinguished_name = dn;
+    p.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2099, 12, 31);
+    Ok(p)
+}
+
+fn secret_str(s: &Secret, key: &'static str) -> Result<String, CaError> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .ok_or(CaError::Malformed(key))
+}
+
+/// Loads the CA from its Secret, creating it on first start, and issues a
+/// serving certificate for `names` (DNS names or IP addresses).
+pub async fn load_or_create(
+    client: kube::Client,
+    namespace: &str,
+    names: &[String],
+) -> Result<AgentPki, CaError> {
+    let api = Api::<Secret>::namespaced(client, namespace);
+    let secret = match api.get_opt(CA_SECRET).await.map_err(CaError::Kube)? {
+        Some(s) => s,
+        None => {
+            let key = KeyPair::generate().map_err(CaError::Rcgen)?;
+            let cert = ca_params()?.self_signed(&key).map_err(CaError::Rcgen)?;
+            let mut data = BTreeMap::new();
+            data.insert(CA_CERT_KEY.to_string(), ByteString(cert.pem().into_bytes()));
+            data.insert(
+                CA_KEY_KEY.to_string(),
+                ByteString(key.serialize_pem().into_bytes()),
+            );
+            let s = Secret {
+                metadata: ObjectMeta {
+                    name: Some(CA_SECRET.into()),
+                    namespace: Some(namespace.into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(data),
+                type_: Some("Opaque".into()),
+                ..Secret::default()
+            };
+            match api.create(&PostParams::default(), &s).await {
+                Ok(created) => {
+                    tracing::info!(namespace, "generated the agent api ca");
+                    created
+                }
+                // Another manager won the race: use its CA.
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    api.get(CA_SECRET).await.map_err(CaError::Kube)?
+                }
+                Err(e) => return Err(CaError::Kube(e)),
+            }
+        }
+    };
+    let ca_pem = secret_str(&secret, CA_CERT_KEY)?;
+    let ca_key = KeyPair::from_pem(&secret_str(&secret, CA_KEY_KEY)?)
+        .map_err(|_| CaError::Malformed(CA_KEY_KEY))?;
+    let issuer =
+        Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|_| CaError::Malformed(CA_CERT_KEY))?;
+    let ca_der = rustls_pemfile::certs(&mut ca_pem.as_bytes())
+        .next()
+        .and_then(Result::ok)
+        .ok_or(CaError::Malformed(CA_CERT_KEY))?;
+    let ca_sha256 = hex::encode(Sha256::digest(ca_der.as_ref()));
+
+    let leaf_key = KeyPair::generate().map_err(CaError::Rcgen)?;
+    let mut leaf = CertificateParams::new(Vec::<String>::new()).map_err(CaError::Rcgen)?;
+    for n in names {
+        match n.parse::<IpAddr>() {
+            Ok(ip) => leaf.subject_alt_names.push(SanType::IpAddress(ip)),
+            Err(_) => leaf.subject_alt_names.push(SanType::DnsName(
+                n.clone().try_into().map_err(CaError::Rcgen)?,
+            )),
+        }
+    }
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "anneal agent API");
+    leaf.distinguished_name = dn;
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).map_err(CaError::Rcgen)?;
+    Ok(AgentPki {
+        serving_chain_pem: format!("{}{}", leaf_cert.pem(), ca_pem),
+        serving_key_pem: leaf_key.serialize_pem(),
+        ca_pem,
+        ca_sha256,
+    })
+}

@@ -1,0 +1,639 @@
+//! The agent API (API.md, agent protocol): HTTPS only (rustls, ring),
+//! `Anneal-Agent-Schema: 1` on every request (a mismatch answers 426),
+//! bounded JSON bodies that deny unknown fields.
+//!
+//! - `POST /v1/agent/register`: the boot token is hashed and compared in
+//!   constant time with `status.netBoot.tokenHash`; it must not have
+//!   expired; it is single use (the hash is removed from status in the same
+//!   write that records the session, with the resourceVersion read as a
+//!   precondition, and the Secret holding it is deleted). Answers a session
+//!   token whose hash lives in `status.agent.sessionTokenHash`, so it is
+//!   bound to the machine and to this boot (arming a new boot drops it).
+//! - `PUT /v1/agent/hardware`: writes the MachineHardware (same name, owned
+//!   by the Machine) by server-side apply.
+//! - `GET /v1/agent/next`: long-poll: `poweroff` once the machine is idle
+//!   (Available, Released, Parked), otherwise `wait`.
+//!
+//! Everything the API needs is in the API server (hashes in status, the CA
+//! in its Secret), so a manager restart loses nothing; the in-memory session
+//! index is only a cache in front of a list.
+
+pub mod ca;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anneal_api::agent::{
+    self, ErrorCode, ErrorResponse, HardwareReport, MachineIdentity, NextAction, RegisterRequest,
+    RegisterResponse, Token,
+};
+use anneal_api::{
+    FirmwareMode, HardwareCpu, HardwareDisk, HardwareFirmware, HardwareNic, HardwareSystem,
+    Machine, MachineHardware, MachineHardwareSpec, MachineState,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::lifecycle::status::{mint_token, time_in, token_hash};
+
+pub use ca::AgentPki;
+
+/// Annotation on MachineHardware: the session hash of the report.
+pub const SESSION_ANNOTATION: &str = "anneal.dev/agent-session";
+/// The field manager of the agent API's writes.
+pub const FIELD_MANAGER: &str = "anneal-agent-api";
+
+/// Errors starting the agent API.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentApiError {
+    /// The CA cannot be loaded or created.
+    #[error("agent api ca")]
+    Ca(#[from] ca::CaError),
+    /// The serving configuration is invalid.
+    #[error("invalid serving certificate")]
+    Tls,
+    /// The listener cannot bind.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// address
+        addr: SocketAddr,
+        /// cause
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Tunables of the agent API.
+#[derive(Debug, Clone)]
+pub struct AgentApiConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The manager's namespace (holds the CA Secret).
+    pub namespace: String,
+    /// DNS names and IP addresses of the serving certificate.
+    pub server_names: Vec<String>,
+    /// Session token lifetime.
+    pub session_ttl: Duration,
+    /// Longest hold of `GET /v1/agent/next`.
+    pub long_poll: Duration,
+}
+
+impl Default for AgentApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8443)),
+            namespace: "anneal-system".into(),
+            server_names: vec!["localhost".into(), "127.0.0.1".into()],
+            session_ttl: Duration::from_secs(3600),
+            long_poll: Duration::from_secs(25),
+        }
+    }
+}
+
+/// A running agent API.
+#[derive(Debug)]
+pub struct RunningAgentApi {
+    addr: SocketAddr,
+    pki: AgentPki,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningAgentApi {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The CA and its fingerprint.
+    pub fn pki(&self) -> &AgentPki {
+        &self.pki
+    }
+
+    /// Waits for the server task (ends on cancel).
+    pub async fn join(self) {
+        let _ = self.task.await;
+    }
+}
+
+struct Server {
+    client: kube::Client,
+    cfg: AgentApiConfig,
+    /// session hash → (namespace, name); a cache, the status is the truth.
+    sessions: Mutex<HashMap<String, (String, String)>>,
+}
+
+/// Loads (or creates) the CA, binds and serves until `cancel`.
+pub async fn start(
+    client: kube::Client,
+    cfg: AgentApiConfig,
+    cancel: CancellationToken,
+) -> Result<RunningAgentApi, AgentApiError> {
+    let pki = ca::load_or_create(client.clone(), &cfg.namespace, &cfg.server_names).await?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pki.serving_chain_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|_| AgentApiError::Tls)?;
+    let key = rustls_pemfile::private_key(&mut pki.serving_key_pem.as_bytes())
+        .map_err(|_| AgentApiError::Tls)?
+        .ok_or(AgentApiError::Tls)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|_| AgentApiError::Tls)?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|_| AgentApiError::Tls)?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| AgentApiError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| AgentApiError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    tracing::info!(%addr, ca_sha256 = %pki.ca_sha256, "agent api listening (https)");
+    let server = Arc::new(Server {
+        client,
+        cfg,
+        sessions: Mutex::new(HashMap::new()),
+    });
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = cancel.cancelled() => break,
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                },
+            };
+            let server = server.clone();
+            let acceptor = acceptor.clone();
+            let cancel = cancel.clone();
+            conns.spawn(async move {
+                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::info!(%peer, error = %e, "agent api: tls handshake refused");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let svc = hyper::service::service_fn(move |req| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(server.handle(peer, req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    r = conn => if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "agent connection ended");
+                    },
+                }
+            });
+            while conns.try_join_next().is_some() {}
+        }
+        conns.abort_all();
+    });
+    Ok(RunningAgentApi { addr, pki, task })
+}
+
+type Resp = Response<Full<Bytes>>;
+
+fn json_reply<T: Serialize>(status: StatusCode, body: &T) -> Resp {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .header(agent::SCHEMA_HEADER, agent::SCHEMA_VERSION)
+        .body(Full::new(Bytes::from(
+            serde_json::to_vec(body).unwrap_or_default(),
+        )))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn fail(status: StatusCode, code: ErrorCode, message: &str) -> Resp {
+    json_reply(
+        status,
+        &ErrorResponse {
+            code,
+            message: message.into(),
+        },
+    )
+}
+
+fn unauthorized(code: ErrorCode) -> Resp {
+    fail(
+        StatusCode::UNAUTHORIZED,
+        code,
+        "invalid, expired or used token",
+    )
+}
+
+fn internal() -> Resp {
+    fail(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Internal,
+        "try again later",
+    )
+}
+
+/// A well-formed token is 64 lowercase hex characters (32 bytes).
+fn well_formed(t: &Token) -> bool {
+    t.len() == 64 && t.expose().bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn now_ms() -> i64 {
+    Timestamp::now().as_millisecond()
+}
+
+impl Server {
+    async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Resp {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let schema_ok = req
+            .headers()
+            .get(agent::SCHEMA_HEADER)
+            .and_then(|v| v.to_str().ok())
+            == Some(agent::SCHEMA_VERSION);
+        if !schema_ok {
+            tracing::info!(%peer, %path, "agent api: schema header missing or different");
+            return fail(
+                StatusCode::UPGRADE_REQUIRED,
+                ErrorCode::SchemaMismatch,
+                "Anneal-Agent-Schema must be 1",
+            );
+        }
+        let bearer = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|v| Token::new(v.trim()));
+        let body = match Limited::new(req.into_body(), agent::MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return fail(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorCode::BadRequest,
+                    "body too large",
+                );
+            }
+        };
+        let resp = match (method, path.as_str()) {
+            (Method::POST, agent::paths::REGISTER) => self.register(peer, &body).await,
+            (Method::PUT, agent::paths::HARDWARE) => match self.authenticate(bearer).await {
+                Ok((m, session)) => self.hardware(&m, &session, &body).await,
+                Err(r) => r,
+            },
+            (Method::GET, agent::paths::NEXT) => match self.authenticate(bearer).await {
+                Ok((m, _)) => self.next(&m).await,
+                Err(r) => r,
+            },
+            _ => fail(StatusCode::NOT_FOUND, ErrorCode::BadRequest, "no such path"),
+        };
+        tracing::info!(%peer, %path, status = resp.status().as_u16(), "agent api request");
+        resp
+    }
+
+    /// Finds the machine whose `status.netBoot.tokenHash` is `hash` (only
+    /// the hinted one when the agent names its machine).
+    async fn machine_by_boot_hash(
+        &self,
+        hint: Option<&str>,
+        hash: &str,
+    ) -> Result<Option<Machine>, kube::Error> {
+        let matches = |m: &Machine| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.net_boot.as_ref())
+                .and_then(|n| n.token_hash.as_deref())
+                .is_some_and(|h| agent::ct_eq(h.as_bytes(), hash.as_bytes()))
+        };
+        // A named machine is the only candidate: a token minted for
+        // another machine is refused even though it is valid there.
+        if let Some((ns, name)) = hint.and_then(|h| h.split_once('/')) {
+            let m = Api::<Machine>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await?;
+            return Ok(m.filter(matches));
+        }
+        let all = Api::<Machine>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?;
+        Ok(all.items.into_iter().find(matches))
+    }
+
+    async fn register(&self, peer: SocketAddr, body: &[u8]) -> Resp {
+        let req: RegisterRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(_) => {
+                return fail(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::BadRequest,
+                    "invalid register body",
+                );
+            }
+        };
+        if !well_formed(&req.boot_token) {
+            tracing::info!(%peer, "register refused: malformed boot token");
+            return unauthorized(ErrorCode::InvalidToken);
+        }
+        let hash = token_hash(req.boot_token.expose());
+        for _ in 0..4 {
+            let m = match self
+                .machine_by_boot_hash(req.machine.as_deref(), &hash)
+                .await
+            {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    tracing::info!(%peer, "register refused: unknown or used boot token");
+                    return unauthorized(ErrorCode::InvalidToken);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "register: cannot read machines");
+                    return internal();
+                }
+            };
+            let (ns, name) = (m.namespace().unwrap_or_default(), m.name_any());
+            let expires = m
+                .status
+                .as_ref()
+                .and_then(|s| s.net_boot.as_ref())
+                .and_then(|n| n.expires_at.as_ref())
+                .map_or(0, |t| t.0.as_millisecond());
+            if expires <= now_ms() {
+                tracing::info!(%peer, machine = %name, "register refused: boot token expired");
+                return unauthorized(ErrorCode::ExpiredToken);
+            }
+            let session = mint_token();
+            let session_hash = token_hash(session.expose());
+            let ttl = i64::try_from(self.cfg.session_ttl.as_millis()).unwrap_or(i64::MAX);
+            let now = Timestamp::now();
+            let patch = json!({
+                "metadata": {"resourceVersion": m.resource_version()},
+                "status": {
+                    "netBoot": {"tokenHash": null},
+                    "agent": {
+                        "sessionTokenHash": session_hash,
+                        "expiresAt": time_in(now, ttl),
+                        "version": req.agent_version.chars().take(64).collect::<String>(),
+                        "lastSeen": time_in(now, 0),
+                        "address": peer.ip().to_string(),
+                    },
+                },
+            });
+            let api = Api::<Machine>::namespaced(self.client.clone(), &ns);
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            match api.patch_status(&name, &pp, &Patch::Merge(&patch)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => {
+                    tracing::warn!(machine = %name, error = %e, "register: cannot write status");
+                    return internal();
+                }
+            }
+            let secrets = Api::<Secret>::namespaced(self.client.clone(), &ns);
+            if let Err(e) = secrets
+                .delete(&format!("{name}-boot-token"), &Default::default())
+                .await
+            {
+                tracing::debug!(machine = %name, error = %e, "boot token secret not deleted");
+            }
+            self.sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(session_hash, (ns.clone(), name.clone()));
+            tracing::info!(%peer, machine = %name, agent_version = %req.agent_version, "agent registered");
+            return json_reply(
+                StatusCode::OK,
+                &RegisterResponse {
+                    session_token: session,
+                    expires_in_seconds: self.cfg.session_ttl.as_secs(),
+                    machine: MachineIdentity {
+                        namespace: ns,
+                        name,
+                    },
+                },
+            );
+        }
+        unauthorized(ErrorCode::UsedToken)
+    }
+
+    /// The machine a bearer session token speaks for.
+    async fn authenticate(&self, bearer: Option<Token>) -> Result<(Machine, String), Resp> {
+        let Some(token) = bearer.filter(well_formed) else {
+            return Err(unauthorized(ErrorCode::InvalidToken));
+        };
+        let hash = token_hash(token.expose());
+        drop(token);
+        let valid = |m: &Machine| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.agent.as_ref())
+                .is_some_and(|a| {
+                    a.session_token_hash
+                        .as_deref()
+                        .is_some_and(|h| agent::ct_eq(h.as_bytes(), hash.as_bytes()))
+                        && a.expires_at
+                            .as_ref()
+                            .is_some_and(|t| t.0.as_millisecond() > now_ms())
+                })
+        };
+        let cached = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&hash)
+            .cloned();
+        let found = match cached {
+            Some((ns, name)) => Api::<Machine>::namespaced(self.client.clone(), &ns)
+                .get_opt(&name)
+                .await
+                .map(|m| m.filter(valid)),
+            None => Api::<Machine>::all(self.client.clone())
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items.into_iter().find(valid)),
+        };
+        match found {
+            Ok(Some(m)) => Ok((m, hash)),
+            Ok(None) => Err(unauthorized(ErrorCode::InvalidToken)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read machines");
+                Err(internal())
+            }
+        }
+    }
+
+    async fn hardware(&self, m: &Machine, session: &str, body: &[u8]) -> Resp {
+        let report: HardwareReport = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(_) => {
+                return fail(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::BadRequest,
+                    "invalid hardware body",
+                );
+            }
+        };
+        let ns = m.namespace().unwrap_or_default();
+        let name = m.name_any();
+        let mut hw = MachineHardware::new(&name, hardware_spec(&report));
+        hw.metadata.namespace = Some(ns.clone());
+        hw.metadata.owner_references = m.controller_owner_ref(&()).map(|o| vec![o]);
+        hw.metadata.annotations = Some(
+            [(SESSION_ANNOTATION.to_string(), session.to_string())]
+                .into_iter()
+                .collect(),
+        );
+        match Api::<MachineHardware>::namespaced(self.client.clone(), &ns)
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&hw),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(machine = %name, disks = report.disks.len(), nics = report.nics.len(), "hardware reported");
+                Response::builder()
+                    .status(StatusCode::NO_CONTENT)
+                    .header(agent::SCHEMA_HEADER, agent::SCHEMA_VERSION)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+            }
+            Err(e) => {
+                tracing::warn!(machine = %name, error = %e, "cannot write machinehardware");
+                internal()
+            }
+        }
+    }
+
+    async fn next(&self, m: &Machine) -> Resp {
+        let ns = m.namespace().unwrap_or_default();
+        let name = m.name_any();
+        let api = Api::<Machine>::namespaced(self.client.clone(), &ns);
+        let deadline = tokio::time::Instant::now() + self.cfg.long_poll;
+        let mut current = Some(m.clone());
+        loop {
+            let state = current
+                .as_ref()
+                .and_then(|m| m.status.as_ref())
+                .and_then(|s| s.state);
+            if matches!(
+                state,
+                Some(MachineState::Available | MachineState::Released | MachineState::Parked)
+            ) {
+                return json_reply(StatusCode::OK, &NextAction::PowerOff);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return json_reply(
+                    StatusCode::OK,
+                    &NextAction::Wait {
+                        retry_after_seconds: 1,
+                    },
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            current = api.get_opt(&name).await.ok().flatten();
+        }
+    }
+}
+
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn clamp_i32(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// The MachineHardware spec of an agent's report.
+pub fn hardware_spec(r: &HardwareReport) -> MachineHardwareSpec {
+    MachineHardwareSpec {
+        disks: r
+            .disks
+            .iter()
+            .map(|d| HardwareDisk {
+                device_name: if d.device_name.starts_with("/dev/") {
+                    d.device_name.clone()
+                } else {
+                    format!("/dev/{}", d.device_name)
+                },
+                size_bytes: clamp_i64(d.size_bytes),
+                serial_number: d.serial_number.clone(),
+                wwn: d.wwn.clone(),
+                model: d.model.clone(),
+                vendor: d.vendor.clone(),
+                rotational: d.rotational,
+                pcie_path: d.pcie_path.clone(),
+                hctl: d.hctl.clone(),
+                slot_number: None,
+                logical_sector_size: Some(clamp_i32(d.logical_sector_size)),
+                physical_sector_size: Some(clamp_i32(d.physical_sector_size)),
+            })
+            .collect(),
+        nics: r
+            .nics
+            .iter()
+            .map(|n| HardwareNic {
+                name: n.name.clone(),
+                mac: n.mac.clone(),
+                speed_mbps: n.speed_mbps.map(clamp_i32),
+                driver: n.driver.clone(),
+                pci_address: n.pci_address.clone(),
+                link: n.link,
+            })
+            .collect(),
+        memory_bytes: Some(clamp_i64(r.memory_bytes)),
+        cpu: Some(HardwareCpu {
+            count: clamp_i32(r.cpu.count),
+            model: r.cpu.model.clone(),
+        }),
+        firmware: Some(HardwareFirmware {
+            mode: match r.firmware.mode {
+                agent::FirmwareMode::Uefi => FirmwareMode::Uefi,
+                agent::FirmwareMode::Bios => FirmwareMode::Bios,
+            },
+            secure_boot: r.firmware.secure_boot,
+        }),
+        system: Some(HardwareSystem {
+            vendor: r.system.vendor.clone(),
+            product: r.system.product.clone(),
+            serial: r.system.serial.clone(),
+            uuid: r.system.uuid.clone(),
+        }),
+    }
+}

@@ -1,0 +1,360 @@
+//! The Machine lifecycle end to end on a real control plane with a real
+//! QEMU VM behind anneal-qemu-bmc: enrolment, a one-time PXE power-on, the
+//! agent protocol over real HTTPS (a test client stands in for the agent),
+//! the security table, a manager killed and restarted between power-on and
+//! registration, Available with MachineHardware, and the power-off through
+//! Redfish. The boot token never shows in logs or in any status.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod lifecycle_support;
+
+use std::time::{Duration, Instant};
+
+use anneal_api::{Machine, MachineHardware};
+use anneal_manager::agentapi::AgentApiConfig;
+use anneal_manager::lifecycle::LifecycleConfig;
+use anneal_manager::redfish::{PowerState, TlsPolicy};
+use anneal_testinfra::{ControlPlane, Netns};
+use hyper::Method;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use lifecycle_support::*;
+
+fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
+    (
+        LifecycleConfig {
+            boot_token_lifetime: Duration::from_secs(45),
+            graceful_shutdown_timeout: Duration::from_secs(2),
+            bmc_timeout: Duration::from_secs(3),
+            health_interval: Duration::from_secs(5),
+            ..LifecycleConfig::default()
+        },
+        AgentApiConfig {
+            listen: ([127, 0, 0, 1], port).into(),
+            namespace: "anneal-system".into(),
+            server_names: vec!["127.0.0.1".into(), "localhost".into()],
+            session_ttl: Duration::from_secs(600),
+            long_poll: Duration::from_secs(3),
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_walk_security_table_and_manager_restart() {
+    let logs = capture_logs();
+    let t0 = Instant::now();
+    let ns = Netns::create("anllw").unwrap();
+    let (cp, bmcvm) = tokio::join!(
+        ControlPlane::start(),
+        BmcVm::launch(&ns, "52:54:00:7f:10:01", None)
+    );
+    let cp = cp.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    create_namespace(&client, "anneal-system").await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials_secret("bmc-a", BMC_PASSWORD),
+        )
+        .await
+        .unwrap();
+
+    let port = anneal_testinfra::free_port().unwrap();
+    let (lc, api_cfg) = configs(port);
+    let mut manager = Manager::start(cp.kubeconfig_path(), lc.clone(), api_cfg.clone());
+    let ca_pem = manager.ca_pem.clone();
+
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    machines
+        .create(
+            &PostParams::default(),
+            &machine(
+                "walk-a",
+                "52:54:00:7f:10:01",
+                Some((&bmcvm.address(), "bmc-a")),
+            ),
+        )
+        .await
+        .unwrap();
+    // A machine with no BMC (powered by hand): armed, never powered.
+    machines
+        .create(
+            &PostParams::default(),
+            &machine("walk-b", "52:54:00:7f:10:02", None),
+        )
+        .await
+        .unwrap();
+
+    // Enrolling → Inspecting: token minted, one-time PXE override, power on.
+    let token_a = eventually("walk-a armed", Duration::from_secs(60), || async {
+        let m = machine_json(&machines, "walk-a").await;
+        if m["status"]["state"] == "Inspecting" && m["status"]["netBoot"]["tokenHash"].is_string() {
+            boot_token(&client, "walk-a").await
+        } else {
+            None
+        }
+    })
+    .await;
+    println!("walk-a armed after {:.1} s", t0.elapsed().as_secs_f64());
+    let m = machine_json(&machines, "walk-a").await;
+    assert_eq!(
+        m["status"]["netBoot"]["tokenHash"],
+        anneal_manager::lifecycle::status::token_hash(&token_a)
+    );
+    assert_eq!(token_a.len(), 64, "32 random bytes, hex");
+    let secret = secrets.get("walk-a-boot-token").await.unwrap();
+    assert_eq!(
+        secret.owner_references()[0].name,
+        "walk-a",
+        "boot token owned by the machine"
+    );
+    let log = bmcvm.requests();
+    let patch = log
+        .iter()
+        .position(|e| e.method == "PATCH" && e.action.as_deref() == Some("Boot=Once/Pxe"))
+        .unwrap_or_else(|| panic!("no one-time Pxe override: {log:?}"));
+    let on = log
+        .iter()
+        .position(|e| e.is_reset() && e.action.as_deref() == Some("On"))
+        .unwrap_or_else(|| panic!("no power-on: {log:?}"));
+    assert!(patch < on, "override before power-on: {log:?}");
+    let rf = client_for(&bmcvm);
+    assert_eq!(rf.power_state().await.unwrap(), PowerState::On);
+    let token_b = eventually("walk-b armed", Duration::from_secs(30), || async {
+        boot_token(&client, "walk-b").await
+    })
+    .await;
+
+    // --- security table (nothing changes state) --------------------------
+    let before_a = machine_json(&machines, "walk-a").await["status"].clone();
+    let agent = AgentClient::new(manager.api_addr, &ca_pem);
+    // plain HTTP is refused (the port speaks TLS only)
+    let plain = anneal_manager::redfish::http::exchange(
+        &anneal_manager::redfish::Endpoint {
+            tls: None,
+            ..agent.ep.clone()
+        },
+        Method::POST,
+        anneal_api::agent::paths::REGISTER,
+        None,
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert!(plain.is_err(), "plain http answered: {plain:?}");
+    // schema header missing or different → 426
+    let (code, _) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            None,
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(code, 426);
+    let (code, body) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            None,
+            Some("2"),
+            None,
+        )
+        .await;
+    assert_eq!((code, body["code"].as_str()), (426, Some("schemaMismatch")));
+    // missing / malformed session tokens → 401
+    let (code, _) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            None,
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 401, "missing bearer");
+    let (code, _) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some("not-a-token"),
+            Some("1"),
+            Some(sample_hardware()),
+        )
+        .await;
+    assert_eq!(code, 401, "malformed bearer");
+    // the boot token is not a session token
+    let (code, _) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&token_a),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 401, "boot token used as session");
+    // malformed / unknown boot tokens → 401
+    assert_eq!(agent.register("short", Some("default/walk-a")).await.0, 401);
+    assert_eq!(agent.register(&"0".repeat(64), None).await.0, 401);
+    // unknown fields → 400
+    let (code, _) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::REGISTER,
+            None,
+            Some("1"),
+            Some(serde_json::json!({"bootToken": token_a, "bootMac": "x", "agentVersion": "v", "admin": true})),
+        )
+        .await;
+    assert_eq!(code, 400);
+    // another machine's token, naming this machine → 401
+    assert_eq!(
+        agent.register(&token_b, Some("default/walk-a")).await.0,
+        401
+    );
+    let after_a = machine_json(&machines, "walk-a").await["status"].clone();
+    assert_eq!(before_a["netBoot"], after_a["netBoot"], "walk-a changed");
+    assert!(after_a["agent"].is_null(), "{after_a}");
+    assert!(
+        boot_token(&client, "walk-b").await.is_some(),
+        "walk-b token consumed"
+    );
+
+    // --- the manager dies between power-on and registration --------------
+    manager.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    assert_eq!(manager.ca_pem, ca_pem, "the CA survives in its Secret");
+    let agent = AgentClient::new(manager.api_addr, &ca_pem);
+
+    // --- registration with the real token ----------------------------------
+    let (code, reg) = agent.register(&token_a, Some("default/walk-a")).await;
+    assert_eq!(code, 200, "{reg}");
+    assert_eq!(reg["machine"]["name"], "walk-a");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    assert_eq!(session.len(), 64);
+    // single use
+    let (code, body) = agent.register(&token_a, Some("default/walk-a")).await;
+    assert_eq!((code, body["code"].as_str()), (401, Some("invalidToken")));
+    assert_eq!(agent.register(&token_a, None).await.0, 401);
+    assert!(
+        boot_token(&client, "walk-a").await.is_none(),
+        "plaintext deleted"
+    );
+    // the session of walk-a does not act for walk-b and vice versa: B's
+    // registration yields B's identity only
+    let (code, reg_b) = agent.register(&token_b, None).await;
+    assert_eq!(
+        (code, reg_b["machine"]["name"].as_str()),
+        (200, Some("walk-b"))
+    );
+
+    let (code, _) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some(&session),
+            Some("1"),
+            Some(sample_hardware()),
+        )
+        .await;
+    assert_eq!(code, 204);
+    let hw: Api<MachineHardware> = Api::namespaced(client.clone(), "default");
+    let h = hw.get("walk-a").await.unwrap();
+    assert_eq!(h.owner_references()[0].name, "walk-a");
+    assert_eq!(h.spec.disks[0].device_name, "/dev/vda");
+    assert!(hw.get_opt("walk-b").await.unwrap().is_none());
+
+    // Available, then powered off through Redfish; the agent is told to
+    // power off too.
+    eventually("walk-a Available", Duration::from_secs(60), || async {
+        (machine_json(&machines, "walk-a").await["status"]["state"] == "Available").then_some(())
+    })
+    .await;
+    let (code, next) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&session),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (code, next["action"].as_str()),
+        (200, Some("poweroff")),
+        "{next}"
+    );
+    eventually(
+        "VM off through Redfish",
+        Duration::from_secs(60),
+        || async { (rf.power_state().await.ok() == Some(PowerState::Off)).then_some(()) },
+    )
+    .await;
+    let log = bmcvm.requests();
+    let resets: Vec<_> = log
+        .iter()
+        .filter(|e| e.is_reset())
+        .filter_map(|e| e.action.clone())
+        .collect();
+    assert_eq!(resets, ["On", "GracefulShutdown", "ForceOff"], "{log:?}");
+    let m = machine_json(&machines, "walk-a").await;
+    assert_eq!(cond(&m, "BMCReachable").unwrap().0, "True", "{m}");
+    assert_eq!(cond(&m, "AgentRegistered").unwrap().0, "True", "{m}");
+    assert_eq!(m["status"]["poweredOn"], false);
+    println!(
+        "walk-a Available and off after {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // No token in any status, nor in the manager's logs.
+    let all = machines.list(&ListParams::default()).await.unwrap();
+    let statuses = serde_json::to_string(&all.items).unwrap();
+    for (what, secret) in [
+        ("boot token a", &token_a),
+        ("boot token b", &token_b),
+        ("session token", &session),
+    ] {
+        assert!(!statuses.contains(secret.as_str()), "{what} in a status");
+        assert!(!logs.text().contains(secret.as_str()), "{what} in the logs");
+    }
+    assert!(
+        logs.text().contains("agent registered"),
+        "log capture works"
+    );
+    // Events on transitions.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let evs = events.list(&ListParams::default()).await.unwrap();
+    let reasons: Vec<_> = evs
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("walk-a"))
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    assert!(reasons.iter().any(|r| r == "NetBootArmed"), "{reasons:?}");
+
+    // Deletion: the finalizer powers off (already off) and lets go.
+    machines
+        .delete("walk-a", &Default::default())
+        .await
+        .unwrap();
+    eventually("walk-a deleted", Duration::from_secs(30), || async {
+        machines
+            .get_opt("walk-a")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    manager.kill();
+}
+
+fn client_for(b: &BmcVm) -> anneal_manager::redfish::RedfishClient {
+    client(&b.address(), BMC_PASSWORD, TlsPolicy::SystemRoots)
+}
