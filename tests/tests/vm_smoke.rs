@@ -124,3 +124,44 @@ async fn debian_kernel_boots_on_ovmf_and_seabios_and_everything_is_cleaned_up() 
         assert!(!process_alive(pid), "{what} pid {pid} still running");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_reaches_a_host_loopback_service_only_through_the_relay() {
+    use std::io::{Read, Write};
+    let ns = Netns::create("anlfwd").unwrap();
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = host.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = host.accept().unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&buf.map(|b| b.to_ascii_uppercase())).unwrap();
+    });
+    let curl = |url: &str| {
+        ns.exec("busybox")
+            .args(["nc", "-w", "2"])
+            .args(url.split(':'))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Without the relay the host's loopback is not reachable from the namespace.
+    let mut direct = curl(&format!("127.0.0.1:{}", target.port()));
+    direct.stdin.take().unwrap().write_all(b"hello").unwrap();
+    let out = direct.wait_with_output().unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "namespace reached host loopback directly"
+    );
+
+    let fwd = ns
+        .forward_tcp("10.77.0.1:18443".parse().unwrap(), target)
+        .unwrap();
+    let mut via = curl("10.77.0.1:18443");
+    via.stdin.take().unwrap().write_all(b"hello").unwrap();
+    let out = via.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO");
+    server.join().unwrap();
+    drop(fwd);
+}

@@ -14,7 +14,7 @@ mod vm;
 
 pub use controlplane::ControlPlane;
 pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
-pub use netns::{BRIDGE_IP, Netns};
+pub use netns::{BRIDGE_IP, Netns, TcpForward};
 pub use procs::{ChildGroup, process_alive};
 pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
 

@@ -197,3 +197,102 @@ impl Drop for Netns {
             .status();
     }
 }
+
+/// A TCP relay from an address inside a namespace to one in the host
+/// namespace (see [`Netns::forward_tcp`]). Dropping it stops accepting;
+/// connections already relayed end when either side closes.
+#[derive(Debug)]
+pub struct TcpForward {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The address listening inside the namespace.
+    pub listen: std::net::SocketAddr,
+}
+
+impl Drop for TcpForward {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+impl Netns {
+    /// Listens on `listen` inside this namespace and relays every connection
+    /// to `target` in the host namespace (for example a manager or API
+    /// server on host loopback that a VM must reach). The traffic never
+    /// leaves the machine: one end is in the test's namespace, the other on
+    /// host loopback.
+    pub fn forward_tcp(
+        &self,
+        listen: std::net::SocketAddr,
+        target: std::net::SocketAddr,
+    ) -> anyhow::Result<TcpForward> {
+        use nix::sched::{CloneFlags, setns};
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        let host_ns = std::fs::File::open("/proc/thread-self/ns/net")?;
+        let ns_file = std::fs::File::open(format!("/run/netns/{}", self.name))?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("fwd-{}", self.name))
+            .spawn(move || {
+                // Network namespaces are per thread: bind inside, then come
+                // back so the outgoing connections are made on the host.
+                let bound = setns(&ns_file, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| anyhow::anyhow!("setns into test namespace: {e}"))
+                    .and_then(|()| Ok(std::net::TcpListener::bind(listen)?))
+                    .and_then(|l| {
+                        setns(&host_ns, CloneFlags::CLONE_NEWNET)
+                            .map_err(|e| anyhow::anyhow!("setns back to host: {e}"))?;
+                        l.set_nonblocking(true)?;
+                        Ok(l)
+                    });
+                let listener = match bound {
+                    Ok(l) => {
+                        let _ = tx.send(Ok(()));
+                        l
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                while !stop2.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((inbound, _)) => {
+                            let _ = inbound.set_nonblocking(false);
+                            let Ok(outbound) = std::net::TcpStream::connect(target) else {
+                                continue;
+                            };
+                            let (Ok(in2), Ok(out2)) = (inbound.try_clone(), outbound.try_clone())
+                            else {
+                                continue;
+                            };
+                            std::thread::spawn(move || pump(inbound, outbound));
+                            std::thread::spawn(move || pump(out2, in2));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        }
+                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                    }
+                }
+            })?;
+        rx.recv()
+            .map_err(|_| anyhow::anyhow!("relay thread ended early"))??;
+        Ok(TcpForward {
+            stop,
+            thread: Some(thread),
+            listen,
+        })
+    }
+}
