@@ -25,6 +25,7 @@ use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signat
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, RootCertStore, SignatureScheme};
 use sha2::{Digest, Sha256};
+use zeroize::Zeroize;
 
 use crate::cmdline::{ApiUrl, CaPin};
 
@@ -492,8 +493,7 @@ impl AgentClient {
         }
         let written = tls.write_all(&req).and_then(|()| tls.flush());
         // The request may hold the bearer token: wipe our copy.
-        req.iter_mut().for_each(|b| *b = 0);
-        std::hint::black_box(&req);
+        req.zeroize();
         written.map_err(|e| self.tls_error(e))?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 16 * 1024];
@@ -541,9 +541,9 @@ impl AgentClient {
     ) -> Result<Option<T>, ClientError> {
         let mut body = body;
         let r = self.exchange(method, endpoint, body.as_deref(), bearer, read_timeout);
+        // Bodies may hold a token (register): wipe them once sent.
         if let Some(b) = body.as_mut() {
-            b.iter_mut().for_each(|x| *x = 0);
-            std::hint::black_box(&b);
+            b.zeroize();
         }
         let r = r?;
         if !(200..300).contains(&r.status) {

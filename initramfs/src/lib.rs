@@ -632,6 +632,100 @@ mod tests {
         );
     }
 
+    fn tree() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let m = d.path().join("lib/modules/6.1.0-test");
+        for (rel, body) in [
+            (
+                "kernel/drivers/nvme/host/nvme.ko",
+                &b"\0firmware=acme/nvme.bin\0x"[..],
+            ),
+            ("kernel/drivers/nvme/host/nvme-core.ko", b"core"),
+            ("kernel/fs/efivarfs/efivarfs.ko", b"efi"),
+            ("kernel/drivers/net/unused.ko", b"unused"),
+        ] {
+            std::fs::create_dir_all(m.join(rel).parent().unwrap()).unwrap();
+            std::fs::write(m.join(rel), body).unwrap();
+        }
+        std::fs::write(
+            m.join("modules.dep"),
+            "kernel/drivers/nvme/host/nvme.ko: kernel/drivers/nvme/host/nvme-core.ko\n\
+             kernel/drivers/nvme/host/nvme-core.ko:\n\
+             kernel/fs/efivarfs/efivarfs.ko:\n\
+             kernel/drivers/net/unused.ko:\n",
+        )
+        .unwrap();
+        std::fs::write(
+            m.join("modules.alias"),
+            "alias pci:v*d*sv*sd*bc01sc08i02* nvme\nalias pci:v1234* unused\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(d.path().join("fw/acme")).unwrap();
+        std::fs::write(d.path().join("fw/acme/nvme.bin"), b"blob").unwrap();
+        std::fs::write(d.path().join("agent"), b"\x7fELF agent").unwrap();
+        d
+    }
+
+    fn inputs(d: &Path, c: Compression) -> Inputs {
+        Inputs {
+            agent: d.join("agent"),
+            modules_dir: Some(d.join("lib/modules/6.1.0-test")),
+            kernel_release: None,
+            selection: Selection {
+                classes: vec![Class::Nvme, Class::Fs],
+                ..Selection::default()
+            },
+            firmware_dir: Some(d.join("fw")),
+            firmware: vec![],
+            busybox: None,
+            compression: c,
+            level: 3,
+        }
+    }
+
+    #[test]
+    fn build_packs_selection_index_and_firmware_reproducibly() {
+        let d = tree();
+        let (a, report) = build(&inputs(d.path(), Compression::Zstd)).unwrap();
+        let (b, _) = build(&inputs(d.path(), Compression::Zstd)).unwrap();
+        assert_eq!(a, b, "same inputs, same bytes");
+        assert_eq!(report.kernel_release.as_deref(), Some("6.1.0-test"));
+        assert_eq!(report.modules, ["nvme_core", "nvme", "efivarfs"]);
+        assert_eq!(report.sha256, hex::encode(Sha256::digest(&a)));
+        let cats: Vec<&str> = report.sizes.iter().map(|r| r.category.as_str()).collect();
+        assert_eq!(
+            cats,
+            [
+                "agent",
+                "firmware",
+                "module index",
+                "modules/deps",
+                "modules/fs",
+                "modules/nvme"
+            ]
+        );
+        assert!(report.table().contains("output (zstd)"));
+        let cpio = zstd::stream::decode_all(a.as_slice()).unwrap();
+        let text = String::from_utf8_lossy(&cpio);
+        for want in [
+            "lib/modules/6.1.0-test/kernel/drivers/nvme/host/nvme.ko",
+            "lib/firmware/acme/nvme.bin",
+            "etc/anneal/modules.load",
+            "dev/console",
+        ] {
+            assert!(text.contains(want), "{want} missing");
+        }
+        assert!(!text.contains("unused.ko"), "unselected module packed");
+        // The packed index only knows packed modules.
+        assert!(text.contains("alias pci:v*d*sv*sd*bc01sc08i02* nvme"));
+        assert!(!text.contains("alias pci:v1234* unused"));
+        // gzip works too and is also deterministic.
+        let (g1, _) = build(&inputs(d.path(), Compression::Gzip)).unwrap();
+        let (g2, _) = build(&inputs(d.path(), Compression::Gzip)).unwrap();
+        assert_eq!(g1, g2);
+        assert_eq!(&g1[..2], &[0x1f, 0x8b]);
+    }
+
     #[test]
     fn compression_is_deterministic() {
         let data: Vec<u8> = (0..100_000u32)
