@@ -55,12 +55,23 @@ struct RunArgs {
     /// Seconds between renewals.
     #[arg(long, default_value_t = 5)]
     renew_secs: u64,
+    /// Machine lifecycle (Redfish, agent API): see `docs/lifecycle.md`.
+    #[command(flatten)]
+    lifecycle: Box<anneal_manager::lifecycle::LifecycleArgs>,
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the cluster")?;
+    // Machine lifecycle (issue 5): the agent API and the Machine controller.
+    let _lifecycle = anneal_manager::lifecycle::start_from_args(
+        client.clone(),
+        &args.lifecycle,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .context("starting the machine lifecycle")?;
     let identity = args.identity.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())

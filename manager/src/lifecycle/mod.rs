@@ -1040,3 +1040,74 @@ async fn cleanup(m: &Machine, ctx: &Context) -> Result<Action, Error> {
     delete_boot_token(&s).await?;
     Ok(Action::await_change())
 }
+
+/// Command-line flags of the lifecycle half of `manager run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LifecycleArgs {
+    /// Do not run the Machine controller and the agent API.
+    #[arg(long)]
+    pub no_lifecycle: bool,
+    /// Where the agent API listens (HTTPS only).
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub agent_api_listen: std::net::SocketAddr,
+    /// DNS names and IP addresses of the agent API's serving certificate
+    /// (repeat the flag; the URL bootd writes as `anneal.api` must match).
+    #[arg(long = "agent-api-name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string()])]
+    pub agent_api_names: Vec<String>,
+    /// The manager's namespace: holds Secret `anneal-agent-api-ca`.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "anneal-system")]
+    pub manager_namespace: String,
+    /// Operator default boot token lifetime (the inspection deadline), a
+    /// duration like `20m`; `spec.bootTimeout` can only raise it.
+    #[arg(long, default_value = "20m")]
+    pub boot_token_lifetime: String,
+    /// How long GracefulShutdown may take before ForceOff (`2m`).
+    #[arg(long, default_value = "2m")]
+    pub graceful_shutdown_timeout: String,
+    /// Boot by UEFI HTTP instead of PXE where the BMC offers it.
+    #[arg(long)]
+    pub prefer_http_boot: bool,
+}
+
+/// Errors of [`start_from_args`].
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A duration flag does not parse.
+    #[error("invalid duration {0:?} (use 90s, 20m, 1h)")]
+    Duration(String),
+    /// The agent API cannot start.
+    #[error(transparent)]
+    AgentApi(#[from] crate::agentapi::AgentApiError),
+}
+
+/// Starts the lifecycle half of the manager from its flags (None when
+/// disabled): the one call `manager run` makes.
+pub async fn start_from_args(
+    client: kube::Client,
+    args: &LifecycleArgs,
+    cancel: CancellationToken,
+) -> Result<Option<crate::agentapi::RunningAgentApi>, StartError> {
+    if args.no_lifecycle {
+        return Ok(None);
+    }
+    let dur = |s: &str| {
+        parse_duration_ms(s)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis)
+            .ok_or_else(|| StartError::Duration(s.to_string()))
+    };
+    let cfg = LifecycleConfig {
+        boot_token_lifetime: dur(&args.boot_token_lifetime)?,
+        graceful_shutdown_timeout: dur(&args.graceful_shutdown_timeout)?,
+        prefer_http_boot: args.prefer_http_boot,
+        ..LifecycleConfig::default()
+    };
+    let api = crate::agentapi::AgentApiConfig {
+        listen: args.agent_api_listen,
+        namespace: args.manager_namespace.clone(),
+        server_names: args.agent_api_names.clone(),
+        ..crate::agentapi::AgentApiConfig::default()
+    };
+    let (server, _controller) = start(client, cfg, api, cancel).await?;
+    Ok(Some(server))
+}
