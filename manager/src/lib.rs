@@ -8,6 +8,7 @@ pub mod leader;
 pub mod metrics;
 pub mod readiness;
 mod run;
+pub mod validity;
 
 pub use run::{RunConfig, RunError, run};
 pub mod agentapi;

@@ -102,6 +102,12 @@ pub async fn run(
         recorder.clone(),
         stop(),
     ));
+    let validity = tokio::spawn(crate::validity::run(
+        client.clone(),
+        cfg.namespace.clone(),
+        metrics.clone(),
+        stop.clone(),
+    ));
     let rules = tokio::spawn(crate::readiness::run(
         client.clone(),
         cfg.namespace.clone(),
@@ -128,6 +134,7 @@ pub async fn run(
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         let _ = claims.await;
         let _ = rules.await;
+        let _ = validity.await;
     })
     .await;
     result

@@ -637,6 +637,101 @@ async fn claims_bind_atomically_by_selector_and_release() {
     let st = rules.get("cont").await.unwrap().status.unwrap();
     assert_eq!(st.selected_machines, Some(2));
 
+    // 6. What CEL cannot express: Valid=False with a reason.
+    let ns = "valid";
+    namespace(&client, ns).await;
+    let subnets: Api<anneal_api::Subnet> = Api::namespaced(client.clone(), ns);
+    let images: Api<anneal_api::Image> = Api::namespaced(client.clone(), ns);
+    let sites: Api<anneal_api::Site> = Api::namespaced(client.clone(), ns);
+    let mk = |kind: &str, name: &str, spec: Value| json!({"apiVersion": "anneal.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec});
+    let lease = |start: &str, end: &str| {
+        json!({
+        "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
+        "bootd": {"serverIP": "10.77.0.2", "mode": "External"},
+        "dhcp": {"mode": "lease", "gateway": "10.77.0.1", "leaseRange": {"start": start, "end": end}}})
+    };
+    subnets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mk("Subnet", "good", lease("10.77.0.100", "10.77.0.200")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    subnets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mk("Subnet", "outside", lease("10.77.0.100", "10.77.1.20")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    subnets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mk(
+                "Subnet",
+                "server-in-range",
+                lease("10.77.0.1", "10.77.0.50"),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    images.create(&PostParams::default(), &serde_json::from_value(mk("Image", "dangling", json!({"bootable": false,
+        "layout": {"partitionTable": "gpt", "slots": [{"number": 1, "role": "data", "contentRef": {"name": "nope"}}]}}))).unwrap()).await.unwrap();
+    images.create(&PostParams::default(), &serde_json::from_value(mk("Image", "elsewhere", json!({"bootable": false,
+        "layout": {"partitionTable": "gpt", "slots": [{"number": 1, "role": "data", "contentRef": {"name": "c", "namespace": "other"}}]}}))).unwrap()).await.unwrap();
+    sites
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mk(
+                "Site",
+                "site",
+                json!({"seederSubnetRef": {"name": "good"}}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let valid_reason = |v: Value| -> Option<(String, String)> {
+        let c = v["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Valid")?
+            .clone();
+        Some((
+            c["status"].as_str()?.to_string(),
+            c["reason"].as_str()?.to_string(),
+        ))
+    };
+    for (what, want_status, want_reason) in [
+        ("subnet/good", "True", "Valid"),
+        ("subnet/outside", "False", "LeaseRangeOutsideCIDR"),
+        ("subnet/server-in-range", "False", "ServerIPInLeaseRange"),
+        ("image/dangling", "False", "ContentNotFound"),
+        ("image/elsewhere", "False", "ContentNamespaceMismatch"),
+        ("site/site", "False", "SeederSubnetHasNoDataHalf"),
+    ] {
+        eventually(
+            &format!("{what} Valid={want_status} {want_reason}"),
+            Duration::from_secs(30),
+            || async {
+                let (kind, name) = what.split_once('/').unwrap();
+                let v = match kind {
+                    "subnet" => serde_json::to_value(subnets.get(name).await.unwrap()).unwrap(),
+                    "image" => serde_json::to_value(images.get(name).await.unwrap()).unwrap(),
+                    _ => serde_json::to_value(sites.get(name).await.unwrap()).unwrap(),
+                };
+                match valid_reason(v) {
+                    Some((s, r)) if s == want_status && r == want_reason => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(15), manager)
         .await

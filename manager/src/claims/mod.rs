@@ -398,7 +398,7 @@ async fn bind_selected(
     ctx: &Context,
 ) -> Result<Action, ClaimError> {
     let ck = key(ns, &claim.name_any());
-    let taken: Vec<String> = {
+    let taken: std::collections::HashSet<String> = {
         let mut taken = ctx.taken.lock().unwrap_or_else(|e| e.into_inner());
         taken.retain(|_, at| at.elapsed() < Duration::from_secs(2));
         taken.keys().cloned().collect()

@@ -1,0 +1,420 @@
+//! Admission rules CEL cannot express, reported as condition `Valid` with a
+//! reason: address arithmetic of Subnets, cross-object checks of Sites and
+//! Images. This controller writes only the `Valid` condition (and
+//! `observedGeneration` when absent), under the object's resourceVersion,
+//! so it composes with the controllers that own the other conditions.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anneal_api::{Image, PartitionContent, Site, Subnet, SubnetSpec};
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::{debug, warn};
+
+use crate::conditions;
+use crate::metrics::Metrics;
+
+/// Errors of one validity reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidityError {
+    /// An API call failed.
+    #[error("api call failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object has no namespace.
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+/// A failed rule: (reason, message naming the field).
+pub type Problem = (&'static str, String);
+
+fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
+    let (addr, len) = cidr.split_once('/')?;
+    let addr: Ipv4Addr = addr.parse().ok()?;
+    let len: u32 = len.parse().ok()?;
+    if len > 32 {
+        return None;
+    }
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    Some((u32::from(addr) & mask, mask))
+}
+
+fn in_cidr(ip: u32, (net, mask): (u32, u32)) -> bool {
+    ip & mask == net
+}
+
+fn ip(s: &str) -> Option<u32> {
+    s.parse::<Ipv4Addr>().ok().map(u32::from)
+}
+
+/// Address rules of a Subnet that need arithmetic CEL lacks.
+pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
+    let cidr = parse_cidr(&spec.cidr)?;
+    let dhcp = spec.dhcp.as_ref()?;
+    let server = spec.bootd.as_ref().and_then(|b| ip(&b.server_ip));
+    let gateway = dhcp
+        .gateway
+        .as_deref()
+        .filter(|g| !g.is_empty())
+        .and_then(ip);
+    if let Some(g) = gateway
+        && !in_cidr(g, cidr)
+    {
+        return Some((
+            "GatewayOutsideCIDR",
+            "spec.dhcp.gateway must lie inside spec.cidr".into(),
+        ));
+    }
+    if let Some(range) = &dhcp.lease_range {
+        let (Some(start), Some(end)) = (ip(&range.start), ip(&range.end)) else {
+            return None;
+        };
+        if start > end {
+            return Some((
+                "LeaseRangeInverted",
+                "spec.dhcp.leaseRange.start must not be after spec.dhcp.leaseRange.end".into(),
+            ));
+        }
+        if !in_cidr(start, cidr) || !in_cidr(end, cidr) {
+            return Some((
+                "LeaseRangeOutsideCIDR",
+                "spec.dhcp.leaseRange must lie inside spec.cidr".into(),
+            ));
+        }
+        let (net, mask) = cidr;
+        let broadcast = net | !mask;
+        if mask != u32::MAX && mask != u32::MAX - 1 && (start == net || end == broadcast) {
+            return Some((
+                "LeaseRangeIncludesNetworkOrBroadcast",
+                "spec.dhcp.leaseRange must exclude the network and broadcast addresses of spec.cidr".into(),
+            ));
+        }
+        if let Some(s) = server
+            && (start..=end).contains(&s)
+        {
+            return Some((
+                "ServerIPInLeaseRange",
+                "spec.bootd.serverIP must lie outside spec.dhcp.leaseRange".into(),
+            ));
+        }
+        if let Some(g) = gateway
+            && (start..=end).contains(&g)
+        {
+            return Some((
+                "GatewayInLeaseRange",
+                "spec.dhcp.gateway must lie outside spec.dhcp.leaseRange".into(),
+            ));
+        }
+    }
+    None
+}
+
+async fn site_problem(site: &Site, client: &Client) -> Result<Option<Problem>, kube::Error> {
+    let ns = site.namespace().unwrap_or_default();
+    let Some(r) = &site.spec.seeder_subnet_ref else {
+        return Ok(None);
+    };
+    let api: Api<Subnet> = Api::namespaced(client.clone(), r.namespace_or(&ns));
+    let Some(subnet) = api.get_opt(&r.name).await? else {
+        return Ok(Some((
+            "SeederSubnetNotFound",
+            format!("spec.seederSubnetRef: Subnet {} does not exist", r.name),
+        )));
+    };
+    let subnet_ns = subnet.namespace().unwrap_or_default();
+    let site_ref = &subnet.spec.site_ref;
+    if site_ref.name != site.name_any() || site_ref.namespace_or(&subnet_ns) != ns {
+        return Ok(Some((
+            "SeederSubnetInOtherSite",
+            format!(
+                "spec.seederSubnetRef: Subnet {} belongs to Site {}",
+                r.name, site_ref.name
+            ),
+        )));
+    }
+    if subnet.spec.seeder_network_ref.is_none() {
+        return Ok(Some((
+            "SeederSubnetHasNoDataHalf",
+            format!(
+                "spec.seederSubnetRef: Subnet {} has no spec.seederNetworkRef",
+                r.name
+            ),
+        )));
+    }
+    if let (Some(tip), Some(cidr)) = (
+        site.spec
+            .tracker
+            .as_ref()
+            .and_then(|t| t.ip.as_deref())
+            .and_then(ip),
+        parse_cidr(&subnet.spec.cidr),
+    ) && !in_cidr(tip, cidr)
+    {
+        return Ok(Some((
+            "TrackerIPOutsideSubnet",
+            format!(
+                "spec.tracker.ip must lie inside the seeder Subnet's cidr {}",
+                subnet.spec.cidr
+            ),
+        )));
+    }
+    Ok(None)
+}
+
+async fn image_problem(image: &Image, client: &Client) -> Result<Option<Problem>, kube::Error> {
+    let ns = image.namespace().unwrap_or_default();
+    let api: Api<PartitionContent> = Api::namespaced(client.clone(), &ns);
+    for (i, slot) in image.spec.layout.slots.iter().enumerate() {
+        let Some(r) = &slot.content_ref else { continue };
+        if r.namespace
+            .as_deref()
+            .is_some_and(|n| !n.is_empty() && n != ns)
+        {
+            return Ok(Some((
+                "ContentNamespaceMismatch",
+                format!(
+                    "spec.layout.slots[{i}].contentRef.namespace must equal the Image's namespace {ns}"
+                ),
+            )));
+        }
+        let Some(content) = api.get_opt(&r.name).await? else {
+            return Ok(Some((
+                "ContentNotFound",
+                format!(
+                    "spec.layout.slots[{i}].contentRef: PartitionContent {} does not exist",
+                    r.name
+                ),
+            )));
+        };
+        if let Some(size) = slot.size_bytes
+            && content.spec.last_extent_end > size
+        {
+            return Ok(Some((
+                "ContentDoesNotFit",
+                format!(
+                    "spec.layout.slots[{i}].sizeBytes {size} is smaller than PartitionContent {} lastExtentEnd {}",
+                    r.name, content.spec.last_extent_end
+                ),
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Writes `Valid` into the object's status conditions (read-modify-write
+/// under resourceVersion). Returns false on a conflict.
+async fn write_valid<K>(
+    obj: &K,
+    problem: Option<Problem>,
+    client: &Client,
+) -> Result<bool, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+{
+    let value = serde_json::to_value(obj).unwrap_or_default();
+    let mut conds: Vec<anneal_api::Condition> =
+        serde_json::from_value(value["status"]["conditions"].clone()).unwrap_or_default();
+    let generation = obj.meta().generation;
+    let (ok, reason, message) = match &problem {
+        None => (true, "Valid", "spec is valid".to_string()),
+        Some((r, m)) => (false, *r, m.clone()),
+    };
+    if !conditions::set(&mut conds, "Valid", ok, reason, message, generation) {
+        return Ok(true);
+    }
+    let ns = obj.meta().namespace.clone().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(client.clone(), &ns);
+    let patch = json!({
+        "metadata": {"resourceVersion": obj.meta().resource_version},
+        "status": {"conditions": conds},
+    });
+    match api
+        .patch_status(
+            &obj.meta().name.clone().unwrap_or_default(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+struct Ctx {
+    client: Client,
+    metrics: Arc<Metrics>,
+}
+
+fn done(written: bool, period: Duration) -> Action {
+    if written {
+        Action::requeue(period)
+    } else {
+        Action::requeue(Duration::from_millis(200))
+    }
+}
+
+fn on_error<K>(_: Arc<K>, err: &ValidityError, ctx: Arc<Ctx>) -> Action {
+    ctx.metrics.failed("Validity");
+    warn!(error = %err, "validity reconcile error");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the Subnet, Site and Image validity controllers until `shutdown`.
+pub async fn run<F>(
+    client: Client,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+    shutdown: impl Fn() -> F,
+) where
+    F: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        metrics,
+    });
+    let ns = namespace.as_deref();
+
+    let subnets = Controller::new(api::<Subnet>(&client, ns), watcher::Config::default())
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |s: Arc<Subnet>, ctx: Arc<Ctx>| async move {
+                ctx.metrics.reconciled("Subnet");
+                let written = write_valid(s.as_ref(), subnet_problem(&s.spec), &ctx.client).await?;
+                Ok::<_, ValidityError>(done(written, Duration::from_secs(600)))
+            },
+            on_error,
+            ctx.clone(),
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                debug!(error = %e, "subnet validity");
+            }
+        });
+
+    let sites = Controller::new(api::<Site>(&client, ns), watcher::Config::default())
+        .watches(
+            api::<Subnet>(&client, ns),
+            watcher::Config::default(),
+            |s: Subnet| {
+                let ns = s.namespace().unwrap_or_default();
+                Some(
+                    ObjectRef::new(&s.spec.site_ref.name).within(s.spec.site_ref.namespace_or(&ns)),
+                )
+            },
+        )
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |s: Arc<Site>, ctx: Arc<Ctx>| async move {
+                ctx.metrics.reconciled("Site");
+                if s.namespace().is_none() {
+                    return Err(ValidityError::NoNamespace);
+                }
+                let problem = site_problem(&s, &ctx.client).await?;
+                let written = write_valid(s.as_ref(), problem, &ctx.client).await?;
+                Ok(done(written, Duration::from_secs(300)))
+            },
+            on_error,
+            ctx.clone(),
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                debug!(error = %e, "site validity");
+            }
+        });
+
+    let images = Controller::new(api::<Image>(&client, ns), watcher::Config::default())
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |i: Arc<Image>, ctx: Arc<Ctx>| async move {
+                ctx.metrics.reconciled("Image");
+                let problem = image_problem(&i, &ctx.client).await?;
+                let written = write_valid(i.as_ref(), problem, &ctx.client).await?;
+                // Contents may appear later: look again.
+                Ok(done(written, Duration::from_secs(60)))
+            },
+            on_error,
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                debug!(error = %e, "image validity");
+            }
+        });
+    futures::join!(subnets, sites, images);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn subnet(patch: serde_json::Value) -> SubnetSpec {
+        let mut base = json!({
+            "siteRef": {"name": "s"}, "cidr": "10.77.0.0/24",
+            "bootd": {"serverIP": "10.77.0.2", "mode": "External"},
+            "dhcp": {"mode": "lease", "gateway": "10.77.0.1", "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.200"}}
+        });
+        for (k, v) in patch.as_object().unwrap() {
+            for (k2, v2) in v.as_object().unwrap() {
+                base[k][k2] = v2.clone();
+            }
+        }
+        serde_json::from_value(base).unwrap()
+    }
+
+    #[test]
+    fn subnet_address_rules() {
+        assert_eq!(subnet_problem(&subnet(json!({}))), None);
+        let reason = |p: serde_json::Value| subnet_problem(&subnet(p)).map(|(r, _)| r);
+        assert_eq!(
+            reason(json!({"dhcp": {"leaseRange": {"start": "10.77.0.200", "end": "10.77.0.100"}}})),
+            Some("LeaseRangeInverted")
+        );
+        assert_eq!(
+            reason(json!({"dhcp": {"leaseRange": {"start": "10.77.0.100", "end": "10.77.1.5"}}})),
+            Some("LeaseRangeOutsideCIDR")
+        );
+        assert_eq!(
+            reason(json!({"dhcp": {"leaseRange": {"start": "10.77.0.100", "end": "10.77.0.255"}}})),
+            Some("LeaseRangeIncludesNetworkOrBroadcast")
+        );
+        assert_eq!(
+            reason(json!({"bootd": {"serverIP": "10.77.0.150"}})),
+            Some("ServerIPInLeaseRange")
+        );
+        assert_eq!(
+            reason(json!({"dhcp": {"gateway": "10.77.0.120"}})),
+            Some("GatewayInLeaseRange")
+        );
+        assert_eq!(
+            reason(json!({"dhcp": {"gateway": "10.99.0.1"}})),
+            Some("GatewayOutsideCIDR")
+        );
+        assert_eq!(reason(json!({"dhcp": {"gateway": ""}})), None);
+    }
+}
