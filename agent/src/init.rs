@@ -180,9 +180,14 @@ fn is_worker() -> bool {
     std::env::var_os(INIT_START_ENV).is_some()
 }
 
+/// The one console line for a failed step: what failed, why, what to check.
+pub fn failure_line(step: &str, err: &dyn std::error::Error, check: &str) -> String {
+    format!("FAILED: {step}: {}; check: {check}", error_chain(err))
+}
+
 /// A failure of one step: what failed and what to check, on one line.
 fn fail(step: &str, err: &dyn std::error::Error, check: &str) -> ! {
-    say!("FAILED: {step}: {}; check: {check}", error_chain(err));
+    crate::console::say(&failure_line(step, err, check));
     // Exit; PID 1 decides between shell and reboot.
     std::process::exit(1)
 }
@@ -488,7 +493,8 @@ fn handle(client: &AgentClient, action: NextAction) {
     }
 }
 
-fn registration_hint(e: &ClientError) -> String {
+/// What to check after a failed registration.
+pub fn registration_hint(e: &ClientError) -> String {
     use anneal_api::agent::ErrorCode;
     match e {
         ClientError::CaMismatch { .. } => {

@@ -106,6 +106,15 @@ fn reused_and_wrong_tokens_are_permanent_failures() {
         "{err:?}"
     );
     assert!(err.is_permanent());
+    let used = anneal_agent::init::failure_line(
+        "registration",
+        &err,
+        &anneal_agent::init::registration_hint(&err),
+    );
+    assert!(
+        used.contains("(UsedToken)") && used.contains("re-arm"),
+        "{used}"
+    );
     let err = again
         .register(&register_req("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"))
         .unwrap_err();
@@ -121,6 +130,20 @@ fn reused_and_wrong_tokens_are_permanent_failures() {
         "{err:?}"
     );
     assert!(err.is_permanent());
+    // The console line the agent stops with names the cause and the fix,
+    // and never the token.
+    let line = anneal_agent::init::failure_line(
+        "registration",
+        &err,
+        &anneal_agent::init::registration_hint(&err),
+    );
+    assert_eq!(
+        line,
+        "FAILED: registration: POST /v1/agent/register answered HTTP 401 (InvalidToken); \
+         check: the boot token was refused: the Machine must be armed for net boot and \
+         anneal.token must be its current token"
+    );
+    assert!(!line.contains(TOKEN));
     // Without a session nothing else is possible.
     assert!(matches!(
         again.put_hardware(&HardwareReport::default()),
