@@ -17,7 +17,7 @@ use anneal_manager::redfish::{PowerState, TlsPolicy};
 use anneal_testinfra::{ControlPlane, Netns};
 use hyper::Method;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use lifecycle_support::*;
 
 fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
@@ -338,7 +338,102 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .collect();
     assert!(reasons.iter().any(|r| r == "NetBootArmed"), "{reasons:?}");
 
-    // Deletion: the finalizer powers off (already off) and lets go.
+    // --- annotations ---------------------------------------------------------
+    let annotate = |name: &'static str, key: &'static str, value: Option<&'static str>| {
+        let machines = machines.clone();
+        async move {
+            machines
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"annotations": {key: value}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let state_is = |name: &'static str, want: &'static str| {
+        let machines = machines.clone();
+        async move {
+            eventually(
+                &format!("{name} {want}"),
+                Duration::from_secs(30),
+                || async {
+                    let m = machine_json(&machines, name).await;
+                    (m["status"]["state"] == want).then_some(m)
+                },
+            )
+            .await
+        }
+    };
+    // park / unpark
+    annotate("walk-a", "anneal.dev/operation", Some("park")).await;
+    let m = state_is("walk-a", "Parked").await;
+    assert!(
+        m["metadata"]["annotations"]
+            .get("anneal.dev/operation")
+            .is_none()
+    );
+    annotate("walk-a", "anneal.dev/operation", Some("unpark")).await;
+    state_is("walk-a", "Available").await;
+    // paused: nothing happens, not even a consumed annotation
+    annotate("walk-a", "anneal.dev/paused", Some("")).await;
+    let calls = bmcvm.requests().len();
+    annotate("walk-a", "anneal.dev/reboot", Some(r#"{"mode":"hard"}"#)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(bmcvm.requests().len(), calls, "bmc called while paused");
+    let m = machine_json(&machines, "walk-a").await;
+    assert!(
+        m["metadata"]["annotations"]
+            .get("anneal.dev/reboot")
+            .is_some()
+    );
+    // unpaused: the reboot is sent and consumed
+    annotate("walk-a", "anneal.dev/paused", None).await;
+    eventually("reboot sent", Duration::from_secs(30), || async {
+        bmcvm
+            .requests()
+            .iter()
+            .any(|e| e.is_reset() && e.action.as_deref() == Some("ForceRestart"))
+            .then_some(())
+    })
+    .await;
+    // re-inspect: a new boot with a new token
+    annotate("walk-a", "anneal.dev/re-inspect", Some("")).await;
+    let m = state_is("walk-a", "Inspecting").await;
+    let rearmed = eventually("re-armed", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "walk-a").await;
+        m["status"]["netBoot"]["tokenHash"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    assert_ne!(
+        rearmed,
+        anneal_manager::lifecycle::status::token_hash(&token_a),
+        "{m}"
+    );
+    // detached: no BMC calls, reported on the operational axis
+    annotate("walk-a", "anneal.dev/detached", Some("")).await;
+    eventually("detached", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "walk-a").await;
+        (m["status"]["operationalStatus"] == "detached").then_some(())
+    })
+    .await;
+    // inspect-disable: straight to Available, no token
+    let mut c = machine("walk-c", "52:54:00:7f:10:03", None);
+    c.metadata.annotations = Some(
+        [("anneal.dev/inspect-disable".to_string(), String::new())]
+            .into_iter()
+            .collect(),
+    );
+    machines.create(&PostParams::default(), &c).await.unwrap();
+    let m = state_is("walk-c", "Available").await;
+    assert!(m["status"]["netBoot"].is_null(), "{m}");
+    assert!(boot_token(&client, "walk-c").await.is_none());
+    annotate("walk-a", "anneal.dev/detached", None).await;
+
+    // Deletion: the finalizer powers off and lets go.
     machines
         .delete("walk-a", &Default::default())
         .await
