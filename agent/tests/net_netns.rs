@@ -118,6 +118,9 @@ fn dhcp_lease_then_address_and_route_over_netlink() {
         let lease = dhcp::acquire("cli0", mac, Duration::from_secs(20)).unwrap();
         nl.add_address(index, lease.address, lease.prefix).unwrap();
         nl.add_default_route(index, lease.router.unwrap()).unwrap();
+        // The lease extends (renewal from the bound address).
+        let renewed = dhcp::renew("cli0", mac, &lease, Duration::from_secs(10)).unwrap();
+        assert_eq!(renewed.address, lease.address);
         // A second identical request replaces rather than fails.
         nl.add_address(index, lease.address, lease.prefix).unwrap();
         // The kernel's refusals come back as errors.

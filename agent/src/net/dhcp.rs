@@ -140,6 +140,48 @@ pub fn request(mac: Mac, xid: u32, secs: u16, offer: &Lease) -> Result<Vec<u8>, 
     encode(&msg)
 }
 
+/// A DHCPREQUEST extending a bound lease (RFC 2131 4.3.2 REBINDING form:
+/// `ciaddr` set, no requested-address or server-identifier option, sent by
+/// broadcast so that any server holding the lease may answer).
+pub fn renew_request(mac: Mac, xid: u32, lease: &Lease) -> Result<Vec<u8>, DhcpError> {
+    let mut msg = base_message(mac, xid, 0);
+    msg.set_ciaddr(lease.address);
+    msg.opts_mut()
+        .insert(DhcpOption::MessageType(MessageType::Request));
+    encode(&msg)
+}
+
+/// Extends `lease` on `ifname`; Ok(new lease) on ACK, an error on NAK (as
+/// `NoAck`) or silence.
+pub fn renew(ifname: &str, mac: Mac, lease: &Lease, timeout: Duration) -> Result<Lease, DhcpError> {
+    let io_err = |source: io::Error| DhcpError::Socket {
+        ifname: ifname.to_string(),
+        source,
+    };
+    let sock = socket_for(ifname)?;
+    let dest = SocketAddrV4::new(Ipv4Addr::BROADCAST, SERVER_PORT);
+    let deadline = Instant::now() + timeout;
+    let mut buf = vec![0u8; 1500];
+    while Instant::now() < deadline {
+        let xid: u32 = rand::random();
+        sock.send_to(&renew_request(mac, xid, lease)?, dest)
+            .map_err(io_err)?;
+        let wait = Duration::from_secs(2).min(left(deadline));
+        match wait_for(&sock, &mut buf, xid, mac, wait, |r| {
+            matches!(r, Reply::Ack(_) | Reply::Nak)
+        })? {
+            Some(Reply::Ack(l)) => return Ok(l),
+            Some(_) => break,
+            None => continue,
+        }
+    }
+    Err(DhcpError::NoAck {
+        ifname: ifname.to_string(),
+        secs: timeout.as_secs(),
+        server: lease.server,
+    })
+}
+
 fn prefix_of(mask: Ipv4Addr) -> u8 {
     let m = u32::from(mask);
     // A non-contiguous mask is invalid; count leading ones.
@@ -419,6 +461,24 @@ mod tests {
         // Garbage never panics.
         assert_eq!(parse_reply(&[0u8; 10], 7, MAC), None);
         assert_eq!(parse_reply(&offer[..offer.len() / 2], 7, MAC), None);
+    }
+
+    #[test]
+    fn renewal_is_a_request_with_ciaddr_and_no_server_id() {
+        let lease = Lease {
+            address: Ipv4Addr::new(10, 77, 0, 50),
+            prefix: 24,
+            router: None,
+            dns: vec![],
+            lease_secs: Some(600),
+            server: Ipv4Addr::new(10, 77, 0, 1),
+        };
+        let r = renew_request(MAC, 9, &lease).unwrap();
+        let msg = Message::decode(&mut Decoder::new(&r)).unwrap();
+        assert_eq!(msg.ciaddr(), lease.address);
+        assert_eq!(msg.opts().msg_type(), Some(MessageType::Request));
+        assert!(msg.opts().get(OptionCode::ServerIdentifier).is_none());
+        assert!(msg.opts().get(OptionCode::RequestedIpAddress).is_none());
     }
 
     #[test]

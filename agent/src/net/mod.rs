@@ -208,6 +208,7 @@ pub fn bring_up(
                 lease.lease_secs.unwrap_or(0)
             );
             write_resolv_conf(&lease.dns);
+            keep_lease(iface.clone(), lease.clone());
             (iface, lease.address, lease.prefix, lease.router)
         }
     };
@@ -290,5 +291,73 @@ fn write_resolv_conf(dns: &[Ipv4Addr]) {
     let _ = fs::create_dir_all("/etc");
     if let Err(e) = fs::write("/etc/resolv.conf", body) {
         say!("warning: cannot write /etc/resolv.conf: {e}");
+    }
+}
+
+/// Keeps a DHCP lease alive for as long as the agent runs: renews at half the
+/// lease time; when renewal fails until the lease is gone, starts over and
+/// re-applies the address it gets.
+fn keep_lease(iface: Interface, lease: dhcp::Lease) {
+    let spawned = std::thread::Builder::new()
+        .name("dhcp-lease".into())
+        .spawn(move || {
+            let mut lease = lease;
+            loop {
+                let total = Duration::from_secs(u64::from(lease.lease_secs.unwrap_or(3600)));
+                let granted = Instant::now();
+                std::thread::sleep((total / 2).max(Duration::from_secs(30)));
+                let mut renewed = None;
+                while granted.elapsed() < total {
+                    match dhcp::renew(&iface.name, iface.mac, &lease, Duration::from_secs(10)) {
+                        Ok(l) => {
+                            renewed = Some(l);
+                            break;
+                        }
+                        Err(e) => {
+                            say!("DHCP renewal on {} failed: {e}; retrying", iface.name);
+                            std::thread::sleep(Duration::from_secs(20));
+                        }
+                    }
+                }
+                let next = match renewed {
+                    Some(l) => l,
+                    None => {
+                        say!("DHCP lease on {} expired; asking again", iface.name);
+                        match dhcp::acquire(&iface.name, iface.mac, Duration::from_secs(60)) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                say!("DHCP on {} failed: {e}", iface.name);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                if next.address != lease.address || next.prefix != lease.prefix {
+                    say!(
+                        "DHCP moved {} from {} to {}/{}",
+                        iface.name,
+                        lease.address,
+                        next.address,
+                        next.prefix
+                    );
+                    let applied = netlink::Netlink::open().and_then(|mut nl| {
+                        nl.add_address(iface.index, next.address, next.prefix)?;
+                        match next.router {
+                            Some(gw) => nl.add_default_route(iface.index, gw),
+                            None => Ok(()),
+                        }
+                    });
+                    if let Err(e) = applied {
+                        say!(
+                            "re-applying the address failed: {}",
+                            crate::modules::error_chain(&e)
+                        );
+                    }
+                }
+                lease = next;
+            }
+        });
+    if let Err(e) = spawned {
+        say!("warning: cannot start the DHCP lease keeper: {e}");
     }
 }
