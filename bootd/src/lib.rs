@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod script;
 pub mod state;
 pub mod tftp;
+pub mod watch;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
@@ -20,10 +21,10 @@ use std::time::Duration;
 
 use anneal_dhcp::{Leases, ServerPort};
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, StaticConfig};
 pub use state::{Shared, Snapshot};
+pub use tokio_util::sync::CancellationToken;
 
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {

@@ -39,6 +39,12 @@ struct Cli {
     /// iPXE boot script template (default: the shipped one).
     #[arg(long)]
     template: Option<PathBuf>,
+    /// Serve the Subnet NAMESPACE/NAME from the API server (KUBECONFIG or
+    /// in-cluster): its Machines, reservations and boot tokens replace the
+    /// file's machines and dhcp settings; the file still gives artifacts,
+    /// files and the API URL.
+    #[arg(long, env = "BOOTD_SUBNET")]
+    subnet: Option<String>,
 }
 
 fn load(cli: &Cli) -> anyhow::Result<anneal_bootd::Snapshot> {
@@ -56,7 +62,30 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let snap = load(&cli).context("loading the boot table")?;
+    let mut watch = None;
+    let snap = match &cli.subnet {
+        Some(key) => {
+            let (ns, name) = key
+                .split_once('/')
+                .context("--subnet must be NAMESPACE/NAME")?;
+            let (base, _) = StaticConfig::load(&cli.config)?;
+            let cfg = anneal_bootd::watch::WatchConfig {
+                namespace: ns.into(),
+                subnet: name.into(),
+                base,
+                http_port: cli.http_port,
+            };
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to the api server")?;
+            let (snap, _, _) = anneal_bootd::watch::build(&client, &cfg)
+                .await
+                .context("building the boot table from the cluster")?;
+            watch = Some((client, cfg));
+            snap
+        }
+        None => load(&cli).context("loading the boot table")?,
+    };
     let opts = ServerOptions {
         interface: cli.interface.clone(),
         listen_ip: cli.listen_ip,
@@ -68,13 +97,22 @@ async fn main() -> anyhow::Result<()> {
         template: cli.template.clone(),
     };
     let server = Server::start(opts, snap).await.context("starting bootd")?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    if let Some((client, cfg)) = watch.clone() {
+        tokio::spawn(anneal_bootd::watch::run(
+            client,
+            cfg,
+            server.shared().clone(),
+            cancel.clone(),
+        ));
+    }
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
-            _ = hup.recv() => match load(&cli) {
+            _ = hup.recv(), if watch.is_none() => match load(&cli) {
                 Ok(s) => {
                     tracing::info!(revision = %s.table.revision, "boot table reloaded");
                     server.install(s);
@@ -83,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
             },
         }
     }
+    cancel.cancel();
     server.shutdown().await;
     Ok(())
 }

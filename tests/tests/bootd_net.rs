@@ -162,12 +162,25 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     let lf = std::fs::read_to_string(dir.join("leases.json")).unwrap();
     assert!(lf.contains(ENROLLED) && lf.contains("10.77.0.50"), "{lf}");
 
-    // unknown MAC: silence, counted with its reason
+    // unknown MAC: not a single packet from bootd on the wire, and the drop
+    // is counted with its reason (the same capture sees the enrolled exchange)
     client
         .ip(&["link", "set", "c0", "address", STRANGER])
         .unwrap();
-    let o = udhcpc(&client, "c0", &[]);
+    let (o, seen) = capture_replies(&client, || udhcpc(&client, "c0", &[]));
     assert!(!o.status.success(), "stranger got a lease: {}", text(&o));
+    assert_eq!(seen, 0, "bootd answered an unknown MAC on the wire");
+    client
+        .ip(&["link", "set", "c0", "address", ENROLLED])
+        .unwrap();
+    let (o, seen) = capture_replies(&client, || udhcpc(&client, "c0", &[]));
+    assert!(
+        o.status.success() && seen >= 2,
+        "capture saw {seen} replies"
+    );
+    client
+        .ip(&["link", "set", "c0", "address", STRANGER])
+        .unwrap();
     let m = metrics(&server);
     assert!(
         metric_value(&m, "outcome=\"drop_not_enrolled\"") >= 1,
@@ -319,46 +332,49 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     server.stop();
 }
 
-/// Runs `f` while tcpdump on br0 records UDP datagrams from port 67; returns
+/// Runs `f` while tcpdump in the client namespace records, on `c0`, UDP
+/// datagrams from port 67 (what reaches the client on the wire); returns
 /// `f`'s result and how many were seen.
-fn capture_replies<T>(ns: &Netns, f: impl FnOnce() -> T) -> (T, usize) {
-    let pcap = ns
-        .dir()
-        .join(format!("cap-{}.pcap", anneal_bootd::unix_now()));
-    let _ = std::fs::remove_file(&pcap);
-    let mut child = ns
+fn capture_replies<T>(client: &Netns, f: impl FnOnce() -> T) -> (T, usize) {
+    let log = std::env::temp_dir().join(format!(
+        "bootd-cap-{}-{}.txt",
+        client.name(),
+        anneal_bootd::unix_now()
+    ));
+    let mut child = client
         .exec("tcpdump")
-        .args(["-i", "br0", "-n", "-U", "-w"])
-        .arg(&pcap)
-        .args(["udp and src port 67"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .args(["-i", "c0", "-n", "-l", "-p", "udp and src port 67"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
         .spawn()
         .unwrap();
-    // wait until the capture is live (the file header is written on start)
+    // live once it says so on stderr
     for _ in 0..50 {
-        if std::fs::metadata(&pcap)
-            .map(|m| m.len() >= 24)
-            .unwrap_or(false)
+        if std::fs::read_to_string(log.with_extension("err"))
+            .unwrap_or_default()
+            .contains("listening")
         {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(200));
     let r = f();
     std::thread::sleep(Duration::from_millis(500));
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status();
     let _ = child.wait();
-    let o = out({
-        let mut c = Command::new("tcpdump");
-        c.args(["-n", "-r"]).arg(&pcap);
-        c
-    });
-    let n = String::from_utf8_lossy(&o.stdout).lines().count();
-    (r, n)
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if std::env::var_os("BOOTD_TEST_DEBUG").is_some() {
+        eprintln!(
+            "capture: {text}{}",
+            std::fs::read_to_string(log.with_extension("err")).unwrap_or_default()
+        );
+    }
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log.with_extension("err"));
+    (r, text.lines().filter(|l| l.contains(".67 >")).count())
 }
 
 fn tempdir_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {

@@ -1,0 +1,266 @@
+//! The cluster source of truth: Machines (by `subnetRef`), the Subnet and the
+//! boot-token Secrets, watched on the API server and rebuilt into one
+//! [`Snapshot`]. `status.dhcp.appliedRevision` is written only after the
+//! table built from that revision is live.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anneal_api::{DhcpMode, Machine, Subnet};
+use anneal_dhcp::{Cidr, Mac, MachineEntry, Mode};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, ConfigError, DhcpSpec, LeaseRange, StaticConfig, SubnetInput};
+use crate::state::{MachineBoot, Shared, Snapshot, Token};
+
+/// Key of the boot token in Secret `<machine>-boot-token`.
+pub const BOOT_TOKEN_KEY: &str = "token";
+/// Label on boot-token Secrets naming their Machine.
+pub const BOOT_TOKEN_LABEL: &str = "anneal.dev/boot-token-for";
+/// Field manager of bootd's status writes.
+pub const FIELD_MANAGER: &str = "anneal-bootd";
+
+/// Errors of building a table from the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("api request")]
+    Kube(#[from] kube::Error),
+    #[error("subnet {0} has no boot half (spec.bootd and spec.dhcp)")]
+    NoBootHalf(String),
+    #[error("subnet field {field} is invalid: {value:?}")]
+    BadField { field: &'static str, value: String },
+    #[error("boot table")]
+    Config(#[from] ConfigError),
+}
+
+/// What the watcher needs besides the cluster.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    pub namespace: String,
+    pub subnet: String,
+    /// Artifacts, first-stage files, API URL and boot file names (the parts
+    /// the Subnet does not carry); its subnet/dhcp/machines are ignored.
+    pub base: StaticConfig,
+    pub http_port: u16,
+}
+
+fn bad(field: &'static str, value: &str) -> WatchError {
+    WatchError::BadField {
+        field,
+        value: value.to_owned(),
+    }
+}
+
+/// Lists everything and builds the snapshot; returns it with the Subnet's
+/// `status.dhcp.revision` (if any) and `appliedRevision`.
+pub async fn build(
+    client: &kube::Client,
+    cfg: &WatchConfig,
+) -> Result<(Snapshot, Option<String>, Option<String>), WatchError> {
+    let subnets: Api<Subnet> = Api::namespaced(client.clone(), &cfg.namespace);
+    let subnet = subnets.get(&cfg.subnet).await?;
+    let key = format!("{}/{}", cfg.namespace, cfg.subnet);
+    let (Some(bootd), Some(dhcp)) = (&subnet.spec.bootd, &subnet.spec.dhcp) else {
+        return Err(WatchError::NoBootHalf(key));
+    };
+    let server_ip: Ipv4Addr = bootd
+        .server_ip
+        .parse()
+        .map_err(|_| bad("spec.bootd.serverIP", &bootd.server_ip))?;
+    let cidr: Cidr = subnet
+        .spec
+        .cidr
+        .parse()
+        .map_err(|_| bad("spec.cidr", &subnet.spec.cidr))?;
+    let mut dns = Vec::new();
+    for d in &dhcp.dns_servers {
+        dns.push(d.parse().map_err(|_| bad("spec.dhcp.dnsServers", d))?);
+    }
+    let lease_range = match &dhcp.lease_range {
+        Some(r) => Some(LeaseRange {
+            start: r
+                .start
+                .parse()
+                .map_err(|_| bad("spec.dhcp.leaseRange.start", &r.start))?,
+            end: r
+                .end
+                .parse()
+                .map_err(|_| bad("spec.dhcp.leaseRange.end", &r.end))?,
+        }),
+        None => None,
+    };
+    let status = subnet.status.as_ref().and_then(|s| s.dhcp.as_ref());
+    let mut reserved: BTreeMap<Mac, Ipv4Addr> = BTreeMap::new();
+    for r in status
+        .map(|s| s.reservations.as_slice())
+        .unwrap_or_default()
+    {
+        if let (Ok(mac), Ok(addr)) = (r.mac.parse::<Mac>(), r.address.parse::<Ipv4Addr>()) {
+            reserved.insert(mac, addr);
+        }
+    }
+    let revision = status.and_then(|s| s.revision.clone());
+    let applied = status.and_then(|s| s.applied_revision.clone());
+
+    let machines: Api<Machine> = Api::all(client.clone());
+    let mut entries = BTreeMap::new();
+    let mut boots = BTreeMap::new();
+    for m in machines.list(&ListParams::default()).await? {
+        let ns = m.metadata.namespace.clone().unwrap_or_default();
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let r = &m.spec.subnet_ref;
+        let target_ns = r
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| ns.clone());
+        if r.name != cfg.subnet
+            || target_ns != cfg.namespace
+            || m.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let Some(mac) = m
+            .spec
+            .boot_mac_address
+            .as_deref()
+            .and_then(|s| s.parse::<Mac>().ok())
+        else {
+            continue;
+        };
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        let token = secrets
+            .get_opt(&format!("{name}-boot-token"))
+            .await?
+            .and_then(|s| s.data)
+            .and_then(|d| d.get(BOOT_TOKEN_KEY).cloned())
+            .and_then(|b| String::from_utf8(b.0).ok())
+            .map(Token::new);
+        let full = format!("{ns}/{name}");
+        entries.insert(
+            mac,
+            MachineEntry {
+                name: full.clone(),
+                address: reserved.get(&mac).copied(),
+            },
+        );
+        boots.insert(
+            mac,
+            MachineBoot {
+                name: full,
+                console: m.spec.console.clone(),
+                token,
+                chain_undionly: false,
+                debug_shell: false,
+            },
+        );
+    }
+    let http_base = cfg
+        .base
+        .http_base
+        .clone()
+        .unwrap_or_else(|| format!("http://{server_ip}:{}", cfg.http_port));
+    let input = SubnetInput {
+        server_ip,
+        cidr,
+        dhcp: DhcpSpec {
+            mode: match dhcp.mode {
+                DhcpMode::Proxy => Mode::Proxy,
+                DhcpMode::Lease => Mode::Lease,
+            },
+            gateway: dhcp.gateway.clone(),
+            lease_time: Some(dhcp.lease_time.clone()),
+            dns_servers: dns,
+            lease_range,
+        },
+        answer_all: subnet.spec.answer_all,
+        boot_files: cfg.base.boot_files.clone(),
+        http_base,
+        revision: String::new(),
+    };
+    let mut table = config::build_table(&input, entries)?;
+    // the revision this table answers from: the Subnet's, or (proxy mode,
+    // no reservation table) a digest of what bootd built
+    table.revision = revision
+        .clone()
+        .unwrap_or_else(|| config::digest(&format!("{:?}", table.machines)));
+    Ok((
+        Snapshot {
+            table,
+            machines: boots,
+            api: cfg.base.api.clone(),
+            artifacts: cfg.base.artifacts.clone(),
+            files: cfg.base.files.clone(),
+        },
+        revision,
+        applied,
+    ))
+}
+
+/// Rebuilds on every change of a Machine, the Subnet or a boot-token Secret
+/// (and every 30 s), installs the table, then writes `appliedRevision`.
+pub async fn run(
+    client: kube::Client,
+    cfg: WatchConfig,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let machines: Api<Machine> = Api::all(client.clone());
+    let subnets: Api<Subnet> = Api::namespaced(client.clone(), &cfg.namespace);
+    let secrets: Api<Secret> = Api::all(client.clone());
+    let m = watcher(machines, watcher::Config::default()).map(|_| ());
+    let s = watcher(
+        subnets.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={}", cfg.subnet)),
+    )
+    .map(|_| ());
+    let t = watcher(secrets, watcher::Config::default().labels(BOOT_TOKEN_LABEL)).map(|_| ());
+    let mut events = std::pin::pin!(futures::stream::select(futures::stream::select(m, s), t));
+    let mut tick = tokio::time::interval(Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            e = events.next() => if e.is_none() { return },
+            _ = tick.tick() => {}
+        }
+        // coalesce a burst of events into one rebuild
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while let Some(Some(())) = futures::FutureExt::now_or_never(events.next()) {}
+        match build(&client, &cfg).await {
+            Ok((snap, revision, applied)) => {
+                let changed = {
+                    let live = shared.snapshot();
+                    live.table != snap.table || live.machines != snap.machines
+                };
+                if changed {
+                    tracing::info!(revision = %snap.table.revision, machines = snap.table.machines.len(), "boot table live");
+                    shared.install(snap);
+                }
+                // written only now: the table built from `revision` is live
+                if let Some(rev) = revision
+                    && applied.as_deref() != Some(rev.as_str())
+                {
+                    let patch = serde_json::json!({"status": {"dhcp": {"appliedRevision": rev}}});
+                    match subnets
+                        .patch_status(
+                            &cfg.subnet,
+                            &PatchParams::apply(FIELD_MANAGER),
+                            &Patch::Merge(&patch),
+                        )
+                        .await
+                    {
+                        Ok(_) => tracing::info!(revision = %rev, "appliedRevision written"),
+                        Err(e) => tracing::warn!(error = %e, "appliedRevision not written"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "boot table not rebuilt; keeping the live one"),
+        }
+    }
+}
