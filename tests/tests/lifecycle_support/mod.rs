@@ -251,6 +251,7 @@ pub struct Manager {
     rt: Option<tokio::runtime::Runtime>,
     pub api_addr: SocketAddr,
     pub ca_pem: String,
+    pub ca_sha256: String,
 }
 
 impl Manager {
@@ -262,7 +263,7 @@ impl Manager {
                 .enable_all()
                 .build()
                 .unwrap();
-            let (addr, ca) = rt.block_on(async move {
+            let (addr, ca, sha) = rt.block_on(async move {
                 let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
                 let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
                     .await
@@ -272,12 +273,17 @@ impl Manager {
                 let (srv, _ctl) = anneal_manager::lifecycle::start(client, lc, api, cancel)
                     .await
                     .unwrap();
-                (srv.addr(), srv.pki().ca_pem.clone())
+                (
+                    srv.addr(),
+                    srv.pki().ca_pem.clone(),
+                    srv.pki().ca_sha256.clone(),
+                )
             });
             Manager {
                 rt: Some(rt),
                 api_addr: addr,
                 ca_pem: ca,
+                ca_sha256: sha,
             }
         })
         .join()
