@@ -54,7 +54,7 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         namespace: "anneal-system".into(),
         ..AgentApiConfig::default()
     };
-    let _manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
     let mut m_u = machine(
         "fault-u",
@@ -80,9 +80,61 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
             "52:54:00:7f:20:04",
             Some(("ipmi://127.0.0.1:623", "bmc-t")),
         ),
+        machine("expiry-e", "52:54:00:7f:20:05", None),
     ] {
         machines.create(&PostParams::default(), &m).await.unwrap();
     }
+
+    // --- an expired boot token is refused (401) and changes nothing -------
+    let token_e = eventually("expiry-e armed", Duration::from_secs(30), || async {
+        let t = boot_token(&client, "expiry-e").await?;
+        let m = machine_json(&machines, "expiry-e").await;
+        (m["status"]["netBoot"]["tokenHash"] == anneal_manager::lifecycle::status::token_hash(&t))
+            .then_some(t)
+    })
+    .await;
+    // Pause the controller so the expired token stays in status (otherwise
+    // the next boot replaces it at once).
+    machines
+        .patch(
+            "expiry-e",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"anneal.dev/paused": ""}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let before_e = machine_json(&machines, "expiry-e").await;
+    assert_eq!(
+        before_e["status"]["netBoot"]["tokenHash"],
+        anneal_manager::lifecycle::status::token_hash(&token_e),
+        "paused before the token was replaced: {before_e}"
+    );
+    let exp: k8s_openapi::jiff::Timestamp = before_e["status"]["netBoot"]["expiresAt"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let left = exp.as_millisecond() - k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(left.max(0)).unwrap() + 300,
+    ))
+    .await;
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let (code, body) = agent.register(&token_e, Some("default/expiry-e")).await;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (401, Some("expiredToken")),
+        "{body}"
+    );
+    let (code, _) = agent.register(&token_e, None).await;
+    assert_eq!(code, 401);
+    let after_e = machine_json(&machines, "expiry-e").await;
+    assert_eq!(
+        before_e["status"], after_e["status"],
+        "expired token changed state"
+    );
 
     // --- timeout path --------------------------------------------------------
     let t0 = Instant::now();
