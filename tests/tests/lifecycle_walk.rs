@@ -211,6 +211,23 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         )
         .await;
     assert_eq!(code, 400);
+    // a registration in another schema version: 426, AgentCompatible=False
+    let (code, _) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::REGISTER,
+            None,
+            Some("2"),
+            Some(serde_json::json!({"bootToken": token_b, "bootMac": "x", "agentVersion": "v9"})),
+        )
+        .await;
+    assert_eq!(code, 426);
+    eventually("AgentCompatible=False", Duration::from_secs(10), || async {
+        let m = machine_json(&machines, "walk-b").await;
+        (cond(&m, "AgentCompatible") == Some(("False".into(), "SchemaMismatch".into())))
+            .then_some(())
+    })
+    .await;
     // another machine's token, naming this machine → 401
     assert_eq!(
         agent.register(&token_b, Some("default/walk-a")).await.0,
@@ -226,7 +243,12 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
 
     // --- the manager dies between power-on and registration --------------
     manager.kill();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // the killed listener is gone once its port binds again
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "agent api port still bound");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
     assert_eq!(manager.ca_pem, ca_pem, "the CA survives in its Secret");
     let agent = AgentClient::new(manager.api_addr, &ca_pem);
@@ -252,6 +274,8 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         (code, reg_b["machine"]["name"].as_str()),
         (200, Some("walk-b"))
     );
+    let m = machine_json(&machines, "walk-b").await;
+    assert_eq!(cond(&m, "AgentCompatible").unwrap().0, "True", "{m}");
 
     let (code, _) = agent
         .call(

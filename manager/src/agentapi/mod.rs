@@ -276,19 +276,11 @@ impl Server {
     async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Resp {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let schema_ok = req
+        let schema = req
             .headers()
             .get(agent::SCHEMA_HEADER)
             .and_then(|v| v.to_str().ok())
-            == Some(agent::SCHEMA_VERSION);
-        if !schema_ok {
-            tracing::info!(%peer, %path, "agent api: schema header missing or different");
-            return fail(
-                StatusCode::UPGRADE_REQUIRED,
-                ErrorCode::SchemaMismatch,
-                "Anneal-Agent-Schema must be 1",
-            );
-        }
+            .map(|v| v.chars().take(16).collect::<String>());
         let bearer = req
             .headers()
             .get(AUTHORIZATION)
@@ -308,6 +300,16 @@ impl Server {
                 );
             }
         };
+        if schema.as_deref() != Some(agent::SCHEMA_VERSION) {
+            tracing::info!(%peer, %path, schema = ?schema, "agent api: schema header missing or different");
+            self.mark_incompatible(bearer, &body, schema.as_deref())
+                .await;
+            return fail(
+                StatusCode::UPGRADE_REQUIRED,
+                ErrorCode::SchemaMismatch,
+                "Anneal-Agent-Schema must be 1",
+            );
+        }
         let resp = match (method, path.as_str()) {
             (Method::POST, agent::paths::REGISTER) => self.register(peer, &body).await,
             (Method::PUT, agent::paths::HARDWARE) => match self.authenticate(bearer).await {
@@ -398,9 +400,23 @@ impl Server {
             let session_hash = token_hash(session.expose());
             let ttl = i64::try_from(self.cfg.session_ttl.as_millis()).unwrap_or(i64::MAX);
             let now = Timestamp::now();
+            let mut conditions = m
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            crate::lifecycle::status::set_condition(
+                &mut conditions,
+                "AgentCompatible",
+                true,
+                "SchemaMatches",
+                "the agent speaks Anneal-Agent-Schema 1",
+                m.metadata.generation,
+            );
             let patch = json!({
                 "metadata": {"resourceVersion": m.resource_version()},
                 "status": {
+                    "conditions": conditions,
                     "netBoot": {"tokenHash": null},
                     "agent": {
                         "sessionTokenHash": session_hash,
@@ -449,6 +465,59 @@ impl Server {
             );
         }
         unauthorized(ErrorCode::UsedToken)
+    }
+
+    /// Sets `AgentCompatible=False` on the machine a refused request speaks
+    /// for, when it can be told: by its session token, or by the boot token
+    /// of a registration body. Best effort: a failure is only logged.
+    async fn mark_incompatible(&self, bearer: Option<Token>, body: &[u8], schema: Option<&str>) {
+        let machine = if let Some(b) = bearer {
+            self.authenticate(Some(b)).await.ok().map(|(m, _)| m)
+        } else {
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            match v["bootToken"].as_str().map(Token::new) {
+                Some(t) if well_formed(&t) => self
+                    .machine_by_boot_hash(v["machine"].as_str(), &token_hash(t.expose()))
+                    .await
+                    .ok()
+                    .flatten(),
+                _ => None,
+            }
+        };
+        let Some(m) = machine else {
+            return;
+        };
+        let mut conditions = m
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        crate::lifecycle::status::set_condition(
+            &mut conditions,
+            "AgentCompatible",
+            false,
+            "SchemaMismatch",
+            &format!(
+                "the agent sent Anneal-Agent-Schema {:?}; this manager speaks 1",
+                schema.unwrap_or("")
+            ),
+            m.metadata.generation,
+        );
+        let patch = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "status": {"conditions": conditions},
+        });
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        if let Err(e) =
+            Api::<Machine>::namespaced(self.client.clone(), &m.namespace().unwrap_or_default())
+                .patch_status(&m.name_any(), &pp, &Patch::Merge(&patch))
+                .await
+        {
+            tracing::info!(machine = %m.name_any(), error = %e, "cannot record AgentCompatible=False");
+        }
     }
 
     /// The machine a bearer session token speaks for.
