@@ -1,84 +1,70 @@
-//! The QEMU demo: a VM in a fresh network namespace boots the Debian kernel
-//! under TCG with a tiny initramfs and its serial console is shown live.
-//! Later stages grow this into enrol → network boot → inspect → provision.
+//! The QEMU demo (`bash qemu/demo.sh`): a Machine is enrolled, the manager
+//! powers its VM on through the QEMU BMC with a one-time PXE override, the
+//! VM network-boots through bootd (PXE → iPXE → HTTP script → kernel and
+//! initramfs) and the agent inspects it. The serial console is shown as it
+//! grows, `kubectl get machines` at each state change, and the
+//! MachineHardware summary at the end. Same set-up as the e2e_inspect test
+//! (`tests/tests/e2e/`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/e2e/mod.rs"]
+mod e2e;
 
 use std::io::Write;
 use std::time::Duration;
 
-use anneal_testinfra::{
-    DiskBus, DiskConfig, Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel, smoke_initramfs,
-};
+use e2e::{Lab, MAC, MACHINE, Progress};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let firmware = if std::env::args().any(|a| a == "--bios") {
-        Firmware::SeaBios
-    } else {
-        Firmware::Ovmf
-    };
-    let mut ns = Netns::create("anldemo")?;
-    ns.start_router_advertisements()?;
-    let kernel = debian_kernel()?;
-    println!(
-        "anneal demo: namespace {} · kernel {} · firmware {firmware:?}",
-        ns.name(),
-        kernel.version
-    );
-    let initrd = ns.dir().join("demo.cpio");
-    std::fs::write(
-        &initrd,
-        smoke_initramfs(
-            "echo \"anneal demo: /init running on $(uname -r)\"\n\
-             for b in /sys/block/*; do echo \"disk $(basename $b)\"; done\n\
-             echo ANNEAL-DEMO-DONE\npoweroff -f",
-        )?,
-    )?;
-    let disk = ns.dir().join("disk0.img");
-    std::fs::File::create(&disk)?.set_len(256 << 20)?;
-    let tap = ns.add_tap()?;
-    let cfg = VmConfig {
-        firmware,
-        nics: vec![NicConfig::virtio(&tap, "52:54:00:de:00:01")],
-        disks: vec![DiskConfig {
-            path: disk,
-            format: "raw".into(),
-            bus: DiskBus::VirtioBlk,
-            serial: "DEMO0001".into(),
-        }],
-        kernel: Some(kernel.vmlinuz),
-        initrd: Some(initrd),
-        append: Some("console=ttyS0 panic=-1".into()),
-        ..VmConfig::default()
-    };
-    let mut vm = Vm::launch(&cfg, Some(&ns))?;
-    println!(
-        "anneal demo: QEMU pid {} · serial console follows\n",
-        vm.pid()
-    );
-    // Show the serial console as it grows until the marker or the timeout.
-    let mut shown = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(240);
-    loop {
-        let text = vm.serial_text();
-        if text.len() > shown {
-            print!("{}", &text[shown..]);
-            std::io::stdout().flush()?;
-            shown = text.len();
-        }
-        if text.contains("ANNEAL-DEMO-DONE") {
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!("the VM did not finish within 240 s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    vm.wait_for_line("ANNEAL-DEMO-DONE", Duration::from_secs(1))
+    let say = |s: &str| println!("\x1b[1manneal demo:\x1b[0m {s}");
+    let mut lab = Lab::start(&say).await?;
+    lab.launch_vm().await?;
+    say(&format!(
+        "VM launched powered off (QEMU pid {}, MAC {MAC}, BMC {})",
+        lab.vm.as_ref().map_or(0, |v| v.pid()),
+        lab.bmc_address()
+    ));
+    lab.enrol().await?;
+    say(&format!(
+        "Machine default/{MACHINE} enrolled; the serial console follows\n"
+    ));
+    let kubectl = |lab: &Lab| lab.kubectl_get_machines().unwrap_or_else(|e| e.to_string());
+    let mut out = std::io::stdout();
+    let elapsed = lab
+        .wait_available(Duration::from_secs(300), &mut |p| match p {
+            Progress::Console(text) => {
+                let _ = out.write_all(text.as_bytes());
+                let _ = out.flush();
+            }
+            Progress::State("", _) => {}
+            Progress::State(state, t) => {
+                println!(
+                    "\n\x1b[1m--- {MACHINE} is {state} ({:.1} s after QEMU's launch) ---\x1b[0m\n{}",
+                    t.as_secs_f64(),
+                    kubectl(&lab)
+                );
+            }
+        })
         .await?;
-    println!(
-        "\nanneal demo: done after {:.1} s; cleaning up",
-        vm.uptime().as_secs_f64()
-    );
+    println!();
+    say(&format!(
+        "Machine Available {:.1} s after QEMU's launch",
+        elapsed.as_secs_f64()
+    ));
+    print!("{}", kubectl(&lab));
+    if let Some((init, net, _)) = e2e::registration_times(&lab.console()) {
+        say(&format!(
+            "agent: /init → registration {init:.1} s ({net:.1} s after the DHCP lease)"
+        ));
+    }
+    if let Some(hw) = lab.hardware().await? {
+        say("MachineHardware:");
+        print!("{}", e2e::summary(&hw));
+    }
+    say(&format!(
+        "logs in {} (lab.log: manager and bootd); cleaning up",
+        lab.dir.display()
+    ));
     Ok(())
 }

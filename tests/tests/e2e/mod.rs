@@ -1,0 +1,521 @@
+//! The end-to-end inspection lab, shared by `tests/tests/e2e_inspect.rs` and
+//! the demo (`tests/examples/demo.rs`): a real control plane, the manager's
+//! lifecycle half (Machine controller + HTTPS agent API) in-process, bootd
+//! (DHCP/TFTP/HTTP inside a test namespace, its Machine/Subnet watcher on the
+//! host side), the static musl agent in an initramfs built by our builder
+//! from the Debian kernel's modules, and a QEMU VM on OVMF behind
+//! `anneal-qemu-bmc`.
+//!
+//! The manager powers the VM on itself: the VM is launched paused (`-S
+//! -no-shutdown`, i.e. powered off), its BMC listens on host loopback, and the
+//! Machine points at it; arming the net boot sets a one-time Pxe override and
+//! powers on. OVMF's own PXE client (no NIC option ROM, as on real hardware)
+//! gets `snponly.efi` from bootd over TFTP, iPXE fetches the per-machine
+//! script over HTTP, then the kernel and the initramfs.
+//!
+//! Network: the VM sits on `br0` (10.77.0.1/24) of a fresh namespace with
+//! router advertisements; the agent API listens on 127.0.0.1 (host) and is
+//! reached from the namespace through `Netns::forward_tcp` at
+//! 10.77.0.1:8443, which its serving certificate names.
+//!
+//! Nobody writes `Subnet.status.dhcp.reservations` yet (no IPAM controller),
+//! so the lab writes the machine's reservation itself, as bootd_watch does.
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    unreachable_pub
+)]
+
+#[path = "../agent_common/mod.rs"]
+mod agent_common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anneal_api::{Machine, MachineHardware, Subnet};
+use anneal_bootd::watch::WatchConfig;
+use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig};
+use anneal_manager::agentapi::{AgentApiConfig, RunningAgentApi};
+use anneal_manager::lifecycle::LifecycleConfig;
+use anneal_qemu_bmc::{BmcConfig, RunningBmc};
+use anneal_testinfra::{
+    ControlPlane, DiskBus, DiskConfig, Firmware, Netns, NicConfig, TcpForward, Vm, VmConfig,
+    debian_kernel,
+};
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+
+/// Namespace and name of the Machine.
+pub const NAMESPACE: &str = "default";
+pub const MACHINE: &str = "inspect-vm";
+pub const SUBNET: &str = "lab";
+/// The VM's NIC.
+pub const MAC: &str = "52:54:00:e2:e0:01";
+/// Its reserved address (lease mode).
+pub const ADDRESS: &str = "10.77.0.50";
+/// bootd's address on the segment, and where the agent API is relayed.
+pub const SERVER_IP: &str = "10.77.0.1";
+pub const API_URL: &str = "https://10.77.0.1:8443";
+/// The VM's shape, as on the QEMU command line.
+pub const MEMORY_MIB: u32 = 1024;
+pub const CPUS: u32 = 2;
+/// (bus, serial, size in MiB, kernel name).
+pub const DISKS: [(DiskBus, &str, u64, &str); 2] = [
+    (DiskBus::VirtioBlk, "E2EVBLK0001", 256, "vda"),
+    (DiskBus::Nvme, "E2ENVME0001", 128, "nvme0n1"),
+];
+const BMC_USER: &str = "admin";
+const BMC_PASSWORD: &str = "e2e-bmc-password";
+const FILES: &str = "{snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib/ipxe/ipxe.efi, undionly.kpxe: /usr/lib/ipxe/undionly.kpxe}";
+
+/// Everything the flow runs on. Fields drop in order: the VM and its BMC
+/// first, the namespace and the control plane last.
+pub struct Lab {
+    pub vm: Option<Vm>,
+    bmc: Option<RunningBmc>,
+    /// When QEMU was launched (paused, i.e. powered off).
+    pub vm_launched: Option<Instant>,
+    pub bootd: NetnsServer,
+    _forward: TcpForward,
+    pub api: RunningAgentApi,
+    cancel: CancellationToken,
+    pub ns: Netns,
+    pub cp: ControlPlane,
+    /// Artifacts, logs (`lab.log`: manager and bootd), the BMC's files.
+    pub dir: PathBuf,
+    pub initrd: PathBuf,
+    pub initrd_bytes: u64,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(mut vm) = self.vm.take() {
+            vm.kill();
+        }
+    }
+}
+
+/// Builds (or reuses) the static agent and the initramfs; returns its path.
+/// `ANNEAL_AGENT_BIN` names an already built static agent instead.
+fn build_artifacts(dir: PathBuf, modules: PathBuf) -> PathBuf {
+    let agent =
+        std::env::var_os("ANNEAL_AGENT_BIN").map_or_else(agent_common::agent_musl, PathBuf::from);
+    let tool = agent_common::initramfs_tool();
+    let initrd = dir.join("agent.cpio.zst");
+    agent_common::build_initramfs(&tool, &agent, &modules, &initrd);
+    initrd
+}
+
+/// Sends the manager's and bootd's logs to `path` (first caller wins).
+fn log_to(path: &std::path::Path) {
+    if let Ok(f) = std::fs::File::create(path) {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,anneal_bootd=debug,kube=warn,hyper=warn",
+            ))
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(f))
+            .try_init();
+    }
+}
+
+impl Lab {
+    /// Brings up the control plane, the manager, bootd and the artifacts.
+    /// `say` reports progress.
+    pub async fn start(say: &dyn Fn(&str)) -> anyhow::Result<Lab> {
+        let mut ns = Netns::create("anle2e")?;
+        ns.start_router_advertisements()?;
+        let dir = ns.dir();
+        log_to(&dir.join("lab.log"));
+        let kernel = debian_kernel()?;
+        say(&format!(
+            "namespace {} (br0 {SERVER_IP}/24) · Debian kernel {}",
+            ns.name(),
+            kernel.version
+        ));
+        let build = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            let modules = kernel.modules.clone();
+            move || build_artifacts(dir, modules)
+        });
+        let cp = ControlPlane::start().await?;
+        cp.install_crds(&anneal_api::crds()).await?;
+        let client = cp.client();
+        say(&format!(
+            "control plane up ({:.1} s), CRDs installed",
+            cp.startup_time().as_secs_f64()
+        ));
+        let nss: Api<Namespace> = Api::all(client.clone());
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "anneal-system"}}))?,
+        )
+        .await?;
+
+        // The manager's lifecycle half, as `manager run` starts it.
+        let cancel = CancellationToken::new();
+        let (api, _controller) = anneal_manager::lifecycle::start(
+            client.clone(),
+            LifecycleConfig {
+                boot_token_lifetime: Duration::from_secs(600),
+                graceful_shutdown_timeout: Duration::from_secs(3),
+                bmc_timeout: Duration::from_secs(5),
+                ..LifecycleConfig::default()
+            },
+            AgentApiConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                namespace: "anneal-system".into(),
+                server_names: vec![SERVER_IP.into(), "127.0.0.1".into(), "localhost".into()],
+                session_ttl: Duration::from_secs(600),
+                long_poll: Duration::from_secs(5),
+            },
+            cancel.clone(),
+        )
+        .await?;
+        let forward = ns.forward_tcp(SocketAddr::from(([10, 77, 0, 1], 8443)), api.addr())?;
+        say(&format!(
+            "manager: agent API on {} (relayed at {API_URL}), CA sha256 {}",
+            api.addr(),
+            api.pki().ca_sha256
+        ));
+
+        // The Subnet (lease mode) with the machine's reservation.
+        let subnets: Api<Subnet> = Api::namespaced(client.clone(), NAMESPACE);
+        subnets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+                    "metadata": {"name": SUBNET},
+                    "spec": {
+                        "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
+                        "bootd": {"serverIP": SERVER_IP, "mode": "External"},
+                        "dhcp": {"mode": "lease", "gateway": "", "leaseTime": "10m", "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.150"}}
+                    }
+                }))?,
+            )
+            .await?;
+        let status = serde_json::json!({"status": {"dhcp": {
+            "reservations": [{"address": ADDRESS, "machine": MACHINE, "mac": MAC}],
+            "revision": "rev-1"
+        }}});
+        subnets
+            .patch_status(SUBNET, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+
+        let initrd = build.await.context("artifact build panicked")?;
+        let initrd_bytes = std::fs::metadata(&initrd)?.len();
+        say(&format!(
+            "agent initramfs built: {} ({:.1} MiB)",
+            initrd.display(),
+            initrd_bytes as f64 / (1 << 20) as f64
+        ));
+
+        // bootd: sockets inside the namespace, watcher on the host side.
+        let base = StaticConfig::from_yaml(&format!(
+            "serverIP: {SERVER_IP}\ncidr: 10.77.0.0/24\ndhcp: {{mode: lease}}\n\
+             api: {{url: \"{API_URL}\", caSha256: \"{}\"}}\n\
+             artifacts: {{kernel: {}, initrd: {}}}\nfiles: {FILES}\n",
+            api.pki().ca_sha256,
+            kernel.vmlinuz.display(),
+            initrd.display(),
+        ))?;
+        let wcfg = WatchConfig {
+            namespace: NAMESPACE.into(),
+            subnet: SUBNET.into(),
+            base,
+            http_port: 8080,
+        };
+        let (snap, _, _) = anneal_bootd::watch::build(&client, &wcfg).await?;
+        let bootd = NetnsServer::start(
+            ns.name(),
+            ServerOptions {
+                interface: Some("br0".into()),
+                lease_file: Some(dir.join("leases.json")),
+                ..ServerOptions::default()
+            },
+            snap,
+        )?;
+        tokio::spawn(anneal_bootd::watch::run(
+            client.clone(),
+            wcfg,
+            bootd.shared().clone(),
+            cancel.clone(),
+        ));
+        say(&format!(
+            "bootd serving in the namespace (DHCP lease mode, TFTP, HTTP on {})",
+            bootd.http_addr
+        ));
+        Ok(Lab {
+            vm: None,
+            bmc: None,
+            vm_launched: None,
+            bootd,
+            _forward: forward,
+            api,
+            cancel,
+            ns,
+            cp,
+            dir,
+            initrd,
+            initrd_bytes,
+        })
+    }
+
+    /// Launches the VM powered off (QEMU paused) and starts its BMC.
+    pub async fn launch_vm(&mut self) -> anyhow::Result<()> {
+        let mut disks = Vec::new();
+        for (bus, serial, mib, _) in DISKS {
+            let path = self.dir.join(format!("{serial}.raw"));
+            std::fs::File::create(&path)?.set_len(mib << 20)?;
+            disks.push(DiskConfig {
+                path,
+                format: "raw".into(),
+                bus,
+                serial: serial.into(),
+            });
+        }
+        let tap = self.ns.add_tap()?;
+        let mut nic = NicConfig::virtio(&tap, MAC);
+        // OVMF's own PXE client fetches the first stage, as on real hardware.
+        nic.option_rom = false;
+        let cfg = VmConfig {
+            firmware: Firmware::Ovmf,
+            memory_mib: MEMORY_MIB,
+            cpus: CPUS,
+            nics: vec![nic],
+            disks,
+            extra_args: vec!["-S".into(), "-no-shutdown".into()],
+            no_reboot: false,
+            ..VmConfig::default()
+        };
+        let launched = Instant::now();
+        let vm = Vm::launch(&cfg, Some(&self.ns))?;
+        while !vm.qmp_path().exists() {
+            anyhow::ensure!(
+                launched.elapsed() < Duration::from_secs(20),
+                "no QMP socket"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let bmc = anneal_qemu_bmc::start(BmcConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            qmp: vm.qmp_path().to_path_buf(),
+            state_file: self.dir.join("bmc-state.json"),
+            request_log: Some(self.dir.join("bmc-requests.jsonl")),
+            username: BMC_USER.into(),
+            password: BMC_PASSWORD.into(),
+            system_id: "vm0".into(),
+            tls: None,
+        })
+        .await?;
+        self.vm = Some(vm);
+        self.bmc = Some(bmc);
+        self.vm_launched = Some(launched);
+        Ok(())
+    }
+
+    /// The BMC's address as a Machine names it.
+    pub fn bmc_address(&self) -> String {
+        let port = self.bmc.as_ref().map_or(0, |b| b.addr().port());
+        format!("redfish+http://127.0.0.1:{port}")
+    }
+
+    /// The BMC's request log.
+    pub fn bmc_requests(&self) -> Vec<anneal_qemu_bmc::LogEntry> {
+        anneal_qemu_bmc::read_request_log(&self.dir.join("bmc-requests.jsonl"))
+    }
+
+    /// Enrols the Machine: its BMC credentials and the Machine itself.
+    pub async fn enrol(&self) -> anyhow::Result<()> {
+        let client = self.cp.client();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+        secrets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": format!("{MACHINE}-bmc")},
+                    "stringData": {"username": BMC_USER, "password": BMC_PASSWORD},
+                }))?,
+            )
+            .await?;
+        let machines: Api<Machine> = Api::namespaced(client, NAMESPACE);
+        machines
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+                    "metadata": {"name": MACHINE},
+                    "spec": {
+                        "subnetRef": {"name": SUBNET},
+                        "bootMACAddress": MAC,
+                        "console": ["ttyS0"],
+                        "bmc": {
+                            "address": self.bmc_address(),
+                            "credentialsSecretRef": {"name": format!("{MACHINE}-bmc")},
+                        },
+                    },
+                }))?,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The Machine's `status.state` (empty before the first write).
+    pub async fn state(&self) -> anyhow::Result<String> {
+        let machines: Api<Machine> = Api::namespaced(self.cp.client(), NAMESPACE);
+        let m = serde_json::to_value(machines.get(MACHINE).await?)?;
+        Ok(m["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// The MachineHardware, once written.
+    pub async fn hardware(&self) -> anyhow::Result<Option<MachineHardware>> {
+        let hw: Api<MachineHardware> = Api::namespaced(self.cp.client(), NAMESPACE);
+        Ok(hw.get_opt(MACHINE).await?)
+    }
+
+    /// The serial console so far.
+    pub fn console(&self) -> String {
+        self.vm.as_ref().map(Vm::serial_text).unwrap_or_default()
+    }
+
+    /// Time since QEMU was launched.
+    pub fn since_launch(&self) -> Duration {
+        self.vm_launched.map(|t| t.elapsed()).unwrap_or_default()
+    }
+
+    /// `kubectl get machines` against the lab's control plane.
+    pub fn kubectl_get_machines(&self) -> anyhow::Result<String> {
+        let out = self
+            .cp
+            .kubectl()?
+            .args(["get", "machines", "-n", NAMESPACE, "-o", "wide"])
+            .output()?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// Polls until the Machine is Available (or `timeout` after QEMU's
+    /// launch), reporting each console growth and state change. Returns the
+    /// time from QEMU's launch to Available.
+    pub async fn wait_available(
+        &self,
+        timeout: Duration,
+        on: &mut dyn FnMut(Progress<'_>),
+    ) -> anyhow::Result<Duration> {
+        let mut shown = 0;
+        let mut last_state = String::from("?");
+        loop {
+            let console = self.console();
+            if console.len() > shown {
+                on(Progress::Console(&console[shown..]));
+                shown = console.len();
+            }
+            let state = self.state().await.unwrap_or_default();
+            if state != last_state {
+                on(Progress::State(&state, self.since_launch()));
+                last_state = state.clone();
+            }
+            if state == "Available" {
+                return Ok(self.since_launch());
+            }
+            if self.since_launch() > timeout {
+                anyhow::bail!(
+                    "machine {MACHINE} not Available {:.0} s after QEMU's launch (state {state:?}); console tail:\n{}\nlab log tail:\n{}",
+                    timeout.as_secs_f64(),
+                    tail(&console, 40),
+                    tail(
+                        &std::fs::read_to_string(self.dir.join("lab.log")).unwrap_or_default(),
+                        40
+                    )
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// What [`Lab::wait_available`] reports.
+pub enum Progress<'a> {
+    /// New console text.
+    Console(&'a str),
+    /// A new `status.state`, and the time since QEMU's launch.
+    State(&'a str, Duration),
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The agent's registration line: `(seconds after /init, seconds after the
+/// network was up, the line)`.
+pub fn registration_times(console: &str) -> Option<(f64, f64, String)> {
+    let line = console
+        .lines()
+        .find(|l| l.contains("anneal: registered as "))?
+        .trim_end_matches('\r');
+    let rest = line.split_once('(')?.1;
+    let (a, rest) = rest.split_once(" s after /init, ")?;
+    let b = rest.split_once(" s after the network")?.0;
+    Some((
+        a.trim().parse().ok()?,
+        b.trim().parse().ok()?,
+        line.to_string(),
+    ))
+}
+
+/// A human summary of a MachineHardware.
+pub fn summary(hw: &MachineHardware) -> String {
+    let s = &hw.spec;
+    let mut out = String::new();
+    if let Some(c) = &s.cpu {
+        out.push_str(&format!(
+            "  cpu     {} × {}\n",
+            c.count,
+            c.model.as_deref().unwrap_or("?")
+        ));
+    }
+    if let Some(m) = s.memory_bytes {
+        out.push_str(&format!("  memory  {} MiB\n", m >> 20));
+    }
+    if let Some(f) = &s.firmware {
+        out.push_str(&format!(
+            "  firmware {:?} (secure boot {})\n",
+            f.mode, f.secure_boot
+        ));
+    }
+    for d in &s.disks {
+        out.push_str(&format!(
+            "  disk    {:<14} {:>5} MiB serial={} pcie={}\n",
+            d.device_name,
+            d.size_bytes >> 20,
+            d.serial_number.as_deref().unwrap_or("-"),
+            d.pcie_path.as_deref().unwrap_or("-"),
+        ));
+    }
+    for n in &s.nics {
+        out.push_str(&format!(
+            "  nic     {:<14} {} driver={} link={}\n",
+            n.name,
+            n.mac,
+            n.driver.as_deref().unwrap_or("-"),
+            n.link
+        ));
+    }
+    out
+}

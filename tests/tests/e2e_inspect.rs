@@ -1,0 +1,141 @@
+//! End to end, under TCG: a Machine with the VM's MAC and a BMC
+//! (`anneal-qemu-bmc` in front of a paused QEMU) → the real manager mints the
+//! boot token and powers the VM on with a one-time Pxe override → OVMF's PXE
+//! client gets `snponly.efi` from the real bootd (lease mode, inside the test
+//! namespace), iPXE the per-machine script over HTTP, then the Debian kernel
+//! and our initramfs → the static musl agent (PID 1) loads its drivers,
+//! takes its lease, registers over HTTPS (relayed from 10.77.0.1:8443 to the
+//! manager on host loopback) and posts the hardware → the Machine is
+//! Available and MachineHardware lists both disks with the serials of the
+//! QEMU command line, the NIC's MAC, memory and CPU count exactly as
+//! configured. Under 60 s from QEMU's launch. The set-up lives in `e2e/`
+//! (shared with the demo).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod e2e;
+
+use std::time::Duration;
+
+use e2e::{CPUS, DISKS, Lab, MAC, MACHINE, MEMORY_MIB, Progress};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_network_boots_through_bootd_and_is_inspected() {
+    let mut lab = Lab::start(&|s| println!("e2e: {s}")).await.unwrap();
+    lab.launch_vm().await.unwrap();
+    lab.enrol().await.unwrap();
+    let mut states = Vec::new();
+    let res = lab
+        .wait_available(Duration::from_secs(150), &mut |p| {
+            if let Progress::State(s, t) = p {
+                println!("e2e: state {s:?} at {:.1} s", t.as_secs_f64());
+                states.push(s.to_string());
+            }
+        })
+        .await;
+    let console = lab.console();
+    let elapsed = match res {
+        Ok(t) => t,
+        Err(e) => panic!("{e:#}"),
+    };
+    println!(
+        "e2e: QEMU launch → Machine Available in {:.1} s",
+        elapsed.as_secs_f64()
+    );
+    let (after_init, after_net, line) =
+        e2e::registration_times(&console).expect("registration line on the console");
+    println!(
+        "e2e: /init → registration {after_init:.1} s ({after_net:.1} s after the lease): {line}"
+    );
+
+    // The lifecycle as the controller walked it.
+    assert!(states.iter().any(|s| s == "Inspecting"), "{states:?}");
+    assert_eq!(states.last().map(String::as_str), Some("Available"));
+
+    // The VM was powered on by the manager through its BMC, PXE first.
+    let log = lab.bmc_requests();
+    let patch = log
+        .iter()
+        .position(|e| e.method == "PATCH" && e.action.as_deref() == Some("Boot=Once/Pxe"));
+    let on = log
+        .iter()
+        .position(|e| e.is_reset() && e.action.as_deref() == Some("On"));
+    assert!(
+        matches!((patch, on), (Some(p), Some(o)) if p < o),
+        "no Pxe override before power-on: {log:?}"
+    );
+
+    // The boot went through bootd's script: the kernel line carries every
+    // boot parameter of API.md.
+    let cmdline = console
+        .lines()
+        .find(|l| l.contains("Kernel command line:"))
+        .unwrap_or_else(|| panic!("no kernel command line on the console:\n{console}"));
+    let bootif = format!("BOOTIF=01-{}", MAC.replace(':', "-"));
+    let ca = format!("anneal.ca={}", lab.api.pki().ca_sha256);
+    let machine = format!("anneal.machine=default/{MACHINE}");
+    for want in [
+        "anneal.api=https://10.77.0.1:8443",
+        ca.as_str(),
+        "anneal.token=",
+        machine.as_str(),
+        bootif.as_str(),
+        "console=ttyS0",
+        "initrd=initrd.img",
+    ] {
+        assert!(cmdline.contains(want), "{want:?} not in {cmdline}");
+    }
+    for want in ["anneal: DHCP lease 10.77.0.50/24", "anneal: hardware sent"] {
+        assert!(console.contains(want), "console lacks {want:?}");
+    }
+    let m = lab.bootd.shared().metrics.render();
+    for want in [
+        "bootd_tftp_requests_total{reason=\"served\"}",
+        "kind=\"script\",code=\"200\"",
+    ] {
+        assert!(
+            m.lines()
+                .any(|l| l.starts_with("bootd_") && l.contains(want) && !l.ends_with(" 0")),
+            "bootd metrics lack {want}:\n{m}"
+        );
+    }
+
+    // MachineHardware: exactly the VM of the QEMU command line.
+    let hw = lab.hardware().await.unwrap().expect("MachineHardware");
+    print!("{}", e2e::summary(&hw));
+    let mut disks: Vec<(String, Option<String>, i64)> = hw
+        .spec
+        .disks
+        .iter()
+        .map(|d| (d.device_name.clone(), d.serial_number.clone(), d.size_bytes))
+        .collect();
+    disks.sort();
+    let mut want: Vec<(String, Option<String>, i64)> = DISKS
+        .iter()
+        .map(|(_, serial, mib, name)| {
+            (
+                format!("/dev/{name}"),
+                Some(serial.to_string()),
+                i64::try_from(mib << 20).unwrap(),
+            )
+        })
+        .collect();
+    want.sort();
+    assert_eq!(disks, want);
+    let macs: Vec<&str> = hw.spec.nics.iter().map(|n| n.mac.as_str()).collect();
+    assert_eq!(macs, [MAC]);
+    assert_eq!(
+        hw.spec.memory_bytes,
+        Some(i64::from(MEMORY_MIB) << 20),
+        "memory exactly as configured"
+    );
+    assert_eq!(
+        hw.spec.cpu.as_ref().map(|c| c.count),
+        Some(i32::try_from(CPUS).unwrap())
+    );
+
+    assert!(
+        elapsed < Duration::from_secs(60),
+        "QEMU launch → Available took {:.1} s (goal: under 60 s)",
+        elapsed.as_secs_f64()
+    );
+}
