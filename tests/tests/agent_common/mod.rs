@@ -17,7 +17,10 @@ pub fn target_dir() -> PathBuf {
 }
 
 fn cargo(args: &[&str]) {
-    let out = Command::new(env!("CARGO"))
+    // `cargo` through PATH (the rustup proxy honours rust-toolchain.toml):
+    // the CARGO the test binary was compiled with may be another toolchain,
+    // whose builds would not share artifacts with the workspace's.
+    let out = Command::new("cargo")
         .current_dir(root())
         .args(["build", "--quiet"])
         .args(args)
