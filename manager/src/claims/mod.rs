@@ -579,9 +579,15 @@ async fn event(
         action: "Bind".to_string(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
-        debug!(error = %e, "publishing event failed");
-    }
+    // Published off the reconcile path: an event write must not hold one of
+    // the reconcile slots.
+    let recorder = ctx.recorder.clone();
+    let reference = obj.object_ref(&());
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            debug!(error = %e, "publishing event failed");
+        }
+    });
 }
 
 async fn write_bound(
