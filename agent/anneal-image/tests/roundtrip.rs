@@ -332,3 +332,43 @@ fn clonezilla_directory_round_trip() {
     .unwrap();
     check_restored(d, &disk, &target, TableKind::Gpt);
 }
+
+/// Blank slots (an `fsType` and no content) get a fresh filesystem from
+/// mke2fs / mkfs.vfat at their offset.
+#[test]
+fn blank_slots_get_mkfs() {
+    let dir = tmpdir();
+    let d = dir.path();
+    let disk = build_disk(d, "gpt");
+    let out = d.join("captured");
+    let mut l = capture::capture_disk(
+        &disk,
+        &out,
+        Options {
+            piece_length: 1 << 20,
+        },
+    )
+    .unwrap();
+    l.slots[0].content_ref = None;
+    l.slots[0].label = Some("BLANKESP".into());
+    l.slots[3].content_ref = None;
+    l.slots[3].fs_type = Some("ext4".into());
+    l.slots[3].label = Some("blank".into());
+    capture::write_layout(&out, &l).unwrap();
+    let target = d.join("target.img");
+    dirty_target(&target, 160 * MIB, PARTS[3].0 * 512, PARTS[3].1 * 512);
+    restore::restore_image(&out, &target, &RestoreOptions::default()).unwrap();
+    let p4 = d.join("p4.part");
+    extract(&target, PARTS[3].0 * 512, PARTS[3].1 * 512, &p4);
+    fsck_clean(&p4, "ext4");
+    assert_eq!(blkid(&p4, "LABEL"), "blank");
+    let p1 = d.join("p1.part");
+    extract(&target, PARTS[0].0 * 512, PARTS[0].1 * 512, &p1);
+    fsck_clean(&p1, "vfat");
+    assert_eq!(blkid(&p1, "LABEL"), "BLANKESP");
+    // the ext4 content next to them is intact
+    let p2 = d.join("p2.part");
+    extract(&target, PARTS[1].0 * 512, PARTS[1].1 * 512, &p2);
+    fsck_clean(&p2, "ext4");
+    assert!(layout::read_layout(&mut std::fs::File::open(&target).unwrap()).is_ok());
+}
