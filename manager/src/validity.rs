@@ -8,8 +8,9 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anneal_api::{Image, PartitionContent, Site, Subnet, SubnetSpec};
+use anneal_api::{Image, PartitionContent, PostHook, Site, Subnet, SubnetSpec};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -210,11 +211,99 @@ async fn image_problem(image: &Image, client: &Client) -> Result<Option<Problem>
     Ok(None)
 }
 
+async fn posthook_problem(
+    hook: &PostHook,
+    client: &Client,
+) -> Result<Option<Problem>, kube::Error> {
+    let ns = hook.namespace().unwrap_or_default();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    for (i, step) in hook.spec.steps.iter().enumerate() {
+        let Some(script) = &step.script else { continue };
+        if let Some(r) = &script.config_map_ref {
+            let found = cms.get_opt(&r.name).await?;
+            let has_key = found.as_ref().is_some_and(|c| {
+                c.data.as_ref().is_some_and(|d| d.contains_key(&r.key))
+                    || c.binary_data
+                        .as_ref()
+                        .is_some_and(|d| d.contains_key(&r.key))
+            });
+            if !has_key {
+                return Ok(Some((
+                    "ScriptSourceNotFound",
+                    format!(
+                        "spec.steps[{i}].script.configMapRef: ConfigMap {} has no key {}",
+                        r.name, r.key
+                    ),
+                )));
+            }
+        }
+        if let Some(r) = &script.secret_ref {
+            let found = secrets.get_opt(&r.name).await?;
+            let has_key = found
+                .as_ref()
+                .is_some_and(|s| s.data.as_ref().is_some_and(|d| d.contains_key(&r.key)));
+            if !has_key {
+                return Ok(Some((
+                    "ScriptSourceNotFound",
+                    format!(
+                        "spec.steps[{i}].script.secretRef: Secret {} has no key {}",
+                        r.name, r.key
+                    ),
+                )));
+            }
+        }
+        let names = |t: &str| -> Vec<String> {
+            let mut out = Vec::new();
+            let mut rest = t;
+            while let Some(start) = rest.find("{{") {
+                let after = &rest[start + 2..];
+                let Some(end) = after.find("}}") else { break };
+                out.push(after[..end].trim().trim_start_matches('.').to_string());
+                rest = &after[end + 2..];
+            }
+            out
+        };
+        if let Some(text) = &script.inline {
+            for name in names(text) {
+                let reserved = ["machineName", "imageName", "targetDisk"].contains(&name.as_str());
+                if !reserved && !hook.spec.params.contains_key(&name) {
+                    return Ok(Some((
+                        "UndeclaredParam",
+                        format!(
+                            "spec.steps[{i}].script.inline uses {{{{{name}}}}}, which spec.params does not declare"
+                        ),
+                    )));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Writes `Valid` into the object's status conditions (read-modify-write
 /// under resourceVersion). Returns false on a conflict.
 async fn write_valid<K>(
     obj: &K,
     problem: Option<Problem>,
+    client: &Client,
+) -> Result<bool, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+{
+    write_valid_with(obj, problem, serde_json::Map::new(), client).await
+}
+
+/// [`write_valid`] plus extra top-level status fields owned by this
+/// controller.
+async fn write_valid_with<K>(
+    obj: &K,
+    problem: Option<Problem>,
+    extra: serde_json::Map<String, serde_json::Value>,
     client: &Client,
 ) -> Result<bool, kube::Error>
 where
@@ -232,14 +321,21 @@ where
         None => (true, "Valid", "spec is valid".to_string()),
         Some((r, m)) => (false, *r, m.clone()),
     };
-    if !conditions::set(&mut conds, "Valid", ok, reason, message, generation) {
+    let changed = conditions::set(&mut conds, "Valid", ok, reason, message, generation);
+    let extra_changed = extra.iter().any(|(k, v)| &value["status"][k] != v);
+    if !changed && !extra_changed {
         return Ok(true);
     }
     let ns = obj.meta().namespace.clone().unwrap_or_default();
     let api: Api<K> = Api::namespaced(client.clone(), &ns);
+    let mut status = extra;
+    status.insert(
+        "conditions".into(),
+        serde_json::to_value(&conds).unwrap_or_default(),
+    );
     let patch = json!({
         "metadata": {"resourceVersion": obj.meta().resource_version},
-        "status": {"conditions": conds},
+        "status": status,
     });
     match api
         .patch_status(
@@ -358,14 +454,35 @@ pub async fn run<F>(
                 Ok(done(written, Duration::from_secs(60)))
             },
             on_error,
-            ctx,
+            ctx.clone(),
         )
         .for_each(|r| async move {
             if let Err(e) = r {
                 debug!(error = %e, "image validity");
             }
         });
-    futures::join!(subnets, sites, images);
+    let hooks = Controller::new(api::<PostHook>(&client, ns), watcher::Config::default())
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |h: Arc<PostHook>, ctx: Arc<Ctx>| async move {
+                ctx.metrics.reconciled("PostHook");
+                let problem = posthook_problem(&h, &ctx.client).await?;
+                let mut extra = serde_json::Map::new();
+                extra.insert("stepCount".into(), json!(h.spec.steps.len()));
+                extra.insert("observedGeneration".into(), json!(h.metadata.generation));
+                let written = write_valid_with(h.as_ref(), problem, extra, &ctx.client).await?;
+                // ConfigMaps and Secrets may appear later: look again.
+                Ok(done(written, Duration::from_secs(60)))
+            },
+            on_error,
+            ctx.clone(),
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                debug!(error = %e, "posthook validity");
+            }
+        });
+    futures::join!(subnets, sites, images, hooks);
 }
 
 #[cfg(test)]

@@ -694,6 +694,36 @@ async fn claims_bind_atomically_by_selector_and_release() {
         )
         .await
         .unwrap();
+    let hooks: Api<anneal_api::PostHook> = Api::namespaced(client.clone(), ns);
+    hooks.create(&PostParams::default(), &serde_json::from_value(mk("PostHook", "ok", json!({
+        "params": {"label": {"default": "root"}},
+        "steps": [{"builtin": "mkswap"}, {"script": {"inline": "tune2fs -L {{ label }} {{ targetDisk }}"}}]}))).unwrap()).await.unwrap();
+    hooks
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mk(
+                "PostHook",
+                "undeclared",
+                json!({
+        "steps": [{"script": {"inline": "echo {{ nope }}"}}]}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    hooks
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mk(
+                "PostHook",
+                "missing-cm",
+                json!({
+        "steps": [{"script": {"configMapRef": {"name": "absent", "key": "run.sh"}}}]}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     let valid_reason = |v: Value| -> Option<(String, String)> {
         let c = v["status"]["conditions"]
             .as_array()?
@@ -712,6 +742,9 @@ async fn claims_bind_atomically_by_selector_and_release() {
         ("image/dangling", "False", "ContentNotFound"),
         ("image/elsewhere", "False", "ContentNamespaceMismatch"),
         ("site/site", "False", "SeederSubnetHasNoDataHalf"),
+        ("posthook/ok", "True", "Valid"),
+        ("posthook/undeclared", "False", "UndeclaredParam"),
+        ("posthook/missing-cm", "False", "ScriptSourceNotFound"),
     ] {
         eventually(
             &format!("{what} Valid={want_status} {want_reason}"),
@@ -721,6 +754,7 @@ async fn claims_bind_atomically_by_selector_and_release() {
                 let v = match kind {
                     "subnet" => serde_json::to_value(subnets.get(name).await.unwrap()).unwrap(),
                     "image" => serde_json::to_value(images.get(name).await.unwrap()).unwrap(),
+                    "posthook" => serde_json::to_value(hooks.get(name).await.unwrap()).unwrap(),
                     _ => serde_json::to_value(sites.get(name).await.unwrap()).unwrap(),
                 };
                 match valid_reason(v) {
@@ -731,6 +765,11 @@ async fn claims_bind_atomically_by_selector_and_release() {
         )
         .await;
     }
+
+    assert_eq!(
+        hooks.get("ok").await.unwrap().status.unwrap().step_count,
+        Some(2)
+    );
 
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(15), manager)
