@@ -47,9 +47,25 @@ async fn main() -> anyhow::Result<()> {
             }
         })
         .await?;
+    // An unclaimed Available machine is shut down: the agent's long-poll
+    // answers poweroff and the manager powers off through the BMC.
+    let mut shown = lab.console().len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let console = lab.console();
+        if console.len() > shown {
+            print!("{}", &console[shown..]);
+            std::io::stdout().flush()?;
+            shown = console.len();
+        }
+        if lab.powered_on().await? == Some(false) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     println!();
     say(&format!(
-        "Machine Available {:.1} s after QEMU's launch",
+        "Machine Available {:.1} s after QEMU's launch, then powered off",
         elapsed.as_secs_f64()
     ));
     print!("{}", kubectl(&lab));

@@ -378,6 +378,13 @@ impl Lab {
             .to_string())
     }
 
+    /// The Machine's `status.poweredOn`.
+    pub async fn powered_on(&self) -> anyhow::Result<Option<bool>> {
+        let machines: Api<Machine> = Api::namespaced(self.cp.client(), NAMESPACE);
+        let m = serde_json::to_value(machines.get(MACHINE).await?)?;
+        Ok(m["status"]["poweredOn"].as_bool())
+    }
+
     /// The MachineHardware, once written.
     pub async fn hardware(&self) -> anyhow::Result<Option<MachineHardware>> {
         let hw: Api<MachineHardware> = Api::namespaced(self.cp.client(), NAMESPACE);
