@@ -770,6 +770,23 @@ async fn claims_bind_atomically_by_selector_and_release() {
         hooks.get("ok").await.unwrap().status.unwrap().step_count,
         Some(2)
     );
+    // A claim whose OS image is not bootable is invalid before anything else
+    // (even before its named machine is looked up).
+    claim(
+        &client,
+        ns,
+        "c-data-as-os",
+        json!({"machineName": "absent", "imageRef": {"name": "dangling"}}),
+    )
+    .await;
+    let c = wait_claim(&client, ns, "c-data-as-os", ClaimPhase::Pending, None).await;
+    let conds = c.status.unwrap().conditions;
+    let valid = conds.iter().find(|c| c.type_ == "Valid").unwrap();
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "ImageNotBootable"),
+        "{valid:?}"
+    );
 
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(15), manager)

@@ -312,7 +312,11 @@ async fn apply(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimError
         .await?;
     }
 
-    if let Some((reason, message)) = invalid(claim) {
+    let invalid = match invalid(claim) {
+        Some(problem) => Some(problem),
+        None => image_problem(claim, &ns, ctx).await?,
+    };
+    if let Some((reason, message)) = invalid {
         write_pending(claim, reason, &message, ctx).await?;
         return Ok(Action::await_change());
     }
@@ -347,6 +351,47 @@ fn invalid(claim: &MachineClaim) -> Option<(&'static str, String)> {
         }
     }
     None
+}
+
+/// `spec.imageRef` must name a bootable Image and every data image a
+/// non-bootable one (when they exist; a missing Image is the deploy's
+/// concern, not the bind's).
+async fn image_problem(
+    claim: &MachineClaim,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<(&'static str, String)>, ClaimError> {
+    let get = |r: &anneal_api::NameRef| {
+        let api: Api<anneal_api::Image> = Api::namespaced(ctx.client.clone(), r.namespace_or(ns));
+        let name = r.name.clone();
+        async move { api.get_opt(&name).await }
+    };
+    if let Some(r) = &claim.spec.image_ref
+        && let Some(image) = get(r).await?
+        && !image.spec.bootable
+    {
+        return Ok(Some((
+            "ImageNotBootable",
+            format!(
+                "spec.imageRef: Image {} is not bootable; deploy it as a data image",
+                r.name
+            ),
+        )));
+    }
+    for (i, d) in claim.spec.data_images.iter().enumerate() {
+        if let Some(image) = get(&d.image_ref).await?
+            && image.spec.bootable
+        {
+            return Ok(Some((
+                "DataImageBootable",
+                format!(
+                    "spec.dataImages[{i}].imageRef: Image {} is bootable; name it in spec.imageRef",
+                    d.image_ref.name
+                ),
+            )));
+        }
+    }
+    Ok(None)
 }
 
 async fn bind_named(
@@ -667,7 +712,10 @@ async fn write_pending(
     status.machine_name = None;
     status.bound_at = None;
     status.observed_generation = generation;
-    let valid = reason != "DuplicateDiskHints";
+    let valid = !matches!(
+        reason,
+        "DuplicateDiskHints" | "ImageNotBootable" | "DataImageBootable"
+    );
     conditions::set(
         &mut status.conditions,
         "Valid",
