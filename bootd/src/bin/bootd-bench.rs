@@ -252,6 +252,112 @@ fn sweep(
     Ok((best, all))
 }
 
+fn dhcp_packet(mac: [u8; 6], xid: u32, msg: u8, extra: &[u8]) -> Vec<u8> {
+    let mut p = vec![0u8; 240];
+    p[0] = 1;
+    p[1] = 1;
+    p[2] = 6;
+    p[4..8].copy_from_slice(&xid.to_be_bytes());
+    p[10] = 0x80; // broadcast flag
+    p[28..34].copy_from_slice(&mac);
+    p[236..240].copy_from_slice(&[99, 130, 83, 99]);
+    p.extend_from_slice(&[53, 1, msg]);
+    p.extend_from_slice(extra);
+    p.push(255);
+    p
+}
+
+/// Sequential DORA exchanges from one socket on c0 for `dur`: per-exchange
+/// latency percentiles (ms) and the number of exchanges that timed out.
+fn dora_latency(ns: &Ns, dur: Duration) -> anyhow::Result<(usize, f64, f64, usize)> {
+    let r = in_netns(
+        &ns.name,
+        move || -> std::io::Result<(usize, f64, f64, usize)> {
+            use socket2::{Domain, Protocol, Socket, Type};
+            let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+            s.set_reuse_address(true)?;
+            s.set_broadcast(true)?;
+            s.bind_device(Some(b"c0"))?;
+            s.bind(&SocketAddr::from(([0, 0, 0, 0], 68)).into())?;
+            s.set_read_timeout(Some(Duration::from_millis(200)))?;
+            let sock: std::net::UdpSocket = s.into();
+            let to = SocketAddr::from(([255, 255, 255, 255], 67));
+            let mut lat = Vec::new();
+            let mut lost = 0usize;
+            let mut buf = [0u8; 1500];
+            let end = Instant::now() + dur;
+            let mut i: u32 = 0;
+            let wait = |xid: u32, want: u8, buf: &mut [u8]| -> Option<([u8; 4], [u8; 4])> {
+                let deadline = Instant::now() + Duration::from_millis(200);
+                while Instant::now() < deadline {
+                    let Ok(n) = sock.recv(buf) else { return None };
+                    if n < 244 || buf[4..8] != xid.to_be_bytes() {
+                        continue;
+                    }
+                    let yi = [buf[16], buf[17], buf[18], buf[19]];
+                    let mut sid = [0u8; 4];
+                    let mut k = 240;
+                    let mut ty = 0;
+                    while k + 1 < n && buf[k] != 255 {
+                        if buf[k] == 0 {
+                            k += 1;
+                            continue;
+                        }
+                        let l = buf[k + 1] as usize;
+                        if buf[k] == 53 && l == 1 && k + 2 < n {
+                            ty = buf[k + 2];
+                        }
+                        if buf[k] == 54 && l == 4 && k + 6 <= n {
+                            sid.copy_from_slice(&buf[k + 2..k + 6]);
+                        }
+                        k += 2 + l;
+                    }
+                    if ty == want {
+                        return Some((yi, sid));
+                    }
+                }
+                None
+            };
+            while Instant::now() < end {
+                i += 1;
+                let mac = [
+                    0x02,
+                    0x42,
+                    (i >> 24) as u8,
+                    (i >> 16) as u8,
+                    (i >> 8) as u8,
+                    i as u8,
+                ];
+                let xid = 0x5000_0000 | i;
+                let t = Instant::now();
+                sock.send_to(&dhcp_packet(mac, xid, 1, &[]), to)?;
+                let Some((yi, sid)) = wait(xid, 2, &mut buf) else {
+                    lost += 1;
+                    continue;
+                };
+                let mut opts = vec![50, 4];
+                opts.extend_from_slice(&yi);
+                opts.extend_from_slice(&[54, 4]);
+                opts.extend_from_slice(&sid);
+                sock.send_to(&dhcp_packet(mac, xid, 3, &opts), to)?;
+                if wait(xid, 5, &mut buf).is_none() {
+                    lost += 1;
+                    continue;
+                }
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            lat.sort_by(f64::total_cmp);
+            let pct = |q: f64| {
+                lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            };
+            Ok((lat.len(), pct(0.5), pct(0.99), lost))
+        },
+    )??;
+    Ok(r)
+}
+
 /// A UDP relay adding `delay` each way between a client and a TFTP server,
 /// following the server's per-transfer port (TID).
 async fn delay_relay(
@@ -421,6 +527,21 @@ fn main() -> anyhow::Result<()> {
         "dhcp_ratio".into(),
         serde_json::json!(b / reference.max(1.0)),
     );
+    println!(
+        "DHCP latency (sequential DORA from one client for 4 s; dnsmasq left out: it pings each new address)"
+    );
+    for name in ["bootd", "kea"] {
+        let _guard: Box<dyn std::any::Any> = match name {
+            "bootd" => Box::new(start_bootd(&ns, &d)?),
+            _ => Box::new(start_kea(&ns, &d)?),
+        };
+        let (n, p50, p99, lost) = dora_latency(&ns, Duration::from_secs(4))?;
+        println!("  {name:8} {n} exchanges, p50 {p50:.3} ms, p99 {p99:.3} ms, {lost} timed out");
+        json.insert(
+            format!("latency_{name}"),
+            serde_json::json!({"exchanges": n, "p50_ms": p50, "p99_ms": p99, "lost": lost}),
+        );
+    }
 
     // ---- TFTP ----
     for (name, mb) in [("f1m", 1u64), ("f8m", 8)] {
