@@ -1,6 +1,7 @@
 //! The anneal manager: controllers for claims and readiness rules, and the
 //! CRD YAML generator.
 
+pub mod agentapi;
 pub mod claims;
 pub mod conditions;
 pub mod crdgen;
@@ -11,6 +12,5 @@ mod run;
 pub mod validity;
 
 pub use run::{RunConfig, RunError, run};
-pub mod agentapi;
 pub mod lifecycle;
 pub mod redfish;
