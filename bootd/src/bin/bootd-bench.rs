@@ -18,30 +18,47 @@ use anyhow::{Context, bail};
 const SERVER: &str = "10.88.0.1";
 const RELAY: &str = "10.88.0.2";
 
+/// The server namespace (`s0`, 10.88.0.1 and the relay's 10.88.0.2) and a
+/// client namespace (`c0`, 10.88.255.254) joined by a veth pair: clients
+/// (perfdhcp, atftp) must not share port 67 with the servers.
 struct Ns {
     name: String,
+    client: String,
 }
 
 impl Ns {
     fn create() -> anyhow::Result<Ns> {
         let name = format!("annealbench{}", std::process::id());
+        let client = format!("annealbenchc{}", std::process::id());
         sh(Command::new("ip").args(["netns", "add", &name]))?;
-        let ns = Ns { name };
+        sh(Command::new("ip").args(["netns", "add", &client]))?;
+        let ns = Ns { name, client };
         ns.ip(&["link", "set", "lo", "up"])?;
-        ns.ip(&["link", "add", "s0", "type", "veth", "peer", "name", "c0"])?;
+        ns.cip(&["link", "set", "lo", "up"])?;
+        ns.ip(&[
+            "link", "add", "s0", "type", "veth", "peer", "name", "c0", "netns", &ns.client,
+        ])?;
         ns.ip(&["addr", "add", "10.88.0.1/16", "dev", "s0"])?;
         ns.ip(&["addr", "add", "10.88.0.2/16", "dev", "s0"])?;
-        ns.ip(&["addr", "add", "10.88.255.254/16", "dev", "c0"])?;
+        ns.cip(&["addr", "add", "10.88.255.254/16", "dev", "c0"])?;
         ns.ip(&["link", "set", "s0", "up"])?;
-        ns.ip(&["link", "set", "c0", "up"])?;
+        ns.cip(&["link", "set", "c0", "up"])?;
         Ok(ns)
     }
     fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
         sh(Command::new("ip").arg("-n").arg(&self.name).args(args))
     }
+    fn cip(&self, args: &[&str]) -> anyhow::Result<String> {
+        sh(Command::new("ip").arg("-n").arg(&self.client).args(args))
+    }
     fn exec(&self, prog: &str) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name, prog]);
+        c
+    }
+    fn cexec(&self, prog: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.client, prog]);
         c
     }
 }
@@ -50,6 +67,9 @@ impl Drop for Ns {
     fn drop(&mut self) {
         let _ = Command::new("ip")
             .args(["netns", "delete", &self.name])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.client])
             .status();
     }
 }
@@ -169,7 +189,7 @@ struct DhcpRun {
 /// One perfdhcp run at `rate` for `secs`: achieved DORA/s, drop %, delays.
 fn perfdhcp(ns: &Ns, rate: u32, secs: u32) -> anyhow::Result<DhcpRun> {
     let o = ns
-        .exec("perfdhcp")
+        .cexec("perfdhcp")
         .args(["-4", "-l", "c0", "-R", "1000000"])
         .arg(format!("-r{rate}"))
         .arg(format!("-p{secs}"))
@@ -271,7 +291,7 @@ fn dhcp_packet(mac: [u8; 6], xid: u32, msg: u8, extra: &[u8]) -> Vec<u8> {
 /// latency percentiles (ms) and the number of exchanges that timed out.
 fn dora_latency(ns: &Ns, dur: Duration) -> anyhow::Result<(usize, f64, f64, usize)> {
     let r = in_netns(
-        &ns.name,
+        &ns.client,
         move || -> std::io::Result<(usize, f64, f64, usize)> {
             use socket2::{Domain, Protocol, Socket, Type};
             let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -446,7 +466,7 @@ fn atftp(
 ) -> anyhow::Result<f64> {
     let mut times = Vec::new();
     for _ in 0..runs {
-        let mut c = ns.exec("atftp");
+        let mut c = ns.cexec("atftp");
         c.args(["--option", "blksize 1468", "--option", "tsize 0"]);
         if let Some(w) = window {
             c.args(["--option", &format!("windowsize {w}")]);
