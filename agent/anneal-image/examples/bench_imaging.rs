@@ -31,6 +31,9 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Pause after dropping caches, before each timed contender.
+const SETTLE_SECS: u64 = 3;
+
 fn drop_caches() {
     let _ = Command::new("sync").status();
     if let Err(e) = std::fs::write("/proc/sys/vm/drop_caches", "3\n") {
@@ -96,6 +99,9 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     drop_caches();
+    // let the previous contender's write-back drain below the guest (the
+    // virtual disk's host cache), so nobody starts on a busy disk
+    std::thread::sleep(std::time::Duration::from_secs(SETTLE_SECS));
     let t = Instant::now();
     f()?;
     Ok(t.elapsed().as_secs_f64())
@@ -167,23 +173,36 @@ fn main() -> anyhow::Result<()> {
                 .arg(&t2))?;
             run(&mut Command::new("sync"))
         })?);
-        rs_anneal.push(time(|| {
-            let mut t = Target::open(&t1, Some(FS_SIZE))?;
-            restore::restore_partition(&mut t, 0, &content)?;
-            Ok(())
-        })?);
-        rs_dd.push(time(|| {
-            run(Command::new("dd")
-                .arg(format!("if={}", stream_path.display()))
-                .arg(format!("of={}", t3.display()))
-                .args([
-                    "iflag=direct",
-                    "oflag=direct",
-                    "bs=4M",
-                    "conv=fsync",
-                    "status=none",
-                ]))
-        })?);
+        // anneal and dd alternate which goes first, so neither always
+        // inherits the other's write-back or the disk cache's state
+        let anneal = || {
+            time(|| {
+                let mut t = Target::open(&t1, Some(FS_SIZE))?;
+                restore::restore_partition(&mut t, 0, &content)?;
+                Ok(())
+            })
+        };
+        let dd = || {
+            time(|| {
+                run(Command::new("dd")
+                    .arg(format!("if={}", stream_path.display()))
+                    .arg(format!("of={}", t3.display()))
+                    .args([
+                        "iflag=direct",
+                        "oflag=direct",
+                        "bs=4M",
+                        "conv=fsync",
+                        "status=none",
+                    ]))
+            })
+        };
+        if run_no % 2 == 0 {
+            rs_anneal.push(anneal()?);
+            rs_dd.push(dd()?);
+        } else {
+            rs_dd.push(dd()?);
+            rs_anneal.push(anneal()?);
+        }
         eprintln!(
             "run {run_no}: capture anneal {:.2}s partclone {:.2}s | restore anneal {:.2}s partclone {:.2}s dd {:.2}s ({} MiB used)",
             cap_anneal[run_no],

@@ -17,6 +17,9 @@ use std::thread;
 /// Alignment used for direct I/O.
 pub const ALIGN: usize = 4096;
 
+/// Threads verifying piece hashes during a restore.
+const HASHERS: usize = 2;
+
 /// Errors of restoring.
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -401,6 +404,8 @@ pub fn write_content(
         let _ = free_tx.send(AlignedBuf::new(pl));
     }
     let (read_tx, read_rx) = mpsc::sync_channel::<Msg>(2);
+    let read_rx = Mutex::new(read_rx);
+    let read_rx = &read_rx;
     let (ok_tx, ok_rx) = mpsc::sync_channel::<Msg>(2);
     let stream_path = content.stream.clone();
     let name = content.name.clone();
@@ -408,7 +413,6 @@ pub fn write_content(
     let piece_length = u64::from(h.piece_length);
     let hashes = idx.piece_hashes.clone();
     let map = StreamMap::new(&idx.extents);
-    let ok_rx = Mutex::new(ok_rx);
     let stop = AtomicBool::new(false);
     let stop = &stop;
     let target_ref: &Target = target;
@@ -461,92 +465,100 @@ pub fn write_content(
                 }
             }
         });
-        // hasher: SHA-1 of each piece against the index
-        let hname = name.clone();
-        s.spawn(move || {
-            for msg in read_rx {
-                let out = match msg {
-                    Msg::Piece(i, buf) => {
-                        let start = i * piece_length;
-                        let len = (used - start).min(piece_length) as usize;
-                        let d: [u8; 20] = sha1::Sha1::digest(&buf.as_slice()[..len]).into();
-                        if hashes.get(i as usize) == Some(&d) {
-                            Msg::Piece(i, buf)
-                        } else {
-                            Msg::Fail(RestoreError::PieceHash {
-                                content: hname.clone(),
-                                piece: i,
-                                stream_offset: start,
-                                stream_end: start + len as u64,
-                            })
+        // hashers: SHA-1 of each piece against the index, on two threads
+        // (one core's SHA-1 is about the disk's rate; a second keeps the
+        // writer fed when the machine is busy); the writer restores order
+        let hashes = &hashes;
+        for _ in 0..HASHERS {
+            let hname = name.clone();
+            let ok_tx = ok_tx.clone();
+            s.spawn(move || {
+                loop {
+                    let msg = match read_rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok(msg) = msg else { return };
+                    let out = match msg {
+                        Msg::Piece(i, buf) => {
+                            let start = i * piece_length;
+                            let len = (used - start).min(piece_length) as usize;
+                            let d: [u8; 20] = sha1::Sha1::digest(&buf.as_slice()[..len]).into();
+                            if hashes.get(i as usize) == Some(&d) {
+                                Msg::Piece(i, buf)
+                            } else {
+                                Msg::Fail(RestoreError::PieceHash {
+                                    content: hname.clone(),
+                                    piece: i,
+                                    stream_offset: start,
+                                    stream_end: start + len as u64,
+                                })
+                            }
                         }
+                        f @ Msg::Fail(_) => f,
+                    };
+                    let fail = matches!(out, Msg::Fail(_));
+                    if ok_tx.send(out).is_err() || fail {
+                        return;
                     }
-                    f @ Msg::Fail(_) => f,
-                };
-                let fail = matches!(out, Msg::Fail(_));
-                if ok_tx.send(out).is_err() || fail {
-                    return;
+                }
+            });
+        }
+        drop(ok_tx);
+        // writer: this thread, one piece at a time in stream (= disk) order
+        // (out-of-order writes fragment a sparse-file target and measured
+        // slower here)
+        let mut done = 0u64;
+        let mut err = None;
+        let mut pending = std::collections::BTreeMap::new();
+        for msg in ok_rx {
+            if err.is_some() || stop.load(Ordering::Relaxed) {
+                // drain so the pipeline can wind down
+                continue;
+            }
+            match msg {
+                Msg::Fail(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    err = Some(e);
+                }
+                Msg::Piece(i, buf) => {
+                    pending.insert(i, buf);
                 }
             }
-        });
-        // writer: this thread
-        let writer = || -> Result<u64, RestoreError> {
-            let mut done = 0u64;
-            let mut err = None;
-            loop {
-                let msg = match ok_rx.lock() {
-                    Ok(rx) => rx.recv(),
-                    Err(_) => return Err(RestoreError::Mismatch("writer lock poisoned".into())),
-                };
-                let Ok(msg) = msg else { break };
-                if err.is_some() || stop.load(Ordering::Relaxed) {
-                    // drain so the pipeline can wind down
-                    continue;
+            while err.is_none()
+                && let Some(buf) = pending.remove(&done)
+            {
+                let i = done;
+                let start = i * piece_length;
+                let len = (used - start).min(piece_length);
+                let mut res = Ok(());
+                for r in map.ranges(start, start + len) {
+                    let a = (r.stream_offset - start) as usize;
+                    let data = &buf.as_slice()[a..a + r.len as usize];
+                    if let Err(source) = target_ref.write_at(data, base + r.disk_offset) {
+                        res = Err(RestoreError::Write {
+                            content: name.clone(),
+                            piece: i,
+                            disk_offset: base + r.disk_offset,
+                            len: r.len,
+                            source,
+                        });
+                        break;
+                    }
                 }
-                match msg {
-                    Msg::Fail(e) => {
+                let _ = free_tx.send(buf);
+                match res {
+                    Ok(()) => done += 1,
+                    Err(e) => {
                         stop.store(true, Ordering::Relaxed);
                         err = Some(e);
                     }
-                    Msg::Piece(i, buf) => {
-                        let start = i * piece_length;
-                        let len = (used - start).min(piece_length);
-                        let mut res = Ok(());
-                        for r in map.ranges(start, start + len) {
-                            let a = (r.stream_offset - start) as usize;
-                            let data = &buf.as_slice()[a..a + r.len as usize];
-                            if let Err(source) = target_ref.write_at(data, base + r.disk_offset) {
-                                res = Err(RestoreError::Write {
-                                    content: name.clone(),
-                                    piece: i,
-                                    disk_offset: base + r.disk_offset,
-                                    len: r.len,
-                                    source,
-                                });
-                                break;
-                            }
-                        }
-                        let _ = free_tx.send(buf);
-                        match res {
-                            Ok(()) => done += 1,
-                            Err(e) => {
-                                stop.store(true, Ordering::Relaxed);
-                                err = Some(e);
-                            }
-                        }
-                    }
                 }
             }
-            match err {
-                Some(e) => Err(e),
-                None => Ok(done),
-            }
-        };
-        // one writer keeps the writes in disk order (out-of-order writes
-        // fragment a sparse-file target and measured slower here)
-        let first = writer();
-        let second: Result<u64, RestoreError> = Ok(0);
-        let done = first? + second?;
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
         if done != pieces {
             return Err(RestoreError::Mismatch(format!(
                 "content {name}: {done} of {pieces} pieces arrived"
