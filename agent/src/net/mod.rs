@@ -320,7 +320,17 @@ fn keep_lease(iface: Interface, lease: dhcp::Lease) {
                     }
                 }
                 let next = match renewed {
-                    Some(l) => l,
+                    Some(l) => {
+                        say!(
+                            "DHCP lease {}/{} on {} renewed from {}, lease {} s",
+                            l.address,
+                            l.prefix,
+                            iface.name,
+                            l.server,
+                            l.lease_secs.unwrap_or(0)
+                        );
+                        l
+                    }
                     None => {
                         say!("DHCP lease on {} expired; asking again", iface.name);
                         match dhcp::acquire(&iface.name, iface.mac, Duration::from_secs(60)) {
