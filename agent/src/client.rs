@@ -52,7 +52,7 @@ pub enum ClientError {
     },
     /// The server's chain has no certificate matching `anneal.ca`.
     #[error(
-        "refusing {url}: no certificate in the server's chain has the SHA-256 {pin} given as anneal.ca"
+        "CA fingerprint mismatch: refusing {url}: no certificate in the chain it sent has the SHA-256 {pin} given as anneal.ca"
     )]
     CaMismatch {
         /// The API URL.

@@ -527,6 +527,7 @@ impl BootParams {
         }
         let text = String::from_utf8_lossy(raw);
         let mut p = BootParams::default();
+        let mut unknown = Vec::new();
         for word in split_words(&text) {
             if word == "--" {
                 break;
@@ -586,12 +587,16 @@ impl BootParams {
                 }
                 k if k.starts_with("anneal.") => {
                     // Keep the key only: the value could be anything.
-                    let k: String = k.chars().take(64).collect();
-                    if !p.unknown.contains(&k) && p.unknown.len() < 32 {
-                        p.unknown.push(k);
-                    }
+                    unknown.push(k.to_string());
                 }
                 _ => {}
+            }
+        }
+        // Made printable once the token (which may come later) is known.
+        for k in unknown {
+            let k = printable_key(&k, p.token.as_ref());
+            if !p.unknown.contains(&k) && p.unknown.len() < 32 {
+                p.unknown.push(k);
             }
         }
         Ok(p)
@@ -626,6 +631,20 @@ impl BootParams {
             "ip": self.ip,
             "unknown": self.unknown,
         })
+    }
+}
+
+/// An unknown `anneal.*` key as it may be printed. A key can carry the boot
+/// token when a `=` is missing or mistyped (`anneal.token:SECRET`, or the
+/// token run into another word): such a key is redacted; any other is cut
+/// at 64 characters.
+fn printable_key(key: &str, token: Option<&Token>) -> String {
+    if key.starts_with("anneal.token") {
+        "anneal.token<redacted>".into()
+    } else if token.is_some_and(|t| !t.expose().is_empty() && key.contains(t.expose())) {
+        "anneal.<redacted: holds the boot token>".into()
+    } else {
+        key.chars().take(64).collect()
     }
 }
 
@@ -733,6 +752,32 @@ mod tests {
         let err = BootParams::parse(format!("anneal.token={secret}").as_bytes()).unwrap_err();
         assert!(!err.to_string().contains("s3cr3t"), "{err}");
         assert!(BootParams::parse(&vec![b'a'; MAX_CMDLINE + 1]).is_err());
+    }
+
+    #[test]
+    fn unknown_keys_never_carry_the_token() {
+        // Found by the agent_cmdline fuzz target: the token's text inside
+        // an unknown key (a `=` missing) reached the warning list.
+        let tok = "Zm9vYmFyYmF6cXV4MDEyMzQ1Njc4OWFiY2RlZg";
+        let line = format!(
+            "anneal.apianneal.token1{tok} anneal.token={tok} anneal.tokn=x anneal.token:{tok}"
+        );
+        let p = BootParams::parse(line.as_bytes()).unwrap();
+        assert_eq!(
+            p.unknown,
+            [
+                "anneal.<redacted: holds the boot token>",
+                "anneal.tokn",
+                "anneal.token<redacted>"
+            ]
+        );
+        assert!(!p.redacted_json().to_string().contains(&tok[..8]));
+        // Without a valid anneal.token, a mistyped one is still hidden.
+        let p = BootParams::parse(format!("anneal.token:{tok}").as_bytes()).unwrap();
+        assert_eq!(p.unknown, ["anneal.token<redacted>"]);
+        let long = format!("anneal.{}", "x".repeat(100));
+        let p = BootParams::parse(long.as_bytes()).unwrap();
+        assert_eq!(p.unknown[0].chars().count(), 64);
     }
 
     #[test]

@@ -187,9 +187,25 @@ pub fn failure_line(step: &str, err: &dyn std::error::Error, check: &str) -> Str
 
 /// A failure of one step: what failed and what to check, on one line.
 fn fail(step: &str, err: &dyn std::error::Error, check: &str) -> ! {
-    crate::console::say(&failure_line(step, err, check));
-    // Exit; PID 1 decides between shell and reboot.
+    stop(&failure_line(step, err, check))
+}
+
+/// Prints the one failure line and ends the worker: PID 1 then decides
+/// between a shell and a delayed reboot. Nothing is retried after it.
+fn stop(line: &str) -> ! {
+    crate::console::say(line);
     std::process::exit(1)
+}
+
+/// The one console line a failed registration stops with. A rejected boot
+/// token (HTTP 401) is named as such: retrying cannot help, only a fresh
+/// token (bootd's script after the Machine is re-armed) can.
+pub fn registration_failure(e: &ClientError) -> String {
+    let step = match e {
+        ClientError::Status { status: 401, .. } => "registration: boot token rejected",
+        _ => "registration",
+    };
+    failure_line(step, e, &registration_hint(e))
 }
 
 fn modules_dir() -> Option<PathBuf> {
@@ -365,7 +381,7 @@ pub fn worker() -> ! {
     });
     let resp = match resp {
         Ok(r) => r,
-        Err(e) => fail("registration", &e, &registration_hint(&e)),
+        Err(e) => stop(&registration_failure(&e)),
     };
     say!(
         "registered as {}/{} ({:.1} s after /init, {:.1} s after the network was up)",
@@ -498,7 +514,7 @@ pub fn registration_hint(e: &ClientError) -> String {
     use anneal_api::agent::ErrorCode;
     match e {
         ClientError::CaMismatch { .. } => {
-            "anneal.ca against the manager's CA (Secret anneal-agent-api-ca) and that the manager serves the CA in its chain".into()
+            "anneal.ca against the manager's CA: the SHA-256 of the CA certificate in DER form, not of its PEM text (Secret anneal-agent-api-ca), and that the manager sends the CA in its chain".into()
         }
         ClientError::Status { code: Some(ErrorCode::UsedToken), .. } => {
             "the boot token was already used: re-arm the Machine's net boot for a fresh token".into()
@@ -507,7 +523,7 @@ pub fn registration_hint(e: &ClientError) -> String {
             "the boot token expired: re-arm the Machine's net boot (or raise spec.bootTimeout)".into()
         }
         ClientError::Status { status: 401, .. } => {
-            "the boot token was refused: the Machine must be armed for net boot and anneal.token must be its current token".into()
+            "the Machine must be armed for net boot and anneal.token must be its current token; a boot token is single use, so a reused one is refused too: re-arm the Machine's net boot for a fresh one".into()
         }
         ClientError::Status { status: 426, .. } => {
             "the agent and manager versions (Anneal-Agent-Schema differs)".into()

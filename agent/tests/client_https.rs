@@ -106,13 +106,11 @@ fn reused_and_wrong_tokens_are_permanent_failures() {
         "{err:?}"
     );
     assert!(err.is_permanent());
-    let used = anneal_agent::init::failure_line(
-        "registration",
-        &err,
-        &anneal_agent::init::registration_hint(&err),
-    );
+    let used = anneal_agent::init::registration_failure(&err);
     assert!(
-        used.contains("(UsedToken)") && used.contains("re-arm"),
+        used.starts_with("FAILED: registration: boot token rejected: ")
+            && used.contains("(UsedToken)")
+            && used.contains("re-arm"),
         "{used}"
     );
     let err = again
@@ -132,16 +130,13 @@ fn reused_and_wrong_tokens_are_permanent_failures() {
     assert!(err.is_permanent());
     // The console line the agent stops with names the cause and the fix,
     // and never the token.
-    let line = anneal_agent::init::failure_line(
-        "registration",
-        &err,
-        &anneal_agent::init::registration_hint(&err),
-    );
+    let line = anneal_agent::init::registration_failure(&err);
     assert_eq!(
         line,
-        "FAILED: registration: POST /v1/agent/register answered HTTP 401 (InvalidToken); \
-         check: the boot token was refused: the Machine must be armed for net boot and \
-         anneal.token must be its current token"
+        "FAILED: registration: boot token rejected: POST /v1/agent/register answered HTTP 401 \
+         (InvalidToken); check: the Machine must be armed for net boot and anneal.token must be \
+         its current token; a boot token is single use, so a reused one is refused too: re-arm \
+         the Machine's net boot for a fresh one"
     );
     assert!(!line.contains(TOKEN));
     // Without a session nothing else is possible.
@@ -161,6 +156,12 @@ fn ca_fingerprint_mismatch_refuses_the_connection() {
     assert!(matches!(err, ClientError::CaMismatch { .. }), "{err:?}");
     assert!(err.is_permanent());
     assert!(err.to_string().contains(&wrong), "{err}");
+    let line = anneal_agent::init::registration_failure(&err);
+    assert!(
+        line.starts_with("FAILED: registration: CA fingerprint mismatch: refusing https://")
+            && line.contains("check: anneal.ca against the manager's CA"),
+        "{line}"
+    );
     // A chain without the CA cannot match the pin either.
     let bare = server(false, &["127.0.0.1"], vec![]);
     let mut c = client(&bare, &bare.ca_sha256);
