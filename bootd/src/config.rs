@@ -218,15 +218,9 @@ pub fn build_table(
     })
 }
 
-/// A stable digest of a string (FNV-1a 64), for revisions of static tables.
-pub fn digest(s: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
+/// A stable digest of a string (FNV-1a 64), for revisions of static tables;
+/// the same function the manager's reservation revisions use.
+pub use anneal_api::digest;
 
 impl StaticConfig {
     /// Reads and parses a YAML file.

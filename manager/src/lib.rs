@@ -5,6 +5,7 @@ pub mod agentapi;
 pub mod claims;
 pub mod conditions;
 pub mod crdgen;
+pub mod ipam;
 pub mod leader;
 pub mod metrics;
 pub mod readiness;

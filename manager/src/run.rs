@@ -112,6 +112,13 @@ pub async fn run(
         client.clone(),
         cfg.namespace.clone(),
         metrics.clone(),
+        recorder.clone(),
+        stop(),
+    ));
+    let ipam = tokio::spawn(crate::ipam::run(
+        client.clone(),
+        cfg.namespace.clone(),
+        metrics.clone(),
         recorder,
         stop(),
     ));
@@ -135,6 +142,7 @@ pub async fn run(
         let _ = claims.await;
         let _ = rules.await;
         let _ = validity.await;
+        let _ = ipam.await;
     })
     .await;
     result

@@ -14,6 +14,18 @@ mod crd;
 #[cfg(feature = "crd")]
 pub use crd::*;
 
+/// A stable digest of a string (FNV-1a 64, 16 lowercase hex digits): the
+/// revision of a reservation table ([`reservations_revision`], crd feature)
+/// and of bootd's static tables. One implementation for the manager and bootd.
+pub fn digest(s: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// The API group of every anneal kind.
 pub const GROUP: &str = "anneal.dev";
 /// The version of every anneal kind.

@@ -246,6 +246,35 @@ pub struct Reservation {
     pub since: Option<Time>,
 }
 
+/// `status.dhcp.revision` of a reservation table: the [`crate::digest`] of
+/// the table sorted by address (numerically), one `address mac machine` line
+/// per entry, MACs lowercase. `since` is not part of it (an entry's `since`
+/// never changes while the entry exists). The manager writes it; anyone
+/// holding a table can check it against the revision it came with.
+pub fn reservations_revision(reservations: &[Reservation]) -> String {
+    let mut rows: Vec<(u64, String)> = reservations
+        .iter()
+        .map(|r| {
+            let key = r
+                .address
+                .parse::<std::net::Ipv4Addr>()
+                .map_or(u64::MAX, |a| u64::from(u32::from(a)));
+            (
+                key,
+                format!(
+                    "{} {} {}\n",
+                    r.address,
+                    r.mac.to_ascii_lowercase(),
+                    r.machine
+                ),
+            )
+        })
+        .collect();
+    rows.sort();
+    let text: String = rows.into_iter().map(|(_, line)| line).collect();
+    crate::digest(&text)
+}
+
 /// DHCP state of a lease-mode Subnet.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]

@@ -1,0 +1,694 @@
+//! The reservations (IPAM) controller: writes `Subnet.status.dhcp` of every
+//! lease-mode Subnet.
+//!
+//! Every Machine whose `spec.subnetRef` names the Subnet, that has a boot
+//! MAC, is not being deleted and is net-booting or deployed (state
+//! `Inspecting`, `Provisioning` or `Provisioned`) holds one reservation from
+//! `spec.dhcp.leaseRange`. An existing reservation is kept as long as its
+//! Machine qualifies with the same MAC (an address never moves); a new one
+//! takes the lowest free address of the range that is not bootd's server
+//! IP, the gateway, or the network/broadcast address. A reservation is
+//! released when its Machine is deleted, leaves the Subnet, changes its MAC
+//! or leaves those states. `status.dhcp.revision` is
+//! [`anneal_api::reservations_revision`] of the table (bootd makes the table
+//! live, then writes `appliedRevision`). `DHCPPoolExhausted` is True, naming
+//! the Subnet and how many Machines wait, while a qualifying Machine has no
+//! address; False otherwise (always False in proxy mode).
+//!
+//! Status writes are merge patches guarded by the Subnet's resourceVersion;
+//! a conflict requeues.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anneal_api::{
+    Condition, DhcpMode, Machine, MachineState, Reservation, Subnet, Time, reservations_revision,
+};
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::conditions;
+use crate::metrics::Metrics;
+
+const KIND: &str = "SubnetReservations";
+/// The condition this controller owns.
+pub const POOL_EXHAUSTED: &str = "DHCPPoolExhausted";
+/// How often a Subnet is looked at without any change.
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Errors of one Subnet reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    /// An API call failed.
+    #[error("api call failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The Machine cache never synced.
+    #[error("machine cache not ready")]
+    NotReady,
+}
+
+/// States whose Machines hold a reservation: net-booting or deployed.
+pub fn holds_reservation(state: Option<MachineState>) -> bool {
+    matches!(
+        state,
+        Some(MachineState::Inspecting | MachineState::Provisioning | MachineState::Provisioned)
+    )
+}
+
+/// A MAC in canonical form (`aa:bb:cc:dd:ee:ff`), if it is one.
+pub fn canonical_mac(s: &str) -> Option<String> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6
+        || parts
+            .iter()
+            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return None;
+    }
+    Some(parts.join(":").to_ascii_lowercase())
+}
+
+/// `Reservation.machine` of a Machine: its name, `namespace/name` when it
+/// lives in another namespace than the Subnet.
+fn machine_key(m: &Machine, subnet_ns: &str) -> String {
+    let ns = m.namespace().unwrap_or_default();
+    if ns == subnet_ns {
+        m.name_any()
+    } else {
+        format!("{ns}/{}", m.name_any())
+    }
+}
+
+/// Whether `m` targets the Subnet `ns/name`.
+fn targets(m: &Machine, ns: &str, name: &str) -> bool {
+    let own = m.namespace().unwrap_or_default();
+    m.spec.subnet_ref.name == name && m.spec.subnet_ref.namespace_or(&own) == ns
+}
+
+/// The outcome of planning one Subnet's table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The new table, sorted by address.
+    pub reservations: Vec<Reservation>,
+    /// Entries new in this plan.
+    pub added: Vec<Reservation>,
+    /// Entries of the old table that are gone.
+    pub released: Vec<Reservation>,
+    /// `Reservation.machine` of qualifying Machines left without an address.
+    pub waiting: Vec<String>,
+    /// Addresses the range offers in all (after the exclusions).
+    pub pool_size: u64,
+}
+
+fn ip(s: &str) -> Option<Ipv4Addr> {
+    s.parse().ok()
+}
+
+/// Plans the reservation table of a lease-mode Subnet from the Machines
+/// (any namespace; only those targeting the Subnet count). Pure.
+pub fn plan(subnet: &Subnet, machines: &[Machine], now: &Time) -> Plan {
+    let sns = subnet.namespace().unwrap_or_default();
+    let sname = subnet.name_any();
+    let old: Vec<Reservation> = subnet
+        .status
+        .as_ref()
+        .and_then(|s| s.dhcp.as_ref())
+        .map(|d| d.reservations.clone())
+        .unwrap_or_default();
+
+    // Qualifying machines, oldest first: key -> mac.
+    let mut wanted: Vec<(&Machine, String, String)> = machines
+        .iter()
+        .filter(|m| targets(m, &sns, &sname))
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .filter(|m| holds_reservation(m.status.as_ref().and_then(|s| s.state)))
+        .filter_map(|m| {
+            let mac = m.spec.boot_mac_address.as_deref().and_then(canonical_mac)?;
+            Some((m, machine_key(m, &sns), mac))
+        })
+        .collect();
+    wanted.sort_by(|a, b| {
+        let ta = a.0.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let tb = b.0.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        ta.cmp(&tb).then_with(|| a.1.cmp(&b.1))
+    });
+    let want_mac: BTreeMap<&str, &str> = wanted
+        .iter()
+        .map(|(_, k, mac)| (k.as_str(), mac.as_str()))
+        .collect();
+
+    // Keep what still qualifies, unchanged (never move an address).
+    let mut kept: Vec<Reservation> = Vec::new();
+    let mut used: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    let mut holders: BTreeSet<String> = BTreeSet::new();
+    let mut released = Vec::new();
+    for r in &old {
+        let keep = ip(&r.address).is_some_and(|a| !used.contains(&a))
+            && !holders.contains(&r.machine)
+            && want_mac
+                .get(r.machine.as_str())
+                .is_some_and(|mac| canonical_mac(&r.mac).as_deref() == Some(*mac));
+        if keep {
+            if let Some(a) = ip(&r.address) {
+                used.insert(a);
+            }
+            holders.insert(r.machine.clone());
+            kept.push(r.clone());
+        } else {
+            released.push(r.clone());
+        }
+    }
+
+    // The pool, lowest first.
+    let dhcp = subnet.spec.dhcp.as_ref();
+    let range = dhcp
+        .and_then(|d| d.lease_range.as_ref())
+        .and_then(|r| Some((ip(&r.start)?, ip(&r.end)?)));
+    let mut excluded: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    if let Some(b) = &subnet.spec.bootd
+        && let Some(a) = ip(&b.server_ip)
+    {
+        excluded.insert(a);
+    }
+    if let Some(g) = dhcp.and_then(|d| d.gateway.as_deref()).and_then(ip) {
+        excluded.insert(g);
+    }
+    let cidr = subnet.spec.cidr.split_once('/').and_then(|(a, p)| {
+        let a = u32::from(ip(a)?);
+        let p: u32 = p.parse().ok().filter(|p| *p <= 32)?;
+        let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+        Some((a & mask, mask))
+    });
+    let usable = |a: u32| match cidr {
+        Some((net, mask)) => {
+            a & mask == net && (mask == u32::MAX || (a != net && a != (net | !mask)))
+        }
+        None => true,
+    };
+    let pool: Vec<Ipv4Addr> = match range {
+        Some((s, e)) if u32::from(s) <= u32::from(e) => (u32::from(s)..=u32::from(e))
+            .filter(|a| usable(*a))
+            .map(Ipv4Addr::from)
+            .filter(|a| !excluded.contains(a))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let pool_size = pool.len() as u64;
+    let mut free = pool.into_iter().filter(|a| !used.contains(a));
+
+    let mut added = Vec::new();
+    let mut waiting = Vec::new();
+    let mut table = kept;
+    for (_, key, mac) in &wanted {
+        if holders.contains(key) {
+            continue;
+        }
+        match free.next() {
+            Some(a) => {
+                let r = Reservation {
+                    address: a.to_string(),
+                    machine: key.clone(),
+                    mac: mac.clone(),
+                    since: Some(now.clone()),
+                };
+                holders.insert(key.clone());
+                added.push(r.clone());
+                table.push(r);
+            }
+            None => waiting.push(key.clone()),
+        }
+    }
+    table.sort_by_key(|r| ip(&r.address).map_or(u64::MAX, |a| u64::from(u32::from(a))));
+    Plan {
+        reservations: table,
+        added,
+        released,
+        waiting,
+        pool_size,
+    }
+}
+
+/// The `DHCPPoolExhausted` condition for a plan: (status, reason, message).
+pub fn pool_condition(subnet: &Subnet, plan: &Plan) -> (bool, &'static str, String) {
+    let key = format!(
+        "{}/{}",
+        subnet.namespace().unwrap_or_default(),
+        subnet.name_any()
+    );
+    if plan.waiting.is_empty() {
+        return (
+            false,
+            "AddressesAvailable",
+            format!(
+                "Subnet {key}: {} of {} addresses reserved",
+                plan.reservations.len(),
+                plan.pool_size
+            ),
+        );
+    }
+    let range = subnet
+        .spec
+        .dhcp
+        .as_ref()
+        .and_then(|d| d.lease_range.as_ref())
+        .map_or("(none)".to_string(), |r| format!("{}-{}", r.start, r.end));
+    (
+        true,
+        "PoolExhausted",
+        format!(
+            "Subnet {key}: leaseRange {range} has no free address ({} usable, all reserved); {} Machine(s) waiting: {}",
+            plan.pool_size,
+            plan.waiting.len(),
+            plan.waiting.join(", ")
+        ),
+    )
+}
+
+struct Context {
+    client: Client,
+    machines: Store<Machine>,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+}
+
+/// Runs the controller until `shutdown` resolves. `namespace` limits the
+/// Subnets and Machines watched.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (subnets_api, machines_api): (Api<Subnet>, Api<Machine>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (machines, writer) = reflector::store();
+    let stream = watcher(machines_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    let controller = Controller::new(subnets_api, watcher::Config::default());
+    let subnets = controller.store();
+    let ctx = Arc::new(Context {
+        client,
+        machines,
+        recorder,
+        metrics,
+    });
+    controller
+        .watches_stream(stream, move |m: Machine| {
+            // The Subnet it targets, and any Subnet still holding its entry
+            // (it moved away, changed its MAC, or is gone).
+            let own = m.namespace().unwrap_or_default();
+            let target_ns = m.spec.subnet_ref.namespace_or(&own).to_string();
+            let target = m.spec.subnet_ref.name.clone();
+            subnets
+                .state()
+                .iter()
+                .filter(|s| {
+                    let sns = s.namespace().unwrap_or_default();
+                    let key = machine_key(&m, &sns);
+                    (sns == target_ns && s.name_any() == target)
+                        || s.status
+                            .as_ref()
+                            .and_then(|st| st.dhcp.as_ref())
+                            .is_some_and(|d| d.reservations.iter().any(|r| r.machine == key))
+                })
+                .map(|s| ObjectRef::from_obj(s.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "reservations reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_subnet: Arc<Subnet>, err: &IpamError, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(KIND);
+    warn!(error = %err, "reservations reconcile error");
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn event(ctx: &Context, reference: k8s_openapi::api::core::v1::ObjectReference, ev: Event) {
+    // Published off the reconcile path.
+    let recorder = ctx.recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            debug!(error = %e, "publishing event failed");
+        }
+    });
+}
+
+async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, IpamError> {
+    ctx.metrics.reconciled(KIND);
+    // An empty cache would release every reservation: wait for the first list.
+    tokio::time::timeout(Duration::from_secs(30), ctx.machines.wait_until_ready())
+        .await
+        .map_err(|_| IpamError::NotReady)?
+        .map_err(|_| IpamError::NotReady)?;
+    let ns = subnet.namespace().unwrap_or_default();
+    let name = subnet.name_any();
+    let status = subnet.status.clone().unwrap_or_default();
+    let mut conds: Vec<Condition> = status.conditions.clone();
+    let generation = subnet.meta().generation;
+    let lease = subnet
+        .spec
+        .dhcp
+        .as_ref()
+        .is_some_and(|d| d.mode == DhcpMode::Lease);
+
+    let mut patch_status = serde_json::Map::new();
+    let mut planned = None;
+    let changed_cond;
+    if lease {
+        let machines: Vec<Machine> = ctx
+            .machines
+            .state()
+            .iter()
+            .map(|m| m.as_ref().clone())
+            .collect();
+        let now = Time(Timestamp::now());
+        let p = plan(&subnet, &machines, &now);
+        let revision = reservations_revision(&p.reservations);
+        let old_dhcp = status.dhcp.clone().unwrap_or_default();
+        if old_dhcp.reservations != p.reservations
+            || old_dhcp.revision.as_deref() != Some(revision.as_str())
+        {
+            patch_status.insert(
+                "dhcp".into(),
+                json!({"reservations": p.reservations, "revision": revision}),
+            );
+        }
+        let (st, reason, message) = pool_condition(&subnet, &p);
+        changed_cond = conditions::set(&mut conds, POOL_EXHAUSTED, st, reason, message, generation);
+        planned = Some(p);
+    } else {
+        changed_cond = conditions::set(
+            &mut conds,
+            POOL_EXHAUSTED,
+            false,
+            "ProxyMode",
+            "proxy mode assigns no addresses",
+            generation,
+        );
+    }
+    if patch_status.is_empty() && !changed_cond {
+        return Ok(Action::requeue(RESYNC));
+    }
+    patch_status.insert("conditions".into(), json!(conds));
+    let patch = json!({
+        "metadata": {"resourceVersion": subnet.meta().resource_version},
+        "status": patch_status,
+    });
+    let api: Api<Subnet> = Api::namespaced(ctx.client.clone(), &ns);
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            debug!(subnet = %format!("{ns}/{name}"), "reservations write conflicted; requeue");
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+        Err(e) => return Err(e.into()),
+    }
+
+    // Written: tell people.
+    let Some(p) = planned else {
+        return Ok(Action::requeue(RESYNC));
+    };
+    let skey = format!("{ns}/{name}");
+    let machine_ref = |key: &str| -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+        let (mns, mname) = key.split_once('/').unwrap_or((ns.as_str(), key));
+        ctx.machines
+            .get(&ObjectRef::<Machine>::new(mname).within(mns))
+            .map(|m| m.object_ref(&()))
+    };
+    for r in &p.added {
+        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address reserved");
+        if let Some(mr) = machine_ref(&r.machine) {
+            event(
+                &ctx,
+                mr,
+                Event {
+                    type_: EventType::Normal,
+                    reason: "AddressReserved".into(),
+                    note: Some(format!("{} reserved on Subnet {skey}", r.address)),
+                    action: "Reserve".into(),
+                    secondary: Some(subnet.object_ref(&())),
+                },
+            );
+        }
+    }
+    for r in &p.released {
+        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address released");
+        event(
+            &ctx,
+            subnet.object_ref(&()),
+            Event {
+                type_: EventType::Normal,
+                reason: "AddressReleased".into(),
+                note: Some(format!("{} of Machine {} released", r.address, r.machine)),
+                action: "Release".into(),
+                secondary: None,
+            },
+        );
+    }
+    if changed_cond && !p.waiting.is_empty() {
+        let (_, _, message) = pool_condition(&subnet, &p);
+        warn!(subnet = %skey, waiting = p.waiting.len(), "lease range exhausted");
+        event(
+            &ctx,
+            subnet.object_ref(&()),
+            Event {
+                type_: EventType::Warning,
+                reason: POOL_EXHAUSTED.into(),
+                note: Some(message.clone()),
+                action: "Reserve".into(),
+                secondary: None,
+            },
+        );
+        for key in &p.waiting {
+            if let Some(mr) = machine_ref(key) {
+                event(
+                    &ctx,
+                    mr,
+                    Event {
+                        type_: EventType::Warning,
+                        reason: POOL_EXHAUSTED.into(),
+                        note: Some(format!(
+                            "no free address on Subnet {skey}: waiting for one to be released"
+                        )),
+                        action: "Reserve".into(),
+                        secondary: Some(subnet.object_ref(&())),
+                    },
+                );
+            }
+        }
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn subnet(range: (&str, &str), reservations: serde_json::Value) -> Subnet {
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+            "metadata": {"name": "lab", "namespace": "default"},
+            "spec": {
+                "siteRef": {"name": "site"}, "cidr": "10.0.0.0/24",
+                "bootd": {"serverIP": "10.0.0.10", "mode": "External"},
+                "dhcp": {"mode": "lease", "gateway": "10.0.0.11",
+                         "leaseRange": {"start": range.0, "end": range.1}}
+            },
+            "status": {"dhcp": {"reservations": reservations}}
+        }))
+        .unwrap()
+    }
+
+    fn machine(name: &str, mac: &str, state: &str, created: &str) -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "default", "creationTimestamp": created},
+            "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": mac},
+            "status": {"state": state}
+        }))
+        .unwrap()
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::now())
+    }
+
+    fn table(p: &Plan) -> Vec<(String, String)> {
+        p.reservations
+            .iter()
+            .map(|r| (r.address.clone(), r.machine.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn lowest_free_skipping_server_gateway_and_kept() {
+        let s = subnet(
+            ("10.0.0.9", "10.0.0.14"),
+            json!([{"address": "10.0.0.9", "machine": "old", "mac": "02:00:00:00:00:01"}]),
+        );
+        let ms = [
+            machine(
+                "old",
+                "02:00:00:00:00:01",
+                "Provisioned",
+                "2026-01-01T00:00:00Z",
+            ),
+            machine(
+                "b",
+                "02:00:00:00:00:03",
+                "Inspecting",
+                "2026-01-01T00:00:02Z",
+            ),
+            machine(
+                "a",
+                "02:00:00:00:00:02",
+                "Provisioning",
+                "2026-01-01T00:00:01Z",
+            ),
+            machine(
+                "idle",
+                "02:00:00:00:00:04",
+                "Available",
+                "2026-01-01T00:00:00Z",
+            ),
+        ];
+        let p = plan(&s, &ms, &now());
+        assert_eq!(
+            table(&p),
+            [
+                ("10.0.0.9".into(), "old".into()),
+                ("10.0.0.12".into(), "a".into()),
+                ("10.0.0.13".into(), "b".into()),
+            ]
+        );
+        assert_eq!(p.added.len(), 2);
+        assert!(p.released.is_empty() && p.waiting.is_empty());
+        // 9..14 minus server .10 and gateway .11
+        assert_eq!(p.pool_size, 4);
+        assert!(!pool_condition(&s, &p).0);
+    }
+
+    #[test]
+    fn stable_release_and_exhaustion() {
+        let s = subnet(
+            ("10.0.0.20", "10.0.0.21"),
+            json!([
+                {"address": "10.0.0.21", "machine": "a", "mac": "02:00:00:00:00:02"},
+                {"address": "10.0.0.20", "machine": "gone", "mac": "02:00:00:00:00:09"},
+            ]),
+        );
+        let ms = [
+            machine(
+                "a",
+                "02:00:00:00:00:02",
+                "Provisioned",
+                "2026-01-01T00:00:01Z",
+            ),
+            machine(
+                "b",
+                "02:00:00:00:00:03",
+                "Inspecting",
+                "2026-01-01T00:00:02Z",
+            ),
+            machine(
+                "c",
+                "02-00-00-00-00-04",
+                "Inspecting",
+                "2026-01-01T00:00:03Z",
+            ),
+        ];
+        let p = plan(&s, &ms, &now());
+        // a keeps .21 (never moves), gone's .20 goes to b, c waits.
+        assert_eq!(
+            table(&p),
+            [
+                ("10.0.0.20".into(), "b".into()),
+                ("10.0.0.21".into(), "a".into())
+            ]
+        );
+        assert_eq!(p.released.len(), 1);
+        assert_eq!(p.waiting, ["c"]);
+        let (st, reason, msg) = pool_condition(&s, &p);
+        assert!(st);
+        assert_eq!(reason, "PoolExhausted");
+        assert!(
+            msg.contains("default/lab") && msg.contains("1 Machine(s) waiting: c"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn mac_change_and_leaving_the_subnet_release() {
+        let s = subnet(
+            ("10.0.0.20", "10.0.0.30"),
+            json!([
+                {"address": "10.0.0.25", "machine": "a", "mac": "02:00:00:00:00:02"},
+                {"address": "10.0.0.26", "machine": "b", "mac": "02:00:00:00:00:03"},
+            ]),
+        );
+        let mut b = machine(
+            "b",
+            "02:00:00:00:00:03",
+            "Inspecting",
+            "2026-01-01T00:00:02Z",
+        );
+        b.spec.subnet_ref.name = "elsewhere".into();
+        let ms = [
+            machine(
+                "a",
+                "02:00:00:00:00:0a",
+                "Inspecting",
+                "2026-01-01T00:00:01Z",
+            ),
+            b,
+        ];
+        let p = plan(&s, &ms, &now());
+        assert_eq!(table(&p), [("10.0.0.20".into(), "a".into())]);
+        assert_eq!(p.released.len(), 2);
+    }
+
+    #[test]
+    fn revision_is_order_independent() {
+        let r = |a: &str, m: &str| Reservation {
+            address: a.into(),
+            machine: m.into(),
+            mac: "02:00:00:00:00:01".into(),
+            since: None,
+        };
+        let x = reservations_revision(&[r("10.0.0.9", "a"), r("10.0.0.10", "b")]);
+        let y = reservations_revision(&[r("10.0.0.10", "b"), r("10.0.0.9", "a")]);
+        assert_eq!(x, y);
+        assert_ne!(x, reservations_revision(&[r("10.0.0.9", "a")]));
+        assert_eq!(x.len(), 16);
+    }
+}
