@@ -613,9 +613,11 @@ impl BootParams {
     }
 
     /// A JSON view with the token replaced by its length (for golden vectors
-    /// and `anneal-agent cmdline`).
+    /// and `anneal-agent cmdline`). The token's text is also scrubbed from
+    /// every other value (a command line may repeat it, e.g. in a
+    /// `console=` value or a URL path).
     pub fn redacted_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "api": self.api.as_ref().map(|a| serde_json::json!({
                 "url": a.to_string(),
                 "host": a.host,
@@ -630,7 +632,23 @@ impl BootParams {
             "debug": self.debug,
             "ip": self.ip,
             "unknown": self.unknown,
-        })
+        });
+        if let Some(t) = &self.token {
+            scrub(&mut v, t.expose());
+        }
+        v
+    }
+}
+
+/// Replaces every occurrence of `secret` in the strings of `v`.
+fn scrub(v: &mut serde_json::Value, secret: &str) {
+    match v {
+        serde_json::Value::String(s) if !secret.is_empty() && s.contains(secret) => {
+            *s = s.replace(secret, "<redacted>");
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(|x| scrub(x, secret)),
+        serde_json::Value::Object(o) => o.values_mut().for_each(|x| scrub(x, secret)),
+        _ => {}
     }
 }
 
@@ -775,6 +793,10 @@ mod tests {
         // Without a valid anneal.token, a mistyped one is still hidden.
         let p = BootParams::parse(format!("anneal.token:{tok}").as_bytes()).unwrap();
         assert_eq!(p.unknown, ["anneal.token<redacted>"]);
+        // The token's text repeated in another value is scrubbed from the view.
+        let line = format!("console=ttyS0,{tok} anneal.token={tok}");
+        let p = BootParams::parse(line.as_bytes()).unwrap();
+        assert_eq!(p.redacted_json()["consoles"][0], "ttyS0,<redacted>");
         let long = format!("anneal.{}", "x".repeat(100));
         let p = BootParams::parse(long.as_bytes()).unwrap();
         assert_eq!(p.unknown[0].chars().count(), 64);
