@@ -46,6 +46,13 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
     println!(
         "e2e: /init → registration {after_init:.1} s ({after_net:.1} s after the lease): {line}"
     );
+    // Issue 6: the console gives /init → registration; the goal is at most
+    // 3 s from the lease to registration.
+    assert!(after_init > 0.0 && after_init >= after_net, "{line}");
+    assert!(
+        after_net <= 3.0,
+        "registration {after_net:.1} s after the lease (goal: at most 3 s): {line}"
+    );
 
     // The lifecycle as the controller walked it.
     assert!(states.iter().any(|s| s == "Inspecting"), "{states:?}");
