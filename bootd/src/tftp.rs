@@ -25,9 +25,11 @@
 //! once (beyond that: ERROR 0 "server busy"). Both `octet` and `netascii`
 //! modes send the file's bytes unchanged (the files are binaries).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -225,6 +227,58 @@ fn count(shared: &Shared, reason: &str) {
         .inc();
 }
 
+/// Largest file kept in memory between transfers.
+pub const CACHE_FILE_LIMIT: u64 = 64 << 20;
+
+/// Identity of a file's content as far as `stat` tells: a rewrite, a
+/// rename over it or a `touch` changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileStamp {
+    fn of(m: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
+}
+
+/// The served files' contents, read once and re-read when their `stat`
+/// changes (first-stage binaries are a few MiB at most).
+#[derive(Debug, Default)]
+struct FileCache(Mutex<HashMap<PathBuf, (FileStamp, Arc<Vec<u8>>)>>);
+
+impl FileCache {
+    fn get(&self, path: &Path) -> std::io::Result<Arc<Vec<u8>>> {
+        let stamp = FileStamp::of(&std::fs::metadata(path)?);
+        if let Ok(c) = self.0.lock()
+            && let Some((s, data)) = c.get(path)
+            && *s == stamp
+        {
+            return Ok(data.clone());
+        }
+        let data = Arc::new(std::fs::read(path)?);
+        if let Ok(mut c) = self.0.lock() {
+            if data.len() as u64 == stamp.len && stamp.len <= CACHE_FILE_LIMIT {
+                c.insert(path.to_owned(), (stamp, data.clone()));
+            } else {
+                c.remove(path);
+            }
+        }
+        Ok(data)
+    }
+}
+
 /// The TFTP server: the request socket and what transfers share.
 #[derive(Debug)]
 pub struct TftpServer {
@@ -233,6 +287,7 @@ pub struct TftpServer {
     local_ip: IpAddr,
     active: Arc<Mutex<HashSet<SocketAddr>>>,
     stop: Arc<AtomicBool>,
+    cache: Arc<FileCache>,
 }
 
 /// Builds a server on an already bound socket.
@@ -249,6 +304,7 @@ pub async fn server(
         local_ip,
         active: Arc::default(),
         stop: Arc::default(),
+        cache: Arc::default(),
     })
 }
 
@@ -350,11 +406,12 @@ impl TftpServer {
         };
         let shared = self.shared.clone();
         let stop = self.stop.clone();
+        let cache = self.cache.clone();
         let spawned = std::thread::Builder::new()
             .name("bootd-tftp".into())
             .spawn(move || {
                 let _guard = guard;
-                transfer(&shared, &sock, peer, &req, &stop);
+                transfer(&shared, &cache, &sock, peer, &req, &stop);
             });
         if let Err(e) = spawned {
             tracing::warn!(client = %peer, error = %e, "tftp transfer thread");
@@ -379,6 +436,7 @@ enum Abort {
 /// Opens the file and runs one read transfer on `sock` (connected to `peer`).
 fn transfer(
     shared: &Shared,
+    cache: &FileCache,
     sock: &UdpSocket,
     peer: SocketAddr,
     req: &ReadRequest,
@@ -397,7 +455,7 @@ fn transfer(
         let _ = sock.send(&error_packet(1, "File not found"));
         return;
     };
-    let data = match std::fs::read(path) {
+    let data = match cache.get(path) {
         Ok(d) => d,
         Err(e) => {
             count(shared, "error");
@@ -847,6 +905,22 @@ mod tests {
         );
         // retransmits are not counted again
         assert_eq!(srv.shared.metrics.tftp_bytes.get(), 2 * b.len() as u64);
+    }
+
+    #[test]
+    fn a_changed_file_is_served_fresh() {
+        let srv = start(&[("a", content(3000))]);
+        assert_eq!(fetch(&srv, "a", &[], None), content(3000));
+        let path = srv.shared.snapshot().files["a"].clone();
+        // same length, new bytes (rename over it: new inode)
+        let new: Vec<u8> = content(3000).iter().map(|b| b ^ 0xff).collect();
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, &new).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert_eq!(fetch(&srv, "a", &[], None), new);
+        // rewritten in place, longer
+        std::fs::write(&path, content(4000)).unwrap();
+        assert_eq!(fetch(&srv, "a", &[], None), content(4000));
     }
 
     #[test]
