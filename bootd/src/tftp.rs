@@ -256,7 +256,10 @@ impl FileStamp {
 /// The served files' contents, read once and re-read when their `stat`
 /// changes (first-stage binaries are a few MiB at most).
 #[derive(Debug, Default)]
-struct FileCache(Mutex<HashMap<PathBuf, (FileStamp, Arc<Vec<u8>>)>>);
+struct FileCache(Mutex<HashMap<PathBuf, Cached>>);
+
+/// A file's content and the stamp it was read under.
+type Cached = (FileStamp, Arc<Vec<u8>>);
 
 impl FileCache {
     fn get(&self, path: &Path) -> std::io::Result<Arc<Vec<u8>>> {
