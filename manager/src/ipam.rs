@@ -360,13 +360,17 @@ fn event(ctx: &Context, reference: k8s_openapi::api::core::v1::ObjectReference, 
 
 async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, IpamError> {
     ctx.metrics.reconciled(KIND);
-    // An empty cache would release every reservation: wait for the first list.
-    tokio::time::timeout(Duration::from_secs(30), ctx.machines.wait_until_ready())
-        .await
-        .map_err(|_| IpamError::NotReady)?
-        .map_err(|_| IpamError::NotReady)?;
+    // An empty cache would release every reservation: come back once the
+    // first list is in. (Not awaited here: a second reconcile parked on the
+    // same readiness signal was seen never to wake.)
+    match futures::FutureExt::now_or_never(ctx.machines.wait_until_ready()) {
+        Some(Ok(())) => {}
+        Some(Err(_)) => return Err(IpamError::NotReady),
+        None => return Ok(Action::requeue(Duration::from_millis(200))),
+    }
     let ns = subnet.namespace().unwrap_or_default();
     let name = subnet.name_any();
+    debug!(subnet = %format!("{ns}/{name}"), "reconciling reservations");
     let status = subnet.status.clone().unwrap_or_default();
     let mut conds: Vec<Condition> = status.conditions.clone();
     let generation = subnet.meta().generation;
@@ -432,6 +436,7 @@ async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Ipa
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
         Err(e) => return Err(e.into()),
     }
+    debug!(subnet = %format!("{ns}/{name}"), "status written");
 
     // Written: tell people.
     let Some(p) = planned else {
