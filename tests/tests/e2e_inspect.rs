@@ -91,7 +91,9 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
     ] {
         assert!(cmdline.contains(want), "{want:?} not in {cmdline}");
     }
-    for want in ["anneal: DHCP lease 10.77.0.50/24", "anneal: hardware sent"] {
+    // The address the manager's reservations controller wrote.
+    let lease = format!("anneal: DHCP lease {}/24", e2e::ADDRESS);
+    for want in [lease.as_str(), "anneal: hardware sent"] {
         assert!(console.contains(want), "console lacks {want:?}");
     }
     let m = lab.bootd.shared().metrics.render();

@@ -18,8 +18,9 @@
 //! reached from the namespace through `Netns::forward_tcp` at
 //! 10.77.0.1:8443, which its serving certificate names.
 //!
-//! Nobody writes `Subnet.status.dhcp.reservations` yet (no IPAM controller),
-//! so the lab writes the machine's reservation itself, as bootd_watch does.
+//! The manager's reservations controller (`anneal_manager::ipam`, as
+//! `manager run` starts it) writes the machine's reservation when it starts
+//! inspecting: the lowest address of the lease range.
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -47,7 +48,7 @@ use anneal_testinfra::{
 };
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
 /// Namespace and name of the Machine.
@@ -56,8 +57,9 @@ pub const MACHINE: &str = "inspect-vm";
 pub const SUBNET: &str = "lab";
 /// The VM's NIC.
 pub const MAC: &str = "52:54:00:e2:e0:01";
-/// Its reserved address (lease mode).
-pub const ADDRESS: &str = "10.77.0.50";
+/// Its reserved address (lease mode): the first of the lease range, written
+/// by the manager's reservations controller.
+pub const ADDRESS: &str = "10.77.0.100";
 /// bootd's address on the segment, and where the agent API is relayed.
 pub const SERVER_IP: &str = "10.77.0.1";
 pub const API_URL: &str = "https://10.77.0.1:8443";
@@ -185,7 +187,7 @@ impl Lab {
             api.pki().ca_sha256
         ));
 
-        // The Subnet (lease mode) with the machine's reservation.
+        // The Subnet (lease mode); its reservations are the manager's.
         let subnets: Api<Subnet> = Api::namespaced(client.clone(), NAMESPACE);
         subnets
             .create(
@@ -201,13 +203,24 @@ impl Lab {
                 }))?,
             )
             .await?;
-        let status = serde_json::json!({"status": {"dhcp": {
-            "reservations": [{"address": ADDRESS, "machine": MACHINE, "mac": MAC}],
-            "revision": "rev-1"
-        }}});
-        subnets
-            .patch_status(SUBNET, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
+        // The manager's reservations controller fills status.dhcp.
+        {
+            let recorder = kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter {
+                    controller: "anneal-manager".into(),
+                    instance: None,
+                },
+            );
+            let c = cancel.clone();
+            tokio::spawn(anneal_manager::ipam::run(
+                client.clone(),
+                None,
+                anneal_manager::metrics::Metrics::new(),
+                recorder,
+                async move { c.cancelled().await },
+            ));
+        }
 
         let initrd = build.await.context("artifact build panicked")?;
         let initrd_bytes = std::fs::metadata(&initrd)?.len();
