@@ -140,7 +140,7 @@ fn start_dnsmasq(ns: &Ns, dir: &Path, dhcp: Option<bool>, tftp: bool) -> anyhow:
     .arg(format!("--pid-file={}/dnsmasq.pid", dir.display()));
     if let Some(ping_check) = dhcp {
         if !ping_check {
-            c.arg("--no-ping");
+            c.args(["--no-ping", "--quiet-dhcp"]);
         }
         c.args([
             "--dhcp-range=10.88.1.0,10.88.250.250,1h",
@@ -281,13 +281,13 @@ fn dhcp_point(
 }
 
 /// Best achieved rate with drops under 2.5 % (Kea's method): rates double
-/// from 250/s until drops reach the limit, then the knee is bisected down to
-/// `resolution` offered/s.
+/// from 250/s until drops reach the limit (or halve until they do not), then
+/// the knee is bisected until the step is under `resolution` of the rate.
 fn sweep(
     ns: &Ns,
     name: &str,
     secs: u32,
-    resolution: u32,
+    resolution: f64,
     restart: &mut dyn FnMut() -> anyhow::Result<()>,
 ) -> (Option<DhcpRun>, Vec<DhcpRun>) {
     let mut all = Vec::new();
@@ -305,9 +305,23 @@ fn sweep(
             break;
         }
     }
+    while good.is_none() && rate >= 20 {
+        rate /= 2;
+        let run = dhcp_point(ns, name, rate, secs, restart);
+        all.push(run);
+        if run.drops_pct < DROPS_LIMIT {
+            good = Some(rate);
+        } else {
+            bad = Some(rate);
+        }
+    }
     if let (Some(mut g), Some(mut b)) = (good, bad) {
-        while b - g > resolution {
-            let m = (g + b) / 2 / 50 * 50;
+        while f64::from(b - g) > (resolution * f64::from(g)).max(10.0) {
+            let unit = if g >= 1000 { 50 } else { 5 };
+            let m = (g + b) / 2 / unit * unit;
+            if m <= g {
+                break;
+            }
             let run = dhcp_point(ns, name, m, secs, restart);
             all.push(run);
             if run.drops_pct < DROPS_LIMIT {
@@ -679,6 +693,19 @@ fn atftp(
     Ok(times[times.len() / 2])
 }
 
+/// `names` filtered by `--servers=a,b` (all when absent).
+fn selected<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    let want: Option<Vec<String>> = std::env::args().find_map(|a| {
+        a.strip_prefix("--servers=")
+            .map(|l| l.split(',').map(str::to_owned).collect())
+    });
+    names
+        .iter()
+        .filter(|n| want.as_ref().is_none_or(|w| w.iter().any(|x| x == *n)))
+        .copied()
+        .collect()
+}
+
 fn start_dhcp_server(ns: &Ns, d: &Path, name: &str) -> anyhow::Result<Box<dyn std::any::Any>> {
     Ok(match name {
         "bootd" => Box::new(start_bootd(ns, d)?),
@@ -695,17 +722,20 @@ fn bench_dhcp(
     json: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
     let secs = if quick { 3 } else { 5 };
-    let resolution = if quick { 500 } else { 250 };
+    let resolution = if quick { 0.125 } else { 0.06 };
     println!(
         "DHCP (perfdhcp -r RATE -p {secs}, fresh server per rate; rates double from 250/s, \
-         then the knee is bisected to {resolution}/s; best achieved rate under {DROPS_LIMIT} % drops)"
+         then the knee is bisected to {:.0} % of the rate; best achieved rate under {DROPS_LIMIT} % drops)",
+        resolution * 100.0
     );
     println!(
-        "  dnsmasq runs with --no-ping: neither bootd nor Kea probes an address before offering it, \
-         and with the default ping check dnsmasq waits ~3 s per new address (measured below)"
+        "  dnsmasq runs with --no-ping and --quiet-dhcp (not its defaults): neither bootd nor Kea \
+         probes an address before offering it (with the ping check dnsmasq waits ~3 s per new \
+         address: measured below), and Kea logs at WARN, bootd here not at all"
     );
     let mut results = Vec::new();
-    for name in ["bootd", "dnsmasq", "kea"] {
+    let servers = selected(&["bootd", "dnsmasq", "kea"]);
+    for &name in &servers {
         let mut holder: Option<Box<dyn std::any::Any>> = None;
         let (best, all) = {
             let mut restart = || -> anyhow::Result<()> {
@@ -719,8 +749,8 @@ fn bench_dhcp(
         json.insert(format!("dhcp_{name}"), serde_json::to_value(&all)?);
         results.push((name, best));
     }
-    {
-        // dnsmasq as shipped (ping check on): one low rate for the record
+    if servers.contains(&"dnsmasq") {
+        // dnsmasq's default ping check: one low rate for the record
         let _srv = start_dhcp_server(ns, d, "dnsmasq-ping");
         let mut none = || Ok(());
         let run = dhcp_point(ns, "dnsmasq (default ping check)", 10, secs, &mut none);
@@ -742,7 +772,7 @@ fn bench_dhcp(
     );
     json.insert("dhcp_ratio".into(), serde_json::json!(ratio));
     println!("DHCP latency (sequential DORA from one client for 4 s; goal p99 < 2 ms)");
-    for name in ["bootd", "kea", "dnsmasq"] {
+    for name in selected(&["bootd", "kea", "dnsmasq"]) {
         let r = start_dhcp_server(ns, d, name)
             .and_then(|_guard| dora_latency(ns, Duration::from_secs(4)));
         match r {
@@ -823,7 +853,7 @@ fn bench_tftp(
         for (file, size) in [("f1m", 1u64 << 20), ("f8m", 8u64 << 20)] {
             let mut row = serde_json::Map::new();
             let mut reference = f64::MAX;
-            for server in ["tftpd-hpa", "dnsmasq", "bootd"] {
+            for server in selected(&["tftpd-hpa", "dnsmasq", "bootd"]) {
                 let r = start_tftp_server(ns, d, server).and_then(|_guard| {
                     let lock = atftp(ns, host, file, None, runs, size)?;
                     let win = atftp(ns, host, file, Some(8), runs, size)?;
