@@ -111,14 +111,15 @@ fn bootd_yaml(dir: &Path) -> String {
     )
 }
 
-fn start_bootd(ns: &Ns, dir: &Path) -> anyhow::Result<NetnsServer> {
+/// bootd answering DHCP on s0 and TFTP/HTTP on `listen`.
+fn start_bootd(ns: &Ns, dir: &Path, listen: &str) -> anyhow::Result<NetnsServer> {
     let _ = std::fs::remove_file(dir.join("bootd.leases"));
     let snap = StaticConfig::from_yaml(&bootd_yaml(dir))?.snapshot(18080, "bench".into())?;
     Ok(NetnsServer::start(
         &ns.name,
         ServerOptions {
             interface: Some("s0".into()),
-            listen_ip: SERVER.parse()?,
+            listen_ip: listen.parse()?,
             http_port: 18080,
             lease_file: Some(dir.join("bootd.leases")),
             ..ServerOptions::default()
@@ -127,17 +128,25 @@ fn start_bootd(ns: &Ns, dir: &Path) -> anyhow::Result<NetnsServer> {
     )?)
 }
 
-/// dnsmasq with DHCP (`Some(ping_check)`) and/or TFTP.
-fn start_dnsmasq(ns: &Ns, dir: &Path, dhcp: Option<bool>, tftp: bool) -> anyhow::Result<Daemon> {
+/// dnsmasq with DHCP on s0 (`Some(ping_check)`) or TFTP on one address.
+fn start_dnsmasq(
+    ns: &Ns,
+    dir: &Path,
+    dhcp: Option<bool>,
+    tftp: Option<&str>,
+) -> anyhow::Result<Daemon> {
     let mut c = ns.exec("dnsmasq");
     c.args([
         "--keep-in-foreground",
         "--port=0",
-        "--interface=s0",
         "--bind-interfaces",
         "--log-facility=-",
     ])
     .arg(format!("--pid-file={}/dnsmasq.pid", dir.display()));
+    match tftp {
+        Some(addr) => c.arg(format!("--listen-address={addr}")),
+        None => c.arg("--interface=s0"),
+    };
     if let Some(ping_check) = dhcp {
         if !ping_check {
             c.args(["--no-ping", "--quiet-dhcp"]);
@@ -149,7 +158,7 @@ fn start_dnsmasq(ns: &Ns, dir: &Path, dhcp: Option<bool>, tftp: bool) -> anyhow:
         .arg(format!("--dhcp-leasefile={}/dnsmasq.leases", dir.display()));
         let _ = std::fs::remove_file(dir.join("dnsmasq.leases"));
     }
-    if tftp {
+    if tftp.is_some() {
         c.arg("--enable-tftp")
             .arg(format!("--tftp-root={}", dir.display()));
     }
@@ -589,8 +598,8 @@ impl Drop for Session {
     }
 }
 
-/// A user-space UDP relay in the client namespace, listening on
-/// 127.0.0.1:69, adding `delay` each way between a TFTP client and
+/// A user-space UDP relay in the client namespace, listening on a
+/// loopback address, adding `delay` each way between a TFTP client and
 /// `server`, one transfer at a time (a new request starts a new session).
 /// Datagrams reach the server from the client's own address over the veth,
 /// so every server sees an ordinary remote client.
@@ -601,7 +610,12 @@ struct Relay {
 }
 
 impl Relay {
-    fn start(client_ns: &str, server: SocketAddr, delay: Duration) -> anyhow::Result<Relay> {
+    fn start(
+        client_ns: &str,
+        listen: SocketAddr,
+        server: SocketAddr,
+        delay: Duration,
+    ) -> anyhow::Result<Relay> {
         let stop = Arc::new(AtomicBool::new(false));
         let late = Arc::new(Mutex::new(Lateness::default()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<std::io::Result<()>>();
@@ -609,7 +623,7 @@ impl Relay {
         let thread = std::thread::spawn(move || {
             let ready = ready_tx.clone();
             let r = in_netns(&ns, move || -> std::io::Result<()> {
-                let front = UdpSocket::bind("127.0.0.1:69")?;
+                let front = UdpSocket::bind(listen)?;
                 front.set_read_timeout(Some(Duration::from_millis(50)))?;
                 let _ = ready.send(Ok(()));
                 let mut session: Option<Session> = None;
@@ -708,9 +722,9 @@ fn selected<'a>(names: &[&'a str]) -> Vec<&'a str> {
 
 fn start_dhcp_server(ns: &Ns, d: &Path, name: &str) -> anyhow::Result<Box<dyn std::any::Any>> {
     Ok(match name {
-        "bootd" => Box::new(start_bootd(ns, d)?),
-        "dnsmasq" => Box::new(start_dnsmasq(ns, d, Some(false), false)?),
-        "dnsmasq-ping" => Box::new(start_dnsmasq(ns, d, Some(true), false)?),
+        "bootd" => Box::new(start_bootd(ns, d, SERVER)?),
+        "dnsmasq" => Box::new(start_dnsmasq(ns, d, Some(false), None)?),
+        "dnsmasq-ping" => Box::new(start_dnsmasq(ns, d, Some(true), None)?),
         _ => Box::new(start_kea(ns, d)?),
     })
 }
@@ -791,17 +805,37 @@ fn bench_dhcp(
     Ok(())
 }
 
-fn start_tftp_server(ns: &Ns, d: &Path, name: &str) -> anyhow::Result<Box<dyn std::any::Any>> {
+/// The TFTP servers, each on its own address of s0 so that all run at once
+/// and the measurements can be interleaved (load on a shared machine then
+/// hits every server alike); the relay for each listens on its own
+/// loopback address in the client namespace.
+const TFTP_SERVERS: [(&str, &str, &str); 3] = [
+    ("tftpd-hpa", SERVER, "127.0.0.1"),
+    ("dnsmasq", "10.88.0.3", "127.0.0.3"),
+    ("bootd", "10.88.0.4", "127.0.0.4"),
+];
+
+fn start_tftp_server(
+    ns: &Ns,
+    d: &Path,
+    name: &str,
+    addr: &str,
+) -> anyhow::Result<Box<dyn std::any::Any>> {
     Ok(match name {
         "tftpd-hpa" => Box::new(spawn(
             ns.exec("in.tftpd")
-                .args(["-L", "-a", &format!("{SERVER}:69"), "-s"])
+                .args(["-L", "-a", &format!("{addr}:69"), "-s"])
                 .arg(d),
             &d.join("tftpd.log"),
         )?),
-        "dnsmasq" => Box::new(start_dnsmasq(ns, d, None, true)?),
-        _ => Box::new(start_bootd(ns, d)?),
+        "dnsmasq" => Box::new(start_dnsmasq(ns, d, None, Some(addr))?),
+        _ => Box::new(start_bootd(ns, d, addr)?),
     })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn bench_tftp(
@@ -818,95 +852,133 @@ fn bench_tftp(
     }
     let plain_runs = std::env::args()
         .find_map(|a| a.strip_prefix("--runs=").and_then(|n| n.parse().ok()))
-        .unwrap_or(if quick { 3 } else { 5 });
+        .unwrap_or(if quick { 5 } else { 9 });
     let delay_runs = if quick { 1 } else { 3 };
     // what a transfer costs before any data moves: starting the client
     let t = Instant::now();
     let _ = ns.cexec("atftp").arg("--version").output();
     let spawn_s = t.elapsed().as_secs_f64();
     println!(
-        "TFTP (atftp, blksize 1468, tsize; median of {plain_runs} on the plain veth, \
-         {delay_runs} through the relay; times include starting atftp, {:.1} ms here)",
+        "TFTP (atftp, blksize 1468, tsize; all servers up at once, runs interleaved; median of \
+         {plain_runs} on the plain veth, {delay_runs} through the relay; times include starting \
+         atftp, {:.1} ms here)",
         spawn_s * 1e3
     );
+    let servers: Vec<(&str, &str, &str)> = TFTP_SERVERS
+        .iter()
+        .filter(|(n, _, _)| selected(&[n]).len() == 1)
+        .copied()
+        .collect();
+    let mut guards = Vec::new();
+    let mut up = Vec::new();
+    for &(name, addr, relay) in &servers {
+        if addr != SERVER {
+            let _ = ns.ip(&["addr", "add", &format!("{addr}/16"), "dev", "s0"]);
+        }
+        match start_tftp_server(ns, d, name, addr) {
+            Ok(g) => {
+                guards.push(g);
+                up.push((name, addr, relay));
+            }
+            Err(e) => println!("  {name:9} did not start: {e:#}"),
+        }
+    }
     let mut tftp = serde_json::Map::new();
-    let paths: &[(&str, &str)] = if std::env::args().any(|a| a == "--no-relay") {
-        &[("plain", SERVER)]
+    let paths: &[&str] = if std::env::args().any(|a| a == "--no-relay") {
+        &["plain"]
     } else {
-        &[("plain", SERVER), ("delay1ms", "127.0.0.1")]
+        &["plain", "delay1ms"]
     };
-    for &(path, host) in paths {
+    for &path in paths {
         let runs = if path == "plain" {
             plain_runs
         } else {
             delay_runs
         };
-        let relay = if path == "delay1ms" {
-            Some(Relay::start(
-                &ns.client,
-                SocketAddr::from(([10, 88, 0, 1], 69)),
-                Duration::from_millis(1),
-            )?)
-        } else {
-            None
-        };
+        let mut relays = Vec::new();
+        if path == "delay1ms" {
+            for &(_, addr, relay) in &up {
+                relays.push(Relay::start(
+                    &ns.client,
+                    SocketAddr::new(relay.parse()?, 69),
+                    SocketAddr::new(addr.parse()?, 69),
+                    Duration::from_millis(1),
+                )?);
+            }
+        }
         for (file, size) in [("f1m", 1u64 << 20), ("f8m", 8u64 << 20)] {
+            // times[server][0 = lockstep, 1 = windowsize 8]
+            let mut times = vec![[Vec::new(), Vec::new()]; up.len()];
+            let mut failed: Vec<Option<String>> = vec![None; up.len()];
+            for _ in 0..runs {
+                for (k, &(_, addr, relay)) in up.iter().enumerate() {
+                    let host = if path == "plain" { addr } else { relay };
+                    for (m, window) in [None, Some(8)].into_iter().enumerate() {
+                        if failed[k].is_some() {
+                            continue;
+                        }
+                        match atftp(ns, host, file, window, 1, size) {
+                            Ok(t) => times[k][m].push(t),
+                            Err(e) => failed[k] = Some(format!("{e:#}")),
+                        }
+                    }
+                }
+            }
             let mut row = serde_json::Map::new();
             let mut reference = f64::MAX;
-            for server in selected(&["tftpd-hpa", "dnsmasq", "bootd"]) {
-                let r = start_tftp_server(ns, d, server).and_then(|_guard| {
-                    let lock = atftp(ns, host, file, None, runs, size)?;
-                    let win = atftp(ns, host, file, Some(8), runs, size)?;
-                    Ok((lock, win))
-                });
-                let (lock, win) = match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        println!("  {path:8} {file} {server:9} failed: {e:#}");
-                        row.insert(
-                            format!("{server}_error"),
-                            serde_json::json!(format!("{e:#}")),
-                        );
-                        continue;
-                    }
-                };
+            let mut bootd_win = None;
+            for (k, &(server, _, _)) in up.iter().enumerate() {
+                if let Some(e) = &failed[k] {
+                    println!("  {path:8} {file} {server:9} failed: {e}");
+                    row.insert(format!("{server}_error"), serde_json::json!(e));
+                    continue;
+                }
+                let lock = median(&mut times[k][0]);
+                let win = median(&mut times[k][1]);
                 println!(
                     "  {path:8} {file} {server:9} lockstep {lock:6.3} s  windowsize 8 {win:6.3} s"
                 );
                 row.insert(format!("{server}_lockstep_s"), serde_json::json!(lock));
                 row.insert(format!("{server}_window8_s"), serde_json::json!(win));
-                if server != "bootd" {
+                if server == "bootd" {
+                    bootd_win = Some(win);
+                } else {
                     reference = reference.min(lock).min(win);
-                    continue;
                 }
-                if reference == f64::MAX {
-                    println!("  {path:8} {file} no reference completed: no ratio");
-                    continue;
+            }
+            match bootd_win {
+                Some(win) if reference < f64::MAX => {
+                    let ratio = reference / win;
+                    let goal = if path == "plain" { 1.0 } else { 3.0 };
+                    println!(
+                        "  {path:8} {file} bootd windowsize 8 vs the fastest reference: {ratio:.2}x (goal >= {goal:.1}x)"
+                    );
+                    row.insert("ratio".into(), serde_json::json!(ratio));
                 }
-                let ratio = reference / win;
-                let goal = if path == "plain" { 1.0 } else { 3.0 };
-                println!(
-                    "  {path:8} {file} bootd windowsize 8 vs the fastest reference: {ratio:.2}x (goal >= {goal:.1}x)"
-                );
-                row.insert("ratio".into(), serde_json::json!(ratio));
+                _ => println!("  {path:8} {file} no ratio: bootd or every reference missing"),
             }
             tftp.insert(format!("{path}_{file}"), serde_json::Value::Object(row));
         }
-        if let Some(relay) = relay {
+        let mut all = Lateness::default();
+        for relay in relays {
             let late = relay.late.clone();
             drop(relay);
             if let Ok(mut l) = late.lock() {
-                let (n, mean, p99, max) = l.summary();
-                println!(
-                    "  relay: {n} datagrams, each held 1 ms + lateness mean {mean:.0} us, p99 {p99} us, max {max} us"
-                );
-                tftp.insert(
-                    "relay_lateness_us".into(),
-                    serde_json::json!({"datagrams": n, "mean": mean, "p99": p99, "max": max}),
-                );
+                all.0.append(&mut l.0);
             }
         }
+        if path == "delay1ms" {
+            let (n, mean, p99, max) = all.summary();
+            println!(
+                "  relay: {n} datagrams, each held 1 ms + lateness mean {mean:.0} us, p99 {p99} us, max {max} us"
+            );
+            tftp.insert(
+                "relay_lateness_us".into(),
+                serde_json::json!({"datagrams": n, "mean": mean, "p99": p99, "max": max}),
+            );
+        }
     }
+    drop(guards);
     json.insert("tftp".into(), serde_json::Value::Object(tftp));
     Ok(())
 }
