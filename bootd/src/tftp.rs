@@ -488,8 +488,12 @@ fn transfer(
         }
         Err(e) => {
             tracing::info!(client = %peer, file = %name, error = %e, "tftp read abandoned");
+            let msg = match e {
+                Abort::Timeout => "transfer timed out",
+                _ => "server stopping",
+            };
             if !matches!(e, Abort::Io(_)) {
-                let _ = sock.send(&error_packet(0, "transfer timed out"));
+                let _ = sock.send(&error_packet(0, msg));
             }
         }
     }
