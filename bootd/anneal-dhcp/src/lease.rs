@@ -1,6 +1,6 @@
 //! In-memory lease state (pure; the shell persists it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use crate::mac::Mac;
@@ -32,16 +32,42 @@ pub enum LeaseEffect {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Leases {
     by_mac: BTreeMap<Mac, Lease>,
+    /// Index of `by_mac` by address (every MAC with a lease on it, expired
+    /// or not), so that `holder` is not a scan of every lease.
+    by_addr: BTreeMap<Ipv4Addr, BTreeSet<Mac>>,
     declined: BTreeMap<Ipv4Addr, u64>,
 }
 
 impl Leases {
     /// From persisted leases (later duplicates for one MAC win).
     pub fn from_leases(iter: impl IntoIterator<Item = Lease>) -> Self {
-        Leases {
-            by_mac: iter.into_iter().map(|l| (l.mac, l)).collect(),
-            declined: BTreeMap::new(),
+        let mut leases = Leases::default();
+        for l in iter {
+            leases.insert(l);
         }
+        leases
+    }
+
+    fn insert(&mut self, l: Lease) {
+        if let Some(old) = self.by_mac.insert(l.mac, l) {
+            self.unindex(&old);
+        }
+        self.by_addr.entry(l.address).or_default().insert(l.mac);
+    }
+
+    fn unindex(&mut self, l: &Lease) {
+        if let Some(macs) = self.by_addr.get_mut(&l.address) {
+            macs.remove(&l.mac);
+            if macs.is_empty() {
+                self.by_addr.remove(&l.address);
+            }
+        }
+    }
+
+    fn remove_mac(&mut self, mac: &Mac) -> Option<Lease> {
+        let l = self.by_mac.remove(mac)?;
+        self.unindex(&l);
+        Some(l)
     }
 
     /// The lease of `mac`, expired or not.
@@ -51,10 +77,12 @@ impl Leases {
 
     /// Which MAC holds `addr` with an unexpired lease.
     pub fn holder(&self, addr: Ipv4Addr, now: u64) -> Option<Mac> {
-        self.by_mac
-            .values()
-            .find(|l| l.address == addr && l.expires > now)
-            .map(|l| l.mac)
+        // the first such MAC in MAC order, as a scan of `by_mac` would find
+        self.by_addr
+            .get(&addr)?
+            .iter()
+            .find(|m| self.by_mac.get(m).is_some_and(|l| l.expires > now))
+            .copied()
     }
 
     /// True while a DECLINE withholds `addr`.
@@ -65,17 +93,15 @@ impl Leases {
     /// Applies one effect.
     pub fn apply(&mut self, effect: LeaseEffect, now: u64) {
         match effect {
-            LeaseEffect::Bind(l) => {
-                self.by_mac.insert(l.mac, l);
-            }
+            LeaseEffect::Bind(l) => self.insert(l),
             LeaseEffect::Release { mac, address } => {
                 if self.by_mac.get(&mac).is_some_and(|l| l.address == address) {
-                    self.by_mac.remove(&mac);
+                    self.remove_mac(&mac);
                 }
             }
             LeaseEffect::Decline { mac, address } => {
                 if self.by_mac.get(&mac).is_some_and(|l| l.address == address) {
-                    self.by_mac.remove(&mac);
+                    self.remove_mac(&mac);
                 }
                 self.declined.insert(address, now + DECLINE_HOLD_SECS);
             }
@@ -85,7 +111,7 @@ impl Leases {
 
     /// Removes a MAC's lease (active release); returns it.
     pub fn remove(&mut self, mac: &Mac) -> Option<Lease> {
-        self.by_mac.remove(mac)
+        self.remove_mac(mac)
     }
 
     /// Keeps only leases for which `keep` holds; returns the removed ones.
@@ -98,6 +124,9 @@ impl Leases {
             }
             k
         });
+        for l in &gone {
+            self.unindex(l);
+        }
         gone
     }
 
@@ -151,5 +180,68 @@ mod tests {
         assert!(l.get(&a).is_none());
         assert!(l.is_declined(ip, 10 + DECLINE_HOLD_SECS - 1));
         assert!(!l.is_declined(ip, 10 + DECLINE_HOLD_SECS));
+    }
+
+    /// `holder` through the address index answers as a scan of every lease.
+    #[test]
+    fn holder_index_matches_a_scan() {
+        let scan = |l: &Leases, a: Ipv4Addr, now: u64| {
+            l.iter()
+                .find(|x| x.address == a && x.expires > now)
+                .map(|x| x.mac)
+        };
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mac = |i: u64| Mac([2, 0, 0, 0, 0, i as u8]);
+        let ip = |i: u64| Ipv4Addr::new(10, 0, 0, i as u8);
+        let mut l = Leases::from_leases([
+            Lease {
+                mac: mac(1),
+                address: ip(1),
+                expires: 50,
+            },
+            Lease {
+                mac: mac(2),
+                address: ip(1),
+                expires: 80,
+            },
+            Lease {
+                mac: mac(1),
+                address: ip(2),
+                expires: 90,
+            },
+        ]);
+        for step in 0..5000u64 {
+            let (m, a, t) = (mac(next(12)), ip(next(8)), next(200));
+            match next(5) {
+                0 | 1 => l.apply(
+                    LeaseEffect::Bind(Lease {
+                        mac: m,
+                        address: a,
+                        expires: t,
+                    }),
+                    step,
+                ),
+                2 => l.apply(LeaseEffect::Release { mac: m, address: a }, step),
+                3 => {
+                    l.remove(&m);
+                }
+                _ => {
+                    l.retain(|x| x.expires > t);
+                }
+            }
+            for i in 0..8 {
+                for now in [0, 60, 120, 199] {
+                    assert_eq!(l.holder(ip(i), now), scan(&l, ip(i), now), "step {step}");
+                }
+            }
+            let indexed: usize = l.by_addr.values().map(BTreeSet::len).sum();
+            assert_eq!(indexed, l.by_mac.len(), "step {step}");
+        }
     }
 }
