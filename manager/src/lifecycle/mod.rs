@@ -10,6 +10,7 @@
 //! token) makes the write fail with 409 and the reconcile run again, and
 //! fields the controller does not change are never touched.
 
+pub mod dhcp_gate;
 pub mod status;
 
 use std::collections::HashMap;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use anneal_api::agent::Token;
 use anneal_api::{
     ErrorType, Machine, MachineHardware, MachineState, MachineStatus, NetBootStatus,
-    OperationalStatus,
+    OperationalStatus, Subnet,
 };
 use futures::StreamExt;
 use k8s_openapi::ByteString;
@@ -85,6 +86,10 @@ pub struct LifecycleConfig {
     pub max_restarts: i32,
     /// Prefer UEFI HTTP boot over PXE where the BMC offers it.
     pub prefer_http_boot: bool,
+    /// How long a Machine on a lease-mode Subnet may wait for its DHCP
+    /// reservation to go live before a Warning Event (repeated every such
+    /// period); it keeps waiting either way.
+    pub dhcp_reservation_timeout: Duration,
 }
 
 impl Default for LifecycleConfig {
@@ -96,6 +101,7 @@ impl Default for LifecycleConfig {
             health_interval: Duration::from_secs(60),
             max_restarts: 3,
             prefer_http_boot: false,
+            dhcp_reservation_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -153,6 +159,9 @@ pub struct Context {
     /// memory so a failing BMC is neither hammered by reconciles that status
     /// writes trigger nor rewrites status at every try.
     bmc_backoff: Arc<Mutex<HashMap<String, Backoff>>>,
+    /// Machines warned about an overdue DHCP reservation: the start of the
+    /// wait (ms) and how many timeout periods were warned about.
+    dhcp_warned: Mutex<HashMap<String, (i64, i64)>>,
 }
 
 /// When a failing BMC may be tried again.
@@ -236,10 +245,12 @@ pub async fn run(client: kube::Client, cfg: LifecycleConfig, cancel: Cancellatio
         client: client.clone(),
         cfg,
         bmc_backoff: backoff,
+        dhcp_warned: Mutex::default(),
     });
     let machines = Api::<Machine>::all(client.clone());
     let controller = Controller::new(machines, watcher::Config::default());
     let store = controller.store();
+    let waiting = store.clone();
     controller
         .owns(
             Api::<MachineHardware>::all(client.clone()),
@@ -275,6 +286,27 @@ pub async fn run(client: kube::Client, cfg: LifecycleConfig, cancel: Cancellatio
                             .remove(&key);
                         ObjectRef::from_obj(m.as_ref())
                     })
+                    .collect::<Vec<_>>()
+            },
+        )
+        // A Machine held for its DHCP reservation goes on as soon as its
+        // lease-mode Subnet changes (reservation written, revision applied).
+        .watches(
+            Api::<Subnet>::all(client.clone()),
+            watcher::Config::default(),
+            move |subnet: Subnet| {
+                let key = (subnet.namespace().unwrap_or_default(), subnet.name_any());
+                waiting
+                    .state()
+                    .iter()
+                    .filter(|m| dhcp_gate::subnet_of(m) == key)
+                    .filter(|m| {
+                        m.status.as_ref().is_some_and(|st| {
+                            condition(&st.conditions, dhcp_gate::CONDITION)
+                                .is_some_and(|c| c.status == "False")
+                        })
+                    })
+                    .map(|m| ObjectRef::from_obj(m.as_ref()))
                     .collect::<Vec<_>>()
             },
         )
@@ -901,6 +933,12 @@ async fn arm(
     http_boot: bool,
     now: Timestamp,
 ) -> Result<Action, Error> {
+    // No power-on before the lease-mode reservation is live in bootd.
+    if client.is_some()
+        && let Some(recheck) = dhcp_hold(s, now).await?
+    {
+        return Ok(Action::requeue(recheck));
+    }
     let token = mint_token();
     let hash = status::token_hash(token.expose());
     let lifetime = token_lifetime_ms(s.m, &s.ctx.cfg);
@@ -981,6 +1019,95 @@ async fn arm(
     Ok(Action::requeue(wait.min(s.ctx.cfg.health_interval)))
 }
 
+/// How often a Machine held for its DHCP reservation looks again (Subnet
+/// changes wake it at once).
+const DHCP_RECHECK: Duration = Duration::from_secs(5);
+
+/// The DHCP power gate of lease-mode Subnets ([`dhcp_gate`]): Some(recheck)
+/// while the Machine's reservation is not live in bootd. Writes the
+/// condition, and a Warning Event every `dhcp_reservation_timeout` of
+/// waiting.
+async fn dhcp_hold(s: &mut Step<'_>, now: Timestamp) -> Result<Option<Duration>, Error> {
+    let (sns, sname) = dhcp_gate::subnet_of(s.m);
+    let subnet = Api::<Subnet>::namespaced(s.ctx.client.clone(), &sns)
+        .get_opt(&sname)
+        .await
+        .map_err(Error::kube("reading the machine's subnet"))?;
+    let key = s.attempts_key();
+    let waiting_since = condition(&s.st.conditions, dhcp_gate::CONDITION)
+        .filter(|c| c.status == "False")
+        .map(|c| c.last_transition_time.0.as_millisecond());
+    match dhcp_gate::evaluate(s.m, subnet.as_ref()) {
+        dhcp_gate::Gate::NotApplicable => {
+            s.st.conditions.retain(|c| c.type_ != dhcp_gate::CONDITION);
+            Ok(None)
+        }
+        dhcp_gate::Gate::Ready {
+            subnet,
+            address,
+            revision,
+        } => {
+            s.ctx
+                .dhcp_warned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            let message = format!("{address} is live on Subnet {subnet} (revision {revision})");
+            if let Some(since) = waiting_since {
+                let waited = now.as_millisecond().saturating_sub(since);
+                tracing::info!(%subnet, %address, waited_ms = waited, "dhcp reservation live; powering on");
+                s.events
+                    .push((EventType::Normal, dhcp_gate::LIVE, message.clone()));
+            }
+            s.cond(dhcp_gate::CONDITION, true, dhcp_gate::LIVE, &message);
+            Ok(None)
+        }
+        dhcp_gate::Gate::Waiting { subnet, missing } => {
+            let since = waiting_since.unwrap_or(now.as_millisecond());
+            let elapsed = now.as_millisecond().saturating_sub(since).max(0);
+            let timeout =
+                i64::try_from(s.ctx.cfg.dhcp_reservation_timeout.as_millis()).unwrap_or(i64::MAX);
+            let overdue = timeout > 0 && elapsed >= timeout;
+            let message = dhcp_gate::waiting_message(&subnet, &missing, overdue);
+            if waiting_since.is_none() {
+                tracing::info!(%subnet, %message, "power-on held for the dhcp reservation");
+            }
+            s.cond(dhcp_gate::CONDITION, false, dhcp_gate::WAITING, &message);
+            let mut recheck = DHCP_RECHECK;
+            if overdue {
+                let periods = elapsed / timeout;
+                let mut warned = s.ctx.dhcp_warned.lock().unwrap_or_else(|p| p.into_inner());
+                let before = warned
+                    .get(&key)
+                    .filter(|(start, _)| *start == since)
+                    .map_or(0, |(_, p)| *p);
+                if periods > before {
+                    warned.insert(key, (since, periods));
+                    let note = format!(
+                        "no power-on after {}s: the DHCP reservation on Subnet {subnet} is not \
+                         live ({}); {}; still waiting",
+                        elapsed / 1000,
+                        match &missing {
+                            dhcp_gate::Missing::NoBootMac => "no boot MAC",
+                            dhcp_gate::Missing::Reservation { .. } => "no reservation",
+                            dhcp_gate::Missing::Applied { .. } => "not applied by bootd",
+                        },
+                        dhcp_gate::hint(&subnet, &missing),
+                    );
+                    tracing::warn!(%subnet, elapsed_ms = elapsed, "dhcp reservation overdue");
+                    s.events
+                        .push((EventType::Warning, dhcp_gate::OVERDUE_EVENT, note));
+                }
+            } else {
+                // wake up for the bound, not later
+                let left = u64::try_from(timeout - elapsed).unwrap_or(0);
+                recheck = recheck.min(Duration::from_millis(left + 50));
+            }
+            Ok(Some(recheck))
+        }
+    }
+}
+
 async fn delete_boot_token(s: &Step<'_>) -> Result<(), Error> {
     match Api::<Secret>::namespaced(s.ctx.client.clone(), &s.ns)
         .delete(&boot_token_secret_name(&s.name), &Default::default())
@@ -999,6 +1126,10 @@ async fn delete_boot_token(s: &Step<'_>) -> Result<(), Error> {
 /// let the finalizer go.
 async fn cleanup(m: &Machine, ctx: &Context) -> Result<Action, Error> {
     let mut s = Step::new(m, ctx)?;
+    ctx.dhcp_warned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&s.attempts_key());
     if s.annotation(annotations::FORCE_RELEASE).is_some()
         || s.annotation(annotations::DETACHED).is_some()
         || m.spec.bmc.is_none()
@@ -1067,6 +1198,11 @@ pub struct LifecycleArgs {
     /// Boot by UEFI HTTP instead of PXE where the BMC offers it.
     #[arg(long)]
     pub prefer_http_boot: bool,
+    /// How long a Machine on a lease-mode Subnet waits for its DHCP
+    /// reservation to be live in bootd before a Warning Event (`2m`); the
+    /// power-on stays held until it is.
+    #[arg(long, default_value = "2m")]
+    pub dhcp_reservation_timeout: String,
 }
 
 /// Errors of [`start_from_args`].
@@ -1100,6 +1236,7 @@ pub async fn start_from_args(
         boot_token_lifetime: dur(&args.boot_token_lifetime)?,
         graceful_shutdown_timeout: dur(&args.graceful_shutdown_timeout)?,
         prefer_http_boot: args.prefer_http_boot,
+        dhcp_reservation_timeout: dur(&args.dhcp_reservation_timeout)?,
         ..LifecycleConfig::default()
     };
     let api = crate::agentapi::AgentApiConfig {
