@@ -1034,9 +1034,14 @@ async fn dhcp_hold(s: &mut Step<'_>, now: Timestamp) -> Result<Option<Duration>,
         .await
         .map_err(Error::kube("reading the machine's subnet"))?;
     let key = s.attempts_key();
+    // lastTransitionTime keeps whole seconds: the wait began at the latest
+    // at the end of that second, so the bound is never cut short.
     let waiting_since = condition(&s.st.conditions, dhcp_gate::CONDITION)
         .filter(|c| c.status == "False")
-        .map(|c| c.last_transition_time.0.as_millisecond());
+        .map(|c| {
+            let t = c.last_transition_time.0.as_millisecond();
+            if t % 1000 == 0 { t + 999 } else { t }
+        });
     match dhcp_gate::evaluate(s.m, subnet.as_ref()) {
         dhcp_gate::Gate::NotApplicable => {
             s.st.conditions.retain(|c| c.type_ != dhcp_gate::CONDITION);
