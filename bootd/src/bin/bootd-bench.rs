@@ -291,63 +291,83 @@ fn dhcp_point(
     }
 }
 
-/// Best achieved rate with drops under 2.5 % (Kea's method): rates double
-/// from 250/s until drops reach the limit (or halve until they do not), then
-/// the knee is bisected until the step is under `resolution` of the rate.
-fn sweep(
-    ns: &Ns,
-    name: &str,
-    secs: u32,
-    resolution: f64,
-    restart: &mut dyn FnMut() -> anyhow::Result<()>,
-) -> (Option<DhcpRun>, Vec<DhcpRun>) {
-    let mut all = Vec::new();
-    let mut good: Option<u32> = None;
-    let mut bad: Option<u32> = None;
-    let mut rate = 250;
-    while rate <= 32_000 {
-        let run = dhcp_point(ns, name, rate, secs, restart);
-        all.push(run);
-        if run.drops_pct < DROPS_LIMIT {
-            good = Some(rate);
-            rate *= 2;
-        } else {
-            bad = Some(rate);
-            break;
-        }
-    }
-    while good.is_none() && rate >= 20 {
-        rate /= 2;
-        let run = dhcp_point(ns, name, rate, secs, restart);
-        all.push(run);
-        if run.drops_pct < DROPS_LIMIT {
-            good = Some(rate);
-        } else {
-            bad = Some(rate);
-        }
-    }
-    if let (Some(mut g), Some(mut b)) = (good, bad) {
-        while f64::from(b - g) > (resolution * f64::from(g)).max(10.0) {
+/// The next rate of one server's sweep (Kea's method: the best achieved
+/// rate with drops under 2.5 %), from the highest good and lowest bad
+/// offered rate so far: rates double from 250/s until drops reach the limit
+/// (or halve until they do not), then the knee is bisected until the step
+/// is under `resolution` of the rate. `None`: the sweep is done.
+fn next_rate(good: Option<u32>, bad: Option<u32>, resolution: f64) -> Option<u32> {
+    match (good, bad) {
+        (None, None) => Some(250),
+        (Some(g), None) => (g < 32_000).then_some(g * 2),
+        (None, Some(b)) => (b >= 20).then_some(b / 2),
+        (Some(g), Some(b)) => {
+            if f64::from(b.saturating_sub(g)) <= (resolution * f64::from(g)).max(10.0) {
+                return None;
+            }
             let unit = if g >= 1000 { 50 } else { 5 };
             let m = (g + b) / 2 / unit * unit;
-            if m <= g {
-                break;
-            }
-            let run = dhcp_point(ns, name, m, secs, restart);
-            all.push(run);
-            if run.drops_pct < DROPS_LIMIT {
-                g = m;
-            } else {
-                b = m;
-            }
+            (m > g).then_some(m)
         }
     }
-    let best = all
+}
+
+/// One server's sweep so far.
+struct Sweep {
+    name: &'static str,
+    good: Option<u32>,
+    bad: Option<u32>,
+    all: Vec<DhcpRun>,
+}
+
+impl Sweep {
+    fn best(&self) -> Option<DhcpRun> {
+        self.all
+            .iter()
+            .filter(|r| r.drops_pct < DROPS_LIMIT)
+            .copied()
+            .max_by(|a, b| a.rate.total_cmp(&b.rate))
+    }
+}
+
+/// Sweeps every server at once, one rate of each in turn (so that load from
+/// other work on the machine falls on all of them alike), a fresh server
+/// per rate.
+fn sweep_all(ns: &Ns, d: &Path, names: &[&'static str], secs: u32, resolution: f64) -> Vec<Sweep> {
+    let mut sweeps: Vec<Sweep> = names
         .iter()
-        .filter(|r| r.drops_pct < DROPS_LIMIT)
-        .copied()
-        .max_by(|a, b| a.rate.total_cmp(&b.rate));
-    (best, all)
+        .map(|&name| Sweep {
+            name,
+            good: None,
+            bad: None,
+            all: Vec::new(),
+        })
+        .collect();
+    loop {
+        let mut ran = false;
+        for sw in &mut sweeps {
+            let Some(rate) = next_rate(sw.good, sw.bad, resolution) else {
+                continue;
+            };
+            ran = true;
+            let mut holder: Option<Box<dyn std::any::Any>> = None;
+            let mut restart = || -> anyhow::Result<()> {
+                holder = Some(start_dhcp_server(ns, d, sw.name)?);
+                Ok(())
+            };
+            let run = dhcp_point(ns, sw.name, rate, secs, &mut restart);
+            drop(holder);
+            sw.all.push(run);
+            if run.drops_pct < DROPS_LIMIT {
+                sw.good = Some(sw.good.map_or(rate, |g| g.max(rate)));
+            } else {
+                sw.bad = Some(sw.bad.map_or(rate, |b| b.min(rate)));
+            }
+        }
+        if !ran {
+            return sweeps;
+        }
+    }
 }
 
 fn dhcp_packet(mac: [u8; 6], xid: u32, msg: u8, extra: &[u8]) -> Vec<u8> {
@@ -740,8 +760,8 @@ fn bench_dhcp(
     let secs = if quick { 3 } else { 5 };
     let resolution = if quick { 0.125 } else { 0.06 };
     println!(
-        "DHCP (perfdhcp -r RATE -p {secs}, fresh server per rate; rates double from 250/s, \
-         then the knee is bisected to {:.0} % of the rate; best achieved rate under {DROPS_LIMIT} % drops)",
+        "DHCP (perfdhcp -r RATE -p {secs}, fresh server per rate, servers in turn; rates double \
+         from 250/s, then the knee is bisected to {:.0} % of the rate; best achieved rate under {DROPS_LIMIT} % drops)",
         resolution * 100.0
     );
     println!(
@@ -749,21 +769,11 @@ fn bench_dhcp(
          probes an address before offering it (with the ping check dnsmasq waits ~3 s per new \
          address: measured below), and Kea logs at WARN, bootd here not at all"
     );
-    let mut results = Vec::new();
     let servers = selected(&["bootd", "dnsmasq", "kea"]);
-    for &name in &servers {
-        let mut holder: Option<Box<dyn std::any::Any>> = None;
-        let (best, all) = {
-            let mut restart = || -> anyhow::Result<()> {
-                holder = None;
-                holder = Some(start_dhcp_server(ns, d, name)?);
-                Ok(())
-            };
-            sweep(ns, name, secs, resolution, &mut restart)
-        };
-        drop(holder);
-        json.insert(format!("dhcp_{name}"), serde_json::to_value(&all)?);
-        results.push((name, best));
+    let mut results = Vec::new();
+    for sw in sweep_all(ns, d, &servers, secs, resolution) {
+        json.insert(format!("dhcp_{}", sw.name), serde_json::to_value(&sw.all)?);
+        results.push((sw.name, sw.best()));
     }
     if servers.contains(&"dnsmasq") {
         // dnsmasq's default ping check: one low rate for the record
@@ -1028,4 +1038,45 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(out.join("bootd.json"), serde_json::to_vec_pretty(&json)?)?;
     println!("wrote target/bench/bootd.json");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against a server that keeps up below `knee`/s: the rates tried and
+    /// the best good rate found.
+    fn simulate(knee: u32, resolution: f64) -> (Vec<u32>, Option<u32>) {
+        let (mut good, mut bad, mut tried) = (None, None, Vec::new());
+        while let Some(r) = next_rate(good, bad, resolution) {
+            assert!(!tried.contains(&r), "{r} twice: {tried:?}");
+            tried.push(r);
+            if r < knee {
+                good = Some(good.map_or(r, |g: u32| g.max(r)));
+            } else {
+                bad = Some(bad.map_or(r, |b: u32| b.min(r)));
+            }
+        }
+        (tried, good)
+    }
+
+    #[test]
+    fn sweep_finds_the_knee_within_the_resolution() {
+        for knee in [30, 180, 300, 2600, 5200, 9100, 20000] {
+            let (tried, good) = simulate(knee, 0.06);
+            let g = good.unwrap();
+            assert!(
+                g < knee && f64::from(knee - g) <= 0.07 * f64::from(g) + 60.0,
+                "{knee}: {tried:?}"
+            );
+            assert!(tried.len() <= 14, "{knee}: {tried:?}");
+        }
+        // nothing keeps up: halves to the floor and stops
+        let (tried, good) = simulate(0, 0.06);
+        assert_eq!(good, None);
+        assert_eq!(tried.last(), Some(&15));
+        // everything keeps up: stops at the top of the ladder
+        let (tried, _) = simulate(u32::MAX, 0.06);
+        assert_eq!(tried.last(), Some(&32_000));
+    }
 }
