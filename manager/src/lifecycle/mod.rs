@@ -1058,9 +1058,11 @@ async fn dhcp_hold(s: &mut Step<'_>, now: Timestamp) -> Result<Option<Duration>,
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
             let message = format!("{address} is live on Subnet {subnet} (revision {revision})");
-            if let Some(since) = waiting_since {
-                let waited = now.as_millisecond().saturating_sub(since);
-                tracing::info!(%subnet, %address, waited_ms = waited, "dhcp reservation live; powering on");
+            if waiting_since.is_some() {
+                let held_since = condition(&s.st.conditions, dhcp_gate::CONDITION)
+                    .map(|c| c.last_transition_time.0.to_string())
+                    .unwrap_or_default();
+                tracing::info!(%subnet, %address, %held_since, "dhcp reservation live; powering on");
                 s.events
                     .push((EventType::Normal, dhcp_gate::LIVE, message.clone()));
             }
