@@ -394,8 +394,8 @@ impl TftpServer {
             return reply(0, "server busy").await;
         }
         let guard = ActiveGuard(self.active.clone(), peer);
-        // The socket is made here: a thread spawned from this one may not
-        // be in the same network namespace as the server's sockets.
+        // The socket is made here, in the namespace the listener runs in
+        // (sockets belong to the namespace of the thread creating them).
         let sock = UdpSocket::bind(SocketAddr::new(self.local_ip, 0)).and_then(|s| {
             s.connect(peer)?;
             Ok(s)
