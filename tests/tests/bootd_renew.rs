@@ -21,14 +21,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod agent_common;
+mod dhcp_probe;
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anneal_dhcp::{Decision, DropReason, Ingress, Lease, Leases, Mac, Request, ServerPort, decide};
+use anneal_dhcp::{Decision, DropReason, Lease, Leases, Mac};
 use anneal_testinfra::{
     ChildGroup, DebianKernel, Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel,
 };
@@ -124,38 +125,16 @@ fn dynamic_config(a: &Artifacts) -> String {
 }
 
 /// A DHCPDISCOVER from `mac` (PXE vendor class).
-fn discover(mac: Mac) -> Vec<u8> {
-    let mut p = vec![0u8; 240];
-    p[0] = 1;
-    p[1] = 1;
-    p[2] = 6;
-    p[28..34].copy_from_slice(&mac.0);
-    p[236..240].copy_from_slice(&[99, 130, 83, 99]);
-    p.extend_from_slice(&[53, 1, 1, 93, 2, 0, 7, 60, 9]);
-    p.extend_from_slice(b"PXEClient");
-    p.push(255);
-    p
-}
-
 /// What a bootd serving `cfg` with `leases` decides for a DISCOVER from `mac`.
 fn would_answer(cfg: &str, leases: &[Lease], mac: Mac) -> Decision {
     let snap = anneal_bootd::StaticConfig::from_yaml(cfg)
         .unwrap()
         .snapshot(8080, "r".into())
         .unwrap();
-    let req = Request::parse(
-        &discover(mac),
-        Ingress {
-            port: ServerPort::Dhcp,
-            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
-        },
-    )
-    .unwrap();
-    decide(
-        &req,
+    dhcp_probe::decide_discover(
         &snap.table,
         &Leases::from_leases(leases.iter().copied()),
-        anneal_bootd::unix_now(),
+        mac,
     )
 }
 

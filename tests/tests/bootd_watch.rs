@@ -3,46 +3,26 @@
 //! catches up only once the table built from that revision is live.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+mod dhcp_probe;
+
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Subnet};
 use anneal_bootd::watch::{WatchConfig, build, run};
 use anneal_bootd::{Shared, StaticConfig};
-use anneal_dhcp::{Decision, DropReason, Ingress, Leases, Request, ServerPort, decide};
+use anneal_dhcp::{Decision, DropReason, Leases, Mac};
 use anneal_testinfra::ControlPlane;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 const MAC: &str = "52:54:00:c0:00:01";
 
-fn discover() -> Vec<u8> {
-    let mut p = vec![0u8; 240];
-    p[0] = 1;
-    p[1] = 1;
-    p[2] = 6;
-    p[28..34].copy_from_slice(&[0x52, 0x54, 0, 0xc0, 0, 1]);
-    p[236..240].copy_from_slice(&[99, 130, 83, 99]);
-    p.extend_from_slice(&[53, 1, 1, 93, 2, 0, 7, 60, 9]);
-    p.extend_from_slice(b"PXEClient");
-    p.push(255);
-    p
-}
-
 fn answer(shared: &Shared) -> Decision {
-    let req = Request::parse(
-        &discover(),
-        Ingress {
-            port: ServerPort::Dhcp,
-            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
-        },
-    )
-    .unwrap();
-    decide(
-        &req,
+    dhcp_probe::decide_discover(
         &shared.snapshot().table,
         &Leases::default(),
-        anneal_bootd::unix_now(),
+        Mac([0x52, 0x54, 0, 0xc0, 0, 1]),
     )
 }
 
