@@ -112,23 +112,53 @@ fn bind_err(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error)
     move |source| ServerError::Bind { what, addr, source }
 }
 
-async fn persist_leases(shared: Arc<Shared>, path: PathBuf, cancel: CancellationToken) {
+/// Persists lease changes: each batch appends the MACs changed since the
+/// last one (taken under the leases lock, O(changes)) to the journal, or,
+/// when the journal has outgrown the snapshot, compacts both.
+async fn persist_leases(
+    shared: Arc<Shared>,
+    store: leasefile::LeaseStore,
+    cancel: CancellationToken,
+) {
+    let store = Arc::new(std::sync::Mutex::new(store));
     loop {
         let stop = tokio::select! {
             () = cancel.cancelled() => true,
             () = shared.lease_dirty.notified() => false,
         };
-        let leases: Vec<_> = shared.leases().iter().copied().collect();
-        let p = path.clone();
-        match tokio::task::spawn_blocking(move || leasefile::store(&p, &leases)).await {
+        let full = match store.lock() {
+            Ok(s) => s.wants_compaction(),
+            Err(_) => true,
+        };
+        let (changes, all) = {
+            let mut leases = shared.leases();
+            let changes = leases.take_changes();
+            let all: Option<Vec<_>> = full.then(|| leases.iter().copied().collect());
+            (changes, all)
+        };
+        let s = store.clone();
+        let write = move || {
+            // a panic mid-write leaves the journal unknown: compact then
+            let mut s = match s.lock() {
+                Ok(s) => s,
+                Err(p) => p.into_inner(),
+            };
+            match &all {
+                Some(all) => s.compact(all),
+                None => s.append(&changes),
+            }
+        };
+        match tokio::task::spawn_blocking(write).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "lease file not written"),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "lease file not written (the next write compacts)")
+            }
             Err(e) => tracing::error!(error = %e, "lease writer panicked"),
         }
         if stop {
             return;
         }
-        // Coalesce bursts: at most ~20 rewrites a second.
+        // Coalesce bursts: at most ~20 writes a second.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -144,14 +174,19 @@ impl Server {
             None => script::BOOT_TEMPLATE.to_owned(),
         };
         let mut leases = Leases::default();
+        let mut lease_store = None;
         if let Some(path) = &opts.lease_file {
-            leases = Leases::from_leases(leasefile::load(path)?);
+            let (mut store, loaded) = leasefile::LeaseStore::open(path)?;
+            leases = Leases::from_leases(loaded);
             let gone = state::filter_leases(&mut leases, &snapshot.table);
             for l in &gone {
                 tracing::info!(mac = %l.mac, address = %l.address, "dropped persisted lease: mac not in the allowlist");
             }
             let kept: Vec<_> = leases.iter().copied().collect();
-            leasefile::store(path, &kept)?;
+            store.compact(&kept)?;
+            // from here on, every change is journaled
+            leases.track_changes();
+            lease_store = Some(store);
             tracing::info!(kept = kept.len(), dropped = gone.len(), "lease file loaded");
         }
         let shared = Arc::new(Shared::new(snapshot, leases, template));
@@ -203,8 +238,8 @@ impl Server {
             .map_err(bind_err("http", ha))?;
         let http_addr = l.local_addr().map_err(bind_err("http", ha))?;
         tasks.spawn(http::serve(shared.clone(), l, cancel.clone()));
-        if let Some(p) = opts.lease_file.clone() {
-            tasks.spawn(persist_leases(shared.clone(), p, cancel.clone()));
+        if let Some(store) = lease_store {
+            tasks.spawn(persist_leases(shared.clone(), store, cancel.clone()));
         }
         tracing::info!(
             revision = %shared.snapshot().table.revision,

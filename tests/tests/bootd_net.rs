@@ -56,6 +56,15 @@ fn opts(dir: &std::path::Path, iface: &str) -> ServerOptions {
     }
 }
 
+/// The persisted leases (snapshot and journal), one `MAC ADDRESS` a line.
+fn lease_file(dir: &std::path::Path) -> String {
+    anneal_bootd::leasefile::load(&dir.join("leases.json"))
+        .unwrap()
+        .iter()
+        .map(|l| format!("{} {}\n", l.mac, l.address))
+        .collect()
+}
+
 fn out(mut c: Command) -> Output {
     c.output().expect("spawn")
 }
@@ -150,7 +159,7 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     )
     .unwrap();
     let server = NetnsServer::start(ns.name(), opts(&dir, "br0"), snapshot(&text_cfg)).unwrap();
-    let lf = std::fs::read_to_string(dir.join("leases.json")).unwrap();
+    let lf = lease_file(&dir);
     assert!(!lf.contains(STRANGER), "stale lease kept: {lf}");
 
     // enrolled MAC: its reservation
@@ -159,7 +168,7 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     assert!(o.status.success(), "{t}");
     assert!(t.contains("10.77.0.50"), "{t}");
     std::thread::sleep(Duration::from_millis(300));
-    let lf = std::fs::read_to_string(dir.join("leases.json")).unwrap();
+    let lf = lease_file(&dir);
     assert!(lf.contains(ENROLLED) && lf.contains("10.77.0.50"), "{lf}");
 
     // unknown MAC: not a single packet from bootd on the wire, and the drop
@@ -315,7 +324,7 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
 
     // restart: the lease survives and renews to the same address
     server.stop();
-    let lf = std::fs::read_to_string(dir.join("leases.json")).unwrap();
+    let lf = lease_file(&dir);
     assert!(lf.contains("10.77.0.50"), "{lf}");
     let server = NetnsServer::start(ns.name(), opts(&dir, "br0"), snapshot(&text_cfg)).unwrap();
     let o = udhcpc(&client, "c0", &["-r", "10.77.0.50"]);
@@ -327,7 +336,7 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     );
     server.shared().install(snapshot(&without));
     std::thread::sleep(Duration::from_millis(300));
-    let lf = std::fs::read_to_string(dir.join("leases.json")).unwrap();
+    let lf = lease_file(&dir);
     assert!(!lf.contains(ENROLLED), "{lf}");
     server.stop();
 }

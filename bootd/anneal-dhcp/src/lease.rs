@@ -29,14 +29,27 @@ pub enum LeaseEffect {
 }
 
 /// All leases of one Subnet, plus declined addresses.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Leases {
     by_mac: BTreeMap<Mac, Lease>,
     /// Index of `by_mac` by address (every MAC with a lease on it, expired
     /// or not), so that `holder` is not a scan of every lease.
     by_addr: BTreeMap<Ipv4Addr, BTreeSet<Mac>>,
     declined: BTreeMap<Ipv4Addr, u64>,
+    /// MACs whose lease was set or removed since the last `take_changes`,
+    /// while change tracking is on (`None`: off), so that a persister
+    /// writes only what changed.
+    changed: Option<BTreeSet<Mac>>,
 }
+
+/// Equal leases and declined addresses (change tracking is not content).
+impl PartialEq for Leases {
+    fn eq(&self, other: &Self) -> bool {
+        self.by_mac == other.by_mac && self.declined == other.declined
+    }
+}
+
+impl Eq for Leases {}
 
 impl Leases {
     /// From persisted leases (later duplicates for one MAC win).
@@ -53,6 +66,31 @@ impl Leases {
             self.unindex(&old);
         }
         self.by_addr.entry(l.address).or_default().insert(l.mac);
+        self.mark(l.mac);
+    }
+
+    fn mark(&mut self, mac: Mac) {
+        if let Some(c) = &mut self.changed {
+            c.insert(mac);
+        }
+    }
+
+    /// Starts recording which MACs change (see [`Leases::take_changes`]).
+    pub fn track_changes(&mut self) {
+        self.changed.get_or_insert_with(BTreeSet::new);
+    }
+
+    /// The MACs changed since the last call, each with its lease now
+    /// (`None`: removed), in MAC order; empty while tracking is off.
+    /// Costs O(changes), not O(leases).
+    pub fn take_changes(&mut self) -> Vec<(Mac, Option<Lease>)> {
+        let Some(c) = &mut self.changed else {
+            return Vec::new();
+        };
+        std::mem::take(c)
+            .into_iter()
+            .map(|m| (m, self.by_mac.get(&m).copied()))
+            .collect()
     }
 
     fn unindex(&mut self, l: &Lease) {
@@ -67,6 +105,7 @@ impl Leases {
     fn remove_mac(&mut self, mac: &Mac) -> Option<Lease> {
         let l = self.by_mac.remove(mac)?;
         self.unindex(&l);
+        self.mark(l.mac);
         Some(l)
     }
 
@@ -126,6 +165,7 @@ impl Leases {
         });
         for l in &gone {
             self.unindex(l);
+            self.mark(l.mac);
         }
         gone
     }
@@ -180,6 +220,51 @@ mod tests {
         assert!(l.get(&a).is_none());
         assert!(l.is_declined(ip, 10 + DECLINE_HOLD_SECS - 1));
         assert!(!l.is_declined(ip, 10 + DECLINE_HOLD_SECS));
+    }
+
+    /// Tracked changes name exactly the MACs set or removed, with their
+    /// lease now; nothing is recorded while tracking is off.
+    #[test]
+    fn changes_are_tracked() {
+        let (a, b, c) = (
+            Mac([2, 0, 0, 0, 0, 1]),
+            Mac([2, 0, 0, 0, 0, 2]),
+            Mac([2, 0, 0, 0, 0, 3]),
+        );
+        let lease = |mac, last, expires| Lease {
+            mac,
+            address: Ipv4Addr::new(10, 0, 0, last),
+            expires,
+        };
+        let mut l = Leases::from_leases([lease(a, 1, 100), lease(b, 2, 100)]);
+        assert!(l.take_changes().is_empty());
+        l.track_changes();
+        assert!(l.take_changes().is_empty());
+        l.apply(LeaseEffect::Bind(lease(c, 3, 200)), 0);
+        l.apply(LeaseEffect::Bind(lease(c, 3, 300)), 0);
+        l.apply(
+            LeaseEffect::Release {
+                mac: a,
+                address: Ipv4Addr::new(10, 0, 0, 1),
+            },
+            0,
+        );
+        // a release for another address changes nothing
+        l.apply(
+            LeaseEffect::Release {
+                mac: b,
+                address: Ipv4Addr::new(10, 0, 0, 9),
+            },
+            0,
+        );
+        assert_eq!(
+            l.take_changes(),
+            vec![(a, None), (c, Some(lease(c, 3, 300)))]
+        );
+        assert!(l.take_changes().is_empty());
+        l.retain(|x| x.mac != b);
+        assert_eq!(l.remove(&c), Some(lease(c, 3, 300)));
+        assert_eq!(l.take_changes(), vec![(b, None), (c, None)]);
     }
 
     /// `holder` through the address index answers as a scan of every lease.

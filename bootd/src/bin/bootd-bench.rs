@@ -803,6 +803,17 @@ fn bench_dhcp(
             "DHCP best under {DROPS_LIMIT} % drops: bootd {b:.0}/s, dnsmasq {dn:.0}/s, kea {k:.0}/s (no ratio)"
         );
     }
+    bench_latency(ns, d, quick, json);
+    Ok(())
+}
+
+/// The DHCP latency part alone (`--only=latency` runs just this).
+fn bench_latency(
+    ns: &Ns,
+    d: &Path,
+    quick: bool,
+    json: &mut serde_json::Map<String, serde_json::Value>,
+) {
     println!(
         "DHCP latency (sequential DORA from one client for {} s; goal p99 < 2 ms)",
         if quick { 4 } else { 8 }
@@ -823,7 +834,6 @@ fn bench_dhcp(
             Err(e) => println!("  {name:8} failed: {e:#}"),
         }
     }
-    Ok(())
 }
 
 /// The TFTP servers, each on its own address of s0 so that all run at once
@@ -1023,6 +1033,9 @@ fn main() -> anyhow::Result<()> {
     let mut json = serde_json::Map::new();
     if only.as_deref().is_none_or(|o| o == "dhcp") {
         bench_dhcp(&ns, &d, quick, &mut json)?;
+    }
+    if only.as_deref() == Some("latency") {
+        bench_latency(&ns, &d, quick, &mut json);
     }
     if only.as_deref().is_none_or(|o| o == "tftp") {
         bench_tftp(&ns, &d, quick, &mut json)?;
