@@ -31,14 +31,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::conditions;
 use crate::metrics::Metrics;
+use crate::watching::{reflected, scoped};
 
 const KIND: &str = "SubnetReservations";
 /// The condition this controller owns.
@@ -290,18 +291,8 @@ pub async fn run(
     recorder: Recorder,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (subnets_api, machines_api): (Api<Subnet>, Api<Machine>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let (machines, writer) = reflector::store();
-    let stream = watcher(machines_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
+    let subnets_api: Api<Subnet> = scoped(&client, namespace.as_deref());
+    let (machines, stream) = reflected(scoped::<Machine>(&client, namespace.as_deref()));
     let controller = Controller::new(subnets_api, watcher::Config::default());
     let subnets = controller.store();
     let ctx = Arc::new(Context {

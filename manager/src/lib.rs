@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod readiness;
 mod run;
 pub mod validity;
+pub mod watching;
 
 pub use run::{RunConfig, RunError, run};
 pub mod lifecycle;

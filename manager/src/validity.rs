@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 
 use crate::conditions;
 use crate::metrics::Metrics;
+use crate::watching::scoped;
 
 /// Errors of one validity reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -379,23 +380,13 @@ pub async fn run<F>(
 ) where
     F: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
-    fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         metrics,
     });
     let ns = namespace.as_deref();
 
-    let subnets = Controller::new(api::<Subnet>(&client, ns), watcher::Config::default())
+    let subnets = Controller::new(scoped::<Subnet>(&client, ns), watcher::Config::default())
         .graceful_shutdown_on(shutdown())
         .run(
             |s: Arc<Subnet>, ctx: Arc<Ctx>| async move {
@@ -412,9 +403,9 @@ pub async fn run<F>(
             }
         });
 
-    let sites = Controller::new(api::<Site>(&client, ns), watcher::Config::default())
+    let sites = Controller::new(scoped::<Site>(&client, ns), watcher::Config::default())
         .watches(
-            api::<Subnet>(&client, ns),
+            scoped::<Subnet>(&client, ns),
             watcher::Config::default(),
             |s: Subnet| {
                 let ns = s.namespace().unwrap_or_default();
@@ -443,7 +434,7 @@ pub async fn run<F>(
             }
         });
 
-    let images = Controller::new(api::<Image>(&client, ns), watcher::Config::default())
+    let images = Controller::new(scoped::<Image>(&client, ns), watcher::Config::default())
         .graceful_shutdown_on(shutdown())
         .run(
             |i: Arc<Image>, ctx: Arc<Ctx>| async move {
@@ -461,7 +452,7 @@ pub async fn run<F>(
                 debug!(error = %e, "image validity");
             }
         });
-    let hooks = Controller::new(api::<PostHook>(&client, ns), watcher::Config::default())
+    let hooks = Controller::new(scoped::<PostHook>(&client, ns), watcher::Config::default())
         .graceful_shutdown_on(shutdown())
         .run(
             |h: Arc<PostHook>, ctx: Arc<Ctx>| async move {

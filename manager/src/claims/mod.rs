@@ -33,14 +33,15 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::conditions;
 use crate::metrics::Metrics;
+use crate::watching::{reflected, scoped};
 use select::Skip;
 
 /// Finalizer that holds a claim until its machine is released.
@@ -122,16 +123,8 @@ pub async fn run(
     let machines_api: Api<Machine> = scoped(&client, namespace.as_deref());
     let hardware_api: Api<MachineHardware> = scoped(&client, namespace.as_deref());
 
-    let (machines, machines_writer) = reflector::store();
-    let machine_stream = watcher(machines_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(machines_writer)
-        .touched_objects();
-    let (hardware, hardware_writer) = reflector::store();
-    let hardware_stream = watcher(hardware_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(hardware_writer)
-        .touched_objects();
+    let (machines, machine_stream) = reflected(machines_api);
+    let (hardware, hardware_stream) = reflected(hardware_api);
 
     let controller = Controller::new(claims, watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
@@ -168,17 +161,6 @@ pub async fn run(
             }
         })
         .await;
-}
-
-fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
 }
 
 /// Claims a Machine event concerns: its bound claim, or, for a machine that
