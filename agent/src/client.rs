@@ -172,7 +172,7 @@ impl ServerCertVerifier for PinnedCaVerifier {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let digest = |c: &CertificateDer<'_>| -> [u8; 32] { Sha256::digest(c.as_ref()).into() };
-        // The serving certificate itself must not be the CA (API.md: distinct).
+        // The serving certificate itself must not be the CA (docs/api.md: distinct).
         let Some(ca_pos) = intermediates
             .iter()
             .position(|c| anneal_api::agent::ct_eq(&digest(c), &self.pin.0))

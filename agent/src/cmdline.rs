@@ -1,4 +1,4 @@
-//! The kernel command line: a typed parser for the boot parameters of API.md.
+//! The kernel command line: a typed parser for the boot parameters of docs/api.md.
 //!
 //! `anneal.api=<https URL>` `anneal.ca=<sha256 hex>` `anneal.token=<token>`
 //! `anneal.machine=<namespace>/<name>` `BOOTIF=01-<mac with dashes>`

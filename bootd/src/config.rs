@@ -154,7 +154,7 @@ pub struct SubnetInput {
     pub revision: String,
 }
 
-/// Builds a validated [`BootTable`] (API.md rules for gateway, lease time,
+/// Builds a validated [`BootTable`] (docs/api.md rules for gateway, lease time,
 /// reservations).
 pub fn build_table(
     s: &SubnetInput,

@@ -57,7 +57,7 @@ fn arg(k: &str, v: &str) -> Result<String, ScriptError> {
     Ok(format!("{k}={v}"))
 }
 
-/// The kernel command line of API.md (without `initrd=`, which the template adds).
+/// The kernel command line of docs/api.md (without `initrd=`, which the template adds).
 pub fn cmdline(snap: &Snapshot, mac: Mac, m: &MachineBoot) -> Result<String, ScriptError> {
     let mut parts = Vec::new();
     if !snap.api.url.is_empty() {

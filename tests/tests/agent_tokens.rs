@@ -3,7 +3,7 @@
 //! fingerprint mismatch refuses the connection".
 //!
 //! The real static agent in our initramfs is booted directly (-kernel/-initrd
-//! on OVMF under TCG, the kernel command line of API.md) against the real
+//! on OVMF under TCG, the kernel command line of docs/api.md) against the real
 //! manager: the Machine controller mints the boot tokens (Secret
 //! `<machine>-boot-token`, hash and expiry in `status.netBoot`) and the HTTPS
 //! agent API checks them, on a real kube-apiserver; the API listens on host

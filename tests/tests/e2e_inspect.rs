@@ -72,7 +72,7 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
     );
 
     // The boot went through bootd's script: the kernel line carries every
-    // boot parameter of API.md.
+    // boot parameter of docs/api.md.
     let cmdline = console
         .lines()
         .find(|l| l.contains("Kernel command line:"))

@@ -1,4 +1,4 @@
-//! The agent API (API.md, agent protocol): HTTPS only (rustls, ring),
+//! The agent API (docs/api.md, agent protocol): HTTPS only (rustls, ring),
 //! `Anneal-Agent-Schema: 1` on every request (a mismatch answers 426),
 //! bounded JSON bodies that deny unknown fields.
 //!

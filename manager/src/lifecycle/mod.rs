@@ -1,7 +1,7 @@
 //! The Machine controller: Enrolling → Inspecting → Available, Released,
 //! Parked, PoweringOff behind a finalizer; boot tokens, one-time PXE
 //! power-on, the inspection deadline, RetryHeld after three Restart failures,
-//! and the `anneal.dev/…` annotations (API.md, Machine). On a lease-mode
+//! and the `anneal.dev/…` annotations (docs/api.md, Machine). On a lease-mode
 //! Subnet the power-on waits until the Machine's reservation is live in
 //! bootd ([`dhcp_gate`], condition `DHCPReservationReady`).
 //!

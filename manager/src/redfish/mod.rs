@@ -1,7 +1,7 @@
 //! Redfish driver: service root discovery, the ComputerSystem, its
 //! PowerState, `ComputerSystem.Reset`, one-time boot overrides, and the
 //! classification of every failure into a `BMCReachable` reason with its
-//! retry cadence (API.md).
+//! retry cadence (docs/api.md).
 //!
 //! Transport is hyper 1 over rustls 0.23 with ring, one connection per
 //! request. `redfish://` is HTTPS (verified against the system roots or a
@@ -21,7 +21,7 @@ use tokio::sync::OnceCell;
 
 pub use http::{Endpoint, TransportError};
 
-/// The `BMCReachable=False` reasons of API.md.
+/// The `BMCReachable=False` reasons of docs/api.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BmcReason {
     /// Connection refused/reset, no route, DNS, timeout, 502/503/504.

@@ -18,7 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 /// Every CustomResourceDefinition of anneal.dev, in the order an operator
-/// meets the kinds (API.md).
+/// meets the kinds (docs/api.md).
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         Site::crd(),

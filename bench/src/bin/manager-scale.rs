@@ -4,7 +4,7 @@
 //! peak RSS (VmHWM).
 //!
 //! Reproduce:
-//! `cargo build --release -p anneal-manager --bin manager --example scale && target/release/examples/scale`
+//! `cargo build --release -p anneal-manager --bin manager -p anneal-bench --bin manager-scale && target/release/manager-scale`
 //! (`SCALE_N=200` for a smaller run). Writes `target/bench/manager-scale.json`.
 //!
 //! Reference measured in the same run: the time the API server needs just to
@@ -51,7 +51,6 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(1000);
     let manager_bin = std::env::current_exe()?
         .parent()
-        .and_then(|p| p.parent())
         .map(|p| p.join("manager"))
         .ok_or_else(|| anyhow::anyhow!("cannot locate the manager binary"))?;
     anyhow::ensure!(
@@ -205,11 +204,6 @@ async fn main() -> anyhow::Result<()> {
         "goal_secs": GOAL_SECS, "goal_rss_mib": GOAL_MIB,
         "pass": bind_secs < GOAL_SECS && rss_mib < GOAL_MIB,
     });
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(
-        dir.join("manager-scale.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
+    anneal_bench::write_json("manager-scale", &json)?;
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! the same bytes. Page cache dropped before every contender; every time
 //! includes the final flush. Prints ratios, writes target/bench/imaging.json.
 //!
-//! Run as root: `cargo run --release -p anneal-image --example bench_imaging`
+//! Run as root: `cargo run --release -p anneal-bench --bin imaging-bench`
 //! (options: `--runs N`, `--used-mib N`, `--keep`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -289,11 +289,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "capture: anneal {ca:.2}s, partclone.ext4 -c {cp:.2}s, ratio {r_cap:.2}x (goal >= 1.0x)"
     );
-    let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench");
-    std::fs::create_dir_all(&bench_dir)?;
-    let json_path = bench_dir.join("imaging.json");
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
-    println!("wrote {}", json_path.display());
+    anneal_bench::write_json("imaging", &report)?;
     if !keep {
         std::fs::remove_dir_all(&dir)?;
     } else {

@@ -4,7 +4,7 @@
 //! namespace this program creates and deletes. Prints ratios against the
 //! references measured in the same run; writes target/bench/bootd.json.
 //!
-//! Run as root: `cargo run --release -p anneal-bootd --bin bootd-bench [-- --quick]`
+//! Run as root: `cargo run --release -p anneal-bench --bin bootd-bench [-- --quick]`
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -1040,16 +1040,10 @@ fn main() -> anyhow::Result<()> {
     if only.as_deref().is_none_or(|o| o == "tftp") {
         bench_tftp(&ns, &d, quick, &mut json)?;
     }
-    if let Ok(l) = std::fs::read_to_string("/proc/loadavg") {
-        println!(
-            "load average at end: {}",
-            l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-        );
+    if let Some(l) = anneal_bench::load_average() {
+        println!("load average at end: {l}");
     }
-    let out = PathBuf::from("target/bench");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("bootd.json"), serde_json::to_vec_pretty(&json)?)?;
-    println!("wrote target/bench/bootd.json");
+    anneal_bench::write_json("bootd", &serde_json::Value::Object(json))?;
     Ok(())
 }
 

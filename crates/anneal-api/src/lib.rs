@@ -1,7 +1,7 @@
 //! anneal.dev/v1alpha1 custom resource types (feature `crd`) and the agent
 //! protocol types (always available, no cluster dependency).
 //!
-//! With the `crd` feature every kind of the contract (API.md) is a Rust type
+//! With the `crd` feature every kind of the contract (docs/api.md) is a Rust type
 //! deriving `kube::CustomResource`; [`crds`] returns the generated
 //! CustomResourceDefinitions, the source of the YAML committed under
 //! `manager/crds/`.

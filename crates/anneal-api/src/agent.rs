@@ -1,4 +1,4 @@
-//! The agent protocol of API.md: the JSON bodies the agent and the manager's
+//! The agent protocol of docs/api.md: the JSON bodies the agent and the manager's
 //! agent API exchange over HTTPS, with no cluster dependency (the static musl
 //! agent builds against this module without kube).
 //!
