@@ -9,3 +9,4 @@ pub mod init;
 pub mod inventory;
 pub mod modules;
 pub mod net;
+pub mod serve;

@@ -32,6 +32,22 @@ enum Command {
     Inspect(InspectArgs),
     /// Parse a kernel command line and print it as JSON (token redacted).
     Cmdline(CmdlineArgs),
+    /// Serve a content store over HTTP/1.1 with byte ranges (the content
+    /// server of a Site): `/v1/contents/<namespace>/<content>/index|stream`.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The content store: `<namespace>/<content>/{index,stream}`.
+    #[arg(long)]
+    content_dir: PathBuf,
+    /// Listen address.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// Connections served at once; more are answered 503.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +103,15 @@ fn main() -> anyhow::Result<()> {
                 probe_filesystems: !a.no_probe,
             })?;
             println!("{}", serde_json::to_string_pretty(&hw)?);
+            Ok(())
+        }
+        Command::Serve(a) => {
+            tracing_init();
+            let mut cfg = anneal_agent::serve::ServeConfig::new(&a.content_dir);
+            cfg.max_connections = a.max_connections.max(1);
+            let server = anneal_agent::serve::Server::bind(a.listen, cfg)?;
+            tracing::info!(addr = %server.local_addr()?, dir = %a.content_dir.display(), "serving the content store");
+            server.run();
             Ok(())
         }
         Command::Cmdline(a) => {
