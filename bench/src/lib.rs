@@ -73,9 +73,7 @@ where
 {
     match option(name) {
         None => Ok(default),
-        Some(v) => v
-            .parse()
-            .map_err(|e| anyhow::anyhow!("{name} {v:?}: {e}")),
+        Some(v) => v.parse().map_err(|e| anyhow::anyhow!("{name} {v:?}: {e}")),
     }
 }
 
@@ -99,9 +97,20 @@ mod tests {
 
     #[test]
     fn options_in_both_spellings() {
-        let args = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>().into_iter();
-        assert_eq!(option_in(args(&["--runs=3"]), "--runs").as_deref(), Some("3"));
-        assert_eq!(option_in(args(&["--quick", "--runs", "4"]), "--runs").as_deref(), Some("4"));
+        let args = |v: &[&str]| {
+            v.iter()
+                .map(|s| (*s).to_owned())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(
+            option_in(args(&["--runs=3"]), "--runs").as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            option_in(args(&["--quick", "--runs", "4"]), "--runs").as_deref(),
+            Some("4")
+        );
         assert_eq!(option_in(args(&["--runsx=3", "--runs"]), "--runs"), None);
         assert_eq!(option_in(args(&["--only=tftp"]), "--runs"), None);
     }

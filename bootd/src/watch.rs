@@ -256,11 +256,15 @@ pub async fn run(
                         .await
                     {
                         Ok(_) => tracing::info!(revision = %rev, "appliedRevision written"),
-                        Err(e) => tracing::warn!(error = %error_chain(&e), "appliedRevision not written"),
+                        Err(e) => {
+                            tracing::warn!(error = %error_chain(&e), "appliedRevision not written")
+                        }
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %error_chain(&e), "boot table not rebuilt; keeping the live one"),
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "boot table not rebuilt; keeping the live one")
+            }
         }
     }
 }

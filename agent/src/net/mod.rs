@@ -69,8 +69,10 @@ pub fn interfaces(sys_class_net: &Path) -> Vec<Interface> {
         if !dir.join("device").exists() || read("type") != "1" {
             continue;
         }
-        let (Ok(index), Some(mac)) = (read("ifindex").parse::<u32>(), read("address").parse::<Mac>().ok())
-        else {
+        let (Ok(index), Some(mac)) = (
+            read("ifindex").parse::<u32>(),
+            read("address").parse::<Mac>().ok(),
+        ) else {
             continue;
         };
         out.push(Interface {
@@ -360,10 +362,7 @@ fn keep_lease(iface: Interface, lease: dhcp::Lease) {
                         }
                     });
                     if let Err(e) = applied {
-                        say!(
-                            "re-applying the address failed: {}",
-                            error_chain(&e)
-                        );
+                        say!("re-applying the address failed: {}", error_chain(&e));
                     }
                 }
                 lease = next;

@@ -8,9 +8,9 @@
 //! (options: `--runs N`, `--used-mib N`, `--keep`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use anneal_bench::median;
 use anneal_image::capture::{self, Options};
 use anneal_image::restore::{self, Content, Target};
-use anneal_bench::median;
 use anyhow::bail;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -238,6 +238,9 @@ mod crd_tests {
                 }
             }
         }
-        assert!(seen >= 2, "expected the Valid and Ready columns, saw {seen}");
+        assert!(
+            seen >= 2,
+            "expected the Valid and Ready columns, saw {seen}"
+        );
     }
 }

@@ -42,7 +42,10 @@ mod tests {
             path: "/var/lib/leases",
             source: Middle(std::io::Error::other("disk full")),
         };
-        assert_eq!(error_chain(&e), "lease file /var/lib/leases: writing: disk full");
+        assert_eq!(
+            error_chain(&e),
+            "lease file /var/lib/leases: writing: disk full"
+        );
     }
 
     #[test]

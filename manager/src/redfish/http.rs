@@ -196,7 +196,10 @@ where
 /// The value of an HTTP Basic `Authorization` header (RFC 7617): `Basic `
 /// and the standard base64 (RFC 4648, padded) of `username:password`.
 pub fn basic_authorization(username: &str, password: &str) -> String {
-    format!("Basic {}", BASE64_STANDARD.encode(format!("{username}:{password}")))
+    format!(
+        "Basic {}",
+        BASE64_STANDARD.encode(format!("{username}:{password}"))
+    )
 }
 
 #[cfg(test)]
@@ -213,7 +216,11 @@ mod tests {
             ("foo", "bar", "Zm9vOmJhcg=="),
             ("admin", "password", "YWRtaW46cGFzc3dvcmQ="),
         ] {
-            assert_eq!(basic_authorization(user, password), format!("Basic {encoded}"), "{user}:{password}");
+            assert_eq!(
+                basic_authorization(user, password),
+                format!("Basic {encoded}"),
+                "{user}:{password}"
+            );
         }
     }
 }

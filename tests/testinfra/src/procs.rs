@@ -114,6 +114,9 @@ mod tests {
         };
         assert!(status.success());
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(text.contains("to-stdout") && text.contains("to-stderr"), "{text}");
+        assert!(
+            text.contains("to-stdout") && text.contains("to-stderr"),
+            "{text}"
+        );
     }
 }
