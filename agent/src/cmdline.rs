@@ -16,6 +16,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use anneal_api::agent::Token;
 use serde::Serialize;
 
+/// The MAC type is anneal-api's (one type for the agent, bootd and the manager).
+pub use anneal_api::Mac;
+
 /// Longest command line accepted (the kernel's COMMAND_LINE_SIZE on x86 is 2048;
 /// leave room for larger builds).
 pub const MAX_CMDLINE: usize = 16 * 1024;
@@ -260,47 +263,6 @@ impl Serialize for CaPin {
     }
 }
 
-/// A MAC address.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Mac(pub [u8; 6]);
-
-impl Mac {
-    /// Parses six hex octets separated by `:` or `-`.
-    pub fn parse(s: &str) -> Option<Self> {
-        let parts: Vec<&str> = s.split([':', '-']).collect();
-        if parts.len() != 6 {
-            return None;
-        }
-        let mut out = [0u8; 6];
-        for (o, p) in out.iter_mut().zip(parts) {
-            if p.len() != 2 {
-                return None;
-            }
-            *o = u8::from_str_radix(p, 16).ok()?;
-        }
-        Some(Self(out))
-    }
-}
-
-impl fmt::Display for Mac {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let [a, b, c, d, e, g] = self.0;
-        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
-    }
-}
-
-impl fmt::Debug for Mac {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Mac({self})")
-    }
-}
-
-impl Serialize for Mac {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
 fn parse_bootif(s: &str) -> Result<Mac, CmdlineError> {
     const KEY: &str = "BOOTIF";
     // pxelinux/iPXE form: "01-" (ARP hardware type 1, Ethernet) then the MAC.
@@ -313,7 +275,8 @@ fn parse_bootif(s: &str) -> Result<Mac, CmdlineError> {
             format!("hardware type {htype:?} is not 01 (Ethernet)"),
         ));
     }
-    Mac::parse(mac).ok_or_else(|| invalid(KEY, "expected 01-aa-bb-cc-dd-ee-ff"))
+    mac.parse()
+        .map_err(|_| invalid(KEY, "expected 01-aa-bb-cc-dd-ee-ff"))
 }
 
 /// `namespace/name` of the Machine.

@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anneal_api::agent::{NextAction, Outcome, RegisterRequest, ResultRequest};
+use anneal_api::error_chain;
 use nix::mount::{MsFlags, mount};
 use nix::sys::reboot::{RebootMode, reboot};
 use nix::sys::wait::{WaitStatus, waitpid};
@@ -21,7 +22,7 @@ use nix::unistd::Pid;
 use crate::client::{AgentClient, Backoff, ClientError};
 use crate::cmdline::{BootParams, DebugMode};
 use crate::inventory::{self, Root};
-use crate::modules::{self, ModuleIndex, error_chain};
+use crate::modules::{self, ModuleIndex};
 use crate::net;
 use crate::say;
 

@@ -11,6 +11,8 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use anneal_api::error_chain;
+
 pub use anneal_kmod::{ModuleIndex, glob_match, module_name};
 
 /// An error reading the module index or loading a module.
@@ -141,16 +143,4 @@ pub fn coldplug(
         std::thread::sleep(std::time::Duration::from_millis(150));
     }
     result
-}
-
-/// `error: cause: cause` in one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

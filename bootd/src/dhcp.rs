@@ -3,6 +3,7 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
+use anneal_api::error_chain;
 use anneal_dhcp::{Decision, Dest, DropReason, Ingress, Request, ServerPort, decide};
 use dhcproto::v4::MessageType;
 use tokio::net::UdpSocket;
@@ -133,7 +134,7 @@ pub async fn serve(
             r = sock.recv_from(&mut buf) => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    tracing::warn!(error = %e, "dhcp receive failed");
+                    tracing::warn!(error = %error_chain(&e), "dhcp receive failed");
                     continue;
                 }
             },
@@ -143,7 +144,7 @@ pub async fn serve(
         if let Some((bytes, to)) = handle(&shared, &buf[..n], ingress, crate::unix_now())
             && let Err(e) = sock.send_to(&bytes, to).await
         {
-            tracing::warn!(to = %to, error = %e, "dhcp send failed");
+            tracing::warn!(to = %to, error = %error_chain(&e), "dhcp send failed");
         }
     }
 }

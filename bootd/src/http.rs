@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
 
+use anneal_api::error_chain;
 use anneal_dhcp::Mac;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -76,7 +77,7 @@ async fn serve_file(path: &Path, req: &Request<Incoming>) -> Resp {
     let data = match tokio::fs::read(path).await {
         Ok(d) => Bytes::from(d),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "artifact unreadable");
+            tracing::warn!(path = %path.display(), error = %error_chain(&e), "artifact unreadable");
             return respond(StatusCode::NOT_FOUND, "text/plain", "not found\n");
         }
     };
@@ -123,7 +124,7 @@ fn script_response(shared: &Shared, mac_str: &str) -> (Resp, &'static str) {
         return match script::unknown_script(mac) {
             Ok(s) => (respond(StatusCode::OK, "text/plain", s), "script"),
             Err(e) => {
-                tracing::error!(%mac, error = %e, "unknown-machine template is broken");
+                tracing::error!(%mac, error = %error_chain(&e), "unknown-machine template is broken");
                 (
                     respond(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", ""),
                     "script",
@@ -137,7 +138,7 @@ fn script_response(shared: &Shared, mac_str: &str) -> (Resp, &'static str) {
             (respond(StatusCode::OK, "text/plain", s), "script")
         }
         Err(e) => {
-            tracing::error!(%mac, machine = %m.name, error = %e, "boot script not rendered; nothing sent");
+            tracing::error!(%mac, machine = %m.name, error = %error_chain(&e), "boot script not rendered; nothing sent");
             (
                 respond(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -252,7 +253,7 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    tracing::warn!(error = %e, "http accept failed");
+                    tracing::warn!(error = %error_chain(&e), "http accept failed");
                     continue;
                 }
             },
@@ -265,7 +266,7 @@ pub async fn serve(
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
             tokio::select! {
                 r = conn => if let Err(e) = r {
-                    tracing::debug!(%peer, error = %e, "http connection ended");
+                    tracing::debug!(%peer, error = %error_chain(&e), "http connection ended");
                 },
                 () = cancel.cancelled() => {}
             }

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anneal_api::error_chain;
 use anneal_dhcp::{Leases, ServerPort};
 use tokio::task::JoinSet;
 
@@ -151,9 +152,9 @@ async fn persist_leases(
         match tokio::task::spawn_blocking(write).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                tracing::error!(error = %e, "lease file not written (the next write compacts)")
+                tracing::error!(error = %error_chain(&e), "lease file not written (the next write compacts)")
             }
-            Err(e) => tracing::error!(error = %e, "lease writer panicked"),
+            Err(e) => tracing::error!(error = %error_chain(&e), "lease writer panicked"),
         }
         if stop {
             return;
@@ -227,7 +228,7 @@ impl Server {
                 tokio::select! {
                     () = c.cancelled() => {}
                     r = srv.serve() => if let Err(e) = r {
-                        tracing::error!(error = %e, "tftp server stopped");
+                        tracing::error!(error = %error_chain(&e), "tftp server stopped");
                     },
                 }
             });

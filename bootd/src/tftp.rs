@@ -34,6 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anneal_api::error_chain;
+
 use crate::metrics::ReasonLabels;
 use crate::state::Shared;
 
@@ -403,7 +405,7 @@ impl TftpServer {
         let sock = match sock {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(client = %peer, error = %e, "tftp transfer socket");
+                tracing::warn!(client = %peer, error = %error_chain(&e), "tftp transfer socket");
                 return reply(0, "server error").await;
             }
         };
@@ -417,7 +419,7 @@ impl TftpServer {
                 transfer(&shared, &cache, &sock, peer, &req, &stop);
             });
         if let Err(e) = spawned {
-            tracing::warn!(client = %peer, error = %e, "tftp transfer thread");
+            tracing::warn!(client = %peer, error = %error_chain(&e), "tftp transfer thread");
             reply(0, "server error").await;
         }
     }
@@ -462,7 +464,7 @@ fn transfer(
         Ok(d) => d,
         Err(e) => {
             count(shared, "error");
-            tracing::warn!(client = %peer, file = %name, error = %e, "tftp file unreadable");
+            tracing::warn!(client = %peer, file = %name, error = %error_chain(&e), "tftp file unreadable");
             let _ = sock.send(&error_packet(1, "File not found"));
             return;
         }
@@ -487,7 +489,7 @@ fn transfer(
             tracing::info!(client = %peer, file = %name, code, msg, "tftp read ended by the client");
         }
         Err(e) => {
-            tracing::info!(client = %peer, file = %name, error = %e, "tftp read abandoned");
+            tracing::info!(client = %peer, file = %name, error = %error_chain(&e), "tftp read abandoned");
             let msg = match e {
                 Abort::Timeout => "transfer timed out",
                 _ => "server stopping",

@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anneal_api::{DhcpMode, Machine, Subnet};
+use anneal_api::{DhcpMode, Machine, Subnet, error_chain};
 use anneal_dhcp::{Cidr, Mac, MachineEntry, Mode};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -256,11 +256,15 @@ pub async fn run(
                         .await
                     {
                         Ok(_) => tracing::info!(revision = %rev, "appliedRevision written"),
-                        Err(e) => tracing::warn!(error = %e, "appliedRevision not written"),
+                        Err(e) => {
+                            tracing::warn!(error = %error_chain(&e), "appliedRevision not written")
+                        }
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "boot table not rebuilt; keeping the live one"),
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "boot table not rebuilt; keeping the live one")
+            }
         }
     }
 }

@@ -66,17 +66,10 @@ pub fn holds_reservation(state: Option<MachineState>) -> bool {
     )
 }
 
-/// A MAC in canonical form (`aa:bb:cc:dd:ee:ff`), if it is one.
+/// A MAC in canonical form (`aa:bb:cc:dd:ee:ff`), if it is one
+/// (`:` or `-` separated, any case: [`anneal_api::Mac`]'s parser).
 pub fn canonical_mac(s: &str) -> Option<String> {
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6
-        || parts
-            .iter()
-            .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        return None;
-    }
-    Some(parts.join(":").to_ascii_lowercase())
+    s.parse::<anneal_api::Mac>().ok().map(|m| m.to_string())
 }
 
 /// `Reservation.machine` of a Machine: its name, `namespace/name` when it

@@ -17,7 +17,7 @@ use nix::sys::socket::{
     AddressFamily, SockFlag, SockType, SockaddrIn, bind, setsockopt, socket, sockopt,
 };
 
-use crate::cmdline::Mac;
+use anneal_api::Mac;
 
 /// A DHCP failure.
 #[derive(Debug, thiserror::Error)]

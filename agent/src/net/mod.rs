@@ -11,7 +11,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::cmdline::{Mac, StaticIp};
+use anneal_api::{Mac, error_chain};
+
+use crate::cmdline::StaticIp;
 use crate::say;
 
 /// A network bring-up failure, worded for the console.
@@ -67,8 +69,10 @@ pub fn interfaces(sys_class_net: &Path) -> Vec<Interface> {
         if !dir.join("device").exists() || read("type") != "1" {
             continue;
         }
-        let (Ok(index), Some(mac)) = (read("ifindex").parse::<u32>(), Mac::parse(&read("address")))
-        else {
+        let (Ok(index), Some(mac)) = (
+            read("ifindex").parse::<u32>(),
+            read("address").parse::<Mac>().ok(),
+        ) else {
             continue;
         };
         out.push(Interface {
@@ -257,7 +261,7 @@ fn race_dhcp(up: &[Interface], timeout: Duration) -> Result<(Interface, dhcp::Le
         say!("DHCP on {}", up[0].name);
         return dhcp::acquire(&up[0].name, up[0].mac, timeout)
             .map(|l| (up[0].clone(), l))
-            .map_err(|e| NetError::Dhcp(crate::modules::error_chain(&e)));
+            .map_err(|e| NetError::Dhcp(error_chain(&e)));
     }
     let names: Vec<&str> = up.iter().map(|i| i.name.as_str()).collect();
     say!("DHCP racing on {}", names.join(", "));
@@ -277,7 +281,7 @@ fn race_dhcp(up: &[Interface], timeout: Duration) -> Result<(Interface, dhcp::Le
     for (i, r) in rx {
         match r {
             Ok(lease) => return Ok((i, lease)),
-            Err(e) => errors.push(crate::modules::error_chain(&e)),
+            Err(e) => errors.push(error_chain(&e)),
         }
     }
     Err(NetError::Dhcp(errors.join("; ")))
@@ -358,10 +362,7 @@ fn keep_lease(iface: Interface, lease: dhcp::Lease) {
                         }
                     });
                     if let Err(e) = applied {
-                        say!(
-                            "re-applying the address failed: {}",
-                            crate::modules::error_chain(&e)
-                        );
+                        say!("re-applying the address failed: {}", error_chain(&e));
                     }
                 }
                 lease = next;

@@ -5,14 +5,16 @@
 //! references measured in the same run; writes target/bench/bootd.json.
 //!
 //! Run as root: `cargo run --release -p anneal-bench --bin bootd-bench [-- --quick]`
+//! (`--help` lists the options).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anneal_bench::{ChildGroup, Netns, median};
 use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig, in_netns};
 use anyhow::{Context, bail};
 
@@ -21,85 +23,39 @@ const SERVER: &str = "10.88.0.1";
 /// The server namespace (`s0`, 10.88.0.1) and a client namespace (`c0`,
 /// 10.88.255.254, and the delay relay on its loopback) joined by a veth
 /// pair: clients (perfdhcp, atftp) must not share port 67 with the servers.
+/// Both are the tests' [`Netns`]: dropping them deletes the namespaces.
 struct Ns {
-    name: String,
-    client: String,
+    server: Netns,
+    client: Netns,
 }
 
 impl Ns {
     fn create() -> anyhow::Result<Ns> {
-        let name = format!("annealbench{}", std::process::id());
-        let client = format!("annealbenchc{}", std::process::id());
-        sh(Command::new("ip").args(["netns", "add", &name]))?;
-        sh(Command::new("ip").args(["netns", "add", &client]))?;
-        let ns = Ns { name, client };
-        ns.ip(&["link", "set", "lo", "up"])?;
-        ns.cip(&["link", "set", "lo", "up"])?;
-        ns.ip(&[
-            "link", "add", "s0", "type", "veth", "peer", "name", "c0", "netns", &ns.client,
-        ])?;
-        ns.ip(&["addr", "add", "10.88.0.1/16", "dev", "s0"])?;
-        ns.cip(&["addr", "add", "10.88.255.254/16", "dev", "c0"])?;
-        ns.ip(&["link", "set", "s0", "up"])?;
-        ns.cip(&["link", "set", "c0", "up"])?;
-        Ok(ns)
+        let server = Netns::bare("annealbs")?;
+        let client = Netns::bare("annealbc")?;
+        server.link(&client, "s0", "10.88.0.1/16", "c0", "10.88.255.254/16")?;
+        Ok(Ns { server, client })
     }
+    /// `ip -n <server> <args>`.
     fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
-        sh(Command::new("ip").arg("-n").arg(&self.name).args(args))
+        self.server.ip(args)
     }
-    fn cip(&self, args: &[&str]) -> anyhow::Result<String> {
-        sh(Command::new("ip").arg("-n").arg(&self.client).args(args))
-    }
+    /// `prog` in the server namespace.
     fn exec(&self, prog: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, prog]);
-        c
+        self.server.exec(prog)
     }
+    /// `prog` in the client namespace.
     fn cexec(&self, prog: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.client, prog]);
-        c
+        self.client.exec(prog)
     }
 }
 
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.name])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.client])
-            .status();
-    }
-}
-
-fn sh(c: &mut Command) -> anyhow::Result<String> {
-    let o = c.output().with_context(|| format!("{c:?}"))?;
-    if !o.status.success() {
-        bail!("{c:?}: {}", String::from_utf8_lossy(&o.stderr));
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(c: &mut Command, log: &Path) -> anyhow::Result<Daemon> {
-    let f = std::fs::File::create(log)?;
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(f.try_clone()?)
-        .stderr(f)
-        .spawn()
-        .with_context(|| format!("{c:?}"))?;
+/// Starts daemon `name` in its own process group (killed with the group on
+/// drop), output to `log`, and gives it 700 ms to bind its sockets.
+fn spawn(name: &str, c: &mut Command, log: &Path) -> anyhow::Result<ChildGroup> {
+    let child = ChildGroup::spawn_logged(name, c, log)?;
     std::thread::sleep(Duration::from_millis(700));
-    Ok(Daemon(child))
+    Ok(child)
 }
 
 fn bootd_yaml(dir: &Path) -> String {
@@ -116,13 +72,13 @@ fn start_bootd(ns: &Ns, dir: &Path, listen: &str) -> anyhow::Result<NetnsServer>
     let _ = std::fs::remove_file(dir.join("bootd.leases"));
     let snap = StaticConfig::from_yaml(&bootd_yaml(dir))?.snapshot(18080, "bench".into())?;
     Ok(NetnsServer::start(
-        &ns.name,
+        ns.server.name(),
         ServerOptions {
             interface: Some("s0".into()),
             listen_ip: listen.parse()?,
             http_port: 18080,
             // --bootd-no-lease-file: diagnosis only (what the lease file costs)
-            lease_file: (!std::env::args().any(|a| a == "--bootd-no-lease-file"))
+            lease_file: (!anneal_bench::flag("--bootd-no-lease-file"))
                 .then(|| dir.join("bootd.leases")),
             ..ServerOptions::default()
         },
@@ -136,7 +92,7 @@ fn start_dnsmasq(
     dir: &Path,
     dhcp: Option<bool>,
     tftp: Option<&str>,
-) -> anyhow::Result<Daemon> {
+) -> anyhow::Result<ChildGroup> {
     let mut c = ns.exec("dnsmasq");
     c.args([
         "--keep-in-foreground",
@@ -164,10 +120,10 @@ fn start_dnsmasq(
         c.arg("--enable-tftp")
             .arg(format!("--tftp-root={}", dir.display()));
     }
-    spawn(&mut c, &dir.join("dnsmasq.log"))
+    spawn("dnsmasq", &mut c, &dir.join("dnsmasq.log"))
 }
 
-fn start_kea(ns: &Ns, dir: &Path) -> anyhow::Result<Daemon> {
+fn start_kea(ns: &Ns, dir: &Path) -> anyhow::Result<ChildGroup> {
     std::fs::create_dir_all("/run/kea")?;
     let leases = dir.join("kea-leases.csv");
     let _ = std::fs::remove_file(&leases);
@@ -188,7 +144,7 @@ fn start_kea(ns: &Ns, dir: &Path) -> anyhow::Result<Daemon> {
     )?;
     let mut c = ns.exec("kea-dhcp4");
     c.arg("-c").arg(&conf);
-    spawn(&mut c, &dir.join("kea.log"))
+    spawn("kea-dhcp4", &mut c, &dir.join("kea.log"))
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -389,7 +345,7 @@ fn dhcp_packet(mac: [u8; 6], xid: u32, msg: u8, extra: &[u8]) -> Vec<u8> {
 /// latency percentiles (ms) and the number of exchanges that timed out.
 fn dora_latency(ns: &Ns, dur: Duration) -> anyhow::Result<(usize, f64, f64, usize)> {
     let r = in_netns(
-        &ns.client,
+        ns.client.name(),
         move || -> std::io::Result<(usize, f64, f64, usize)> {
             use socket2::{Domain, Protocol, Socket, Type};
             let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -731,10 +687,8 @@ fn atftp(
 
 /// `names` filtered by `--servers=a,b` (all when absent).
 fn selected<'a>(names: &[&'a str]) -> Vec<&'a str> {
-    let want: Option<Vec<String>> = std::env::args().find_map(|a| {
-        a.strip_prefix("--servers=")
-            .map(|l| l.split(',').map(str::to_owned).collect())
-    });
+    let want: Option<Vec<String>> =
+        anneal_bench::option("--servers").map(|l| l.split(',').map(str::to_owned).collect());
     names
         .iter()
         .filter(|n| want.as_ref().is_none_or(|w| w.iter().any(|x| x == *n)))
@@ -854,6 +808,7 @@ fn start_tftp_server(
 ) -> anyhow::Result<Box<dyn std::any::Any>> {
     Ok(match name {
         "tftpd-hpa" => Box::new(spawn(
+            "in.tftpd",
             ns.exec("in.tftpd")
                 .args(["-L", "-a", &format!("{addr}:69"), "-s"])
                 .arg(d),
@@ -862,11 +817,6 @@ fn start_tftp_server(
         "dnsmasq" => Box::new(start_dnsmasq(ns, d, None, Some(addr))?),
         _ => Box::new(start_bootd(ns, d, addr)?),
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn bench_tftp(
@@ -881,9 +831,7 @@ fn bench_tftp(
             .collect();
         std::fs::write(d.join(name), bytes)?;
     }
-    let plain_runs = std::env::args()
-        .find_map(|a| a.strip_prefix("--runs=").and_then(|n| n.parse().ok()))
-        .unwrap_or(if quick { 5 } else { 9 });
+    let plain_runs = anneal_bench::option_or("--runs", if quick { 5 } else { 9 })?;
     let delay_runs = if quick { 1 } else { 3 };
     // what a transfer costs before any data moves: starting the client
     let t = Instant::now();
@@ -915,7 +863,7 @@ fn bench_tftp(
         }
     }
     let mut tftp = serde_json::Map::new();
-    let paths: &[&str] = if std::env::args().any(|a| a == "--no-relay") {
+    let paths: &[&str] = if anneal_bench::flag("--no-relay") {
         &["plain"]
     } else {
         &["plain", "delay1ms"]
@@ -930,7 +878,7 @@ fn bench_tftp(
         if path == "delay1ms" {
             for &(_, addr, relay) in &up {
                 relays.push(Relay::start(
-                    &ns.client,
+                    ns.client.name(),
                     SocketAddr::new(relay.parse()?, 69),
                     SocketAddr::new(addr.parse()?, 69),
                     Duration::from_millis(1),
@@ -1014,21 +962,29 @@ fn bench_tftp(
     Ok(())
 }
 
+const USAGE: &str = "\
+usage: bootd-bench [options]   (as root; creates and deletes its own namespaces)
+  --quick                 shorter runs and a coarser DHCP sweep
+  --only=dhcp|latency|tftp
+                          one part only (dhcp includes latency)
+  --servers=a,b           only these servers (bootd, dnsmasq, kea, tftpd-hpa)
+  --runs=N                TFTP runs on the plain veth (default 9, 5 with --quick)
+  --no-relay              TFTP on the plain veth only (no 1 ms delay relay)
+  --bootd-no-lease-file   bootd without its lease file (diagnosis only)
+writes target/bench/bootd.json";
+
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let only = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--only="))
-        .map(str::to_owned);
+    if anneal_bench::flag("--help") || anneal_bench::flag("-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let quick = anneal_bench::flag("--quick");
+    let only = anneal_bench::option("--only");
     let ns = Ns::create()?;
     let dir = tempfile::Builder::new().prefix("annealbench").tempdir()?;
     let d = dir.path().to_path_buf();
-    if let Ok(l) = std::fs::read_to_string("/proc/loadavg") {
-        println!(
-            "load average at start: {}",
-            l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-        );
+    if let Some(l) = anneal_bench::load_average() {
+        println!("load average at start: {l}");
     }
     let mut json = serde_json::Map::new();
     if only.as_deref().is_none_or(|o| o == "dhcp") {

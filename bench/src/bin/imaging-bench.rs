@@ -8,9 +8,10 @@
 //! (options: `--runs N`, `--used-mib N`, `--keep`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use anneal_bench::median;
 use anneal_image::capture::{self, Options};
 use anneal_image::restore::{self, Content, Target};
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,16 +20,9 @@ use std::time::Instant;
 const SCRATCH: &str = "/var/tmp/anneal-bench";
 const FS_SIZE: u64 = 4 << 30;
 
+/// Runs `cmd` to completion (the error carries its stderr).
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd.output().with_context(|| format!("spawning {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+    anneal_bench::run(cmd).map(drop)
 }
 
 /// Pause after dropping caches, before each timed contender.
@@ -92,11 +86,6 @@ fn build_fs(dir: &Path, used_mib: u64) -> anyhow::Result<PathBuf> {
     Ok(img)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     drop_caches();
     // let the previous contender's write-back drain below the guest (the
@@ -108,16 +97,9 @@ fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let runs: usize = arg("--runs").map_or(Ok(5), |s| s.parse())?;
-    let used_mib: u64 = arg("--used-mib").map_or(Ok(1536), |s| s.parse())?;
-    let keep = args.iter().any(|a| a == "--keep");
+    let runs: usize = anneal_bench::option_or("--runs", 5)?;
+    let used_mib: u64 = anneal_bench::option_or("--used-mib", 1536)?;
+    let keep = anneal_bench::flag("--keep");
     let dir = PathBuf::from(SCRATCH);
     std::fs::create_dir_all(&dir)?;
     let log = dir.join("partclone.log");

@@ -9,8 +9,8 @@ use dhcproto::v4::{
 };
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 
+use crate::Mac;
 use crate::lease::{Lease, LeaseEffect, Leases};
-use crate::mac::Mac;
 use crate::options::{IpxeOptions, PXE_BOOT_ITEM, PxeVendorOptions, parse_suboptions};
 use crate::table::{Arch, BootTable, Mode};
 use crate::wire::{ClientKind, Malformed, Request, ServerPort};

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use crate::mac::Mac;
+use crate::Mac;
 
 /// How long an address a client declined (found in use) is withheld, seconds.
 pub const DECLINE_HOLD_SECS: u64 = 600;

@@ -12,14 +12,14 @@
 
 mod decide;
 mod lease;
-mod mac;
 pub mod options;
 mod table;
 mod wire;
 
+/// The MAC type is anneal-api's (one type for the agent, bootd and the manager).
+pub use anneal_api::mac::{Mac, MacParseError};
 pub use decide::{Decision, Dest, DropReason, Reply, decide};
 pub use lease::{Lease, LeaseEffect, Leases};
-pub use mac::{Mac, MacParseError};
 pub use table::{Arch, BootFiles, BootTable, Cidr, CidrParseError, MachineEntry, Mode};
 pub use wire::{ClientKind, Ingress, MAX_PACKET, Malformed, Request, ServerPort};
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
-use crate::mac::Mac;
+use crate::Mac;
 
 /// `Subnet.spec.dhcp.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

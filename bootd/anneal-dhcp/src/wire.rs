@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use dhcproto::v4::{Message, MessageType, Opcode};
 use dhcproto::{Decodable, Decoder};
 
-use crate::mac::Mac;
+use crate::Mac;
 
 /// Largest datagram accepted (an Ethernet MTU); anything bigger is dropped.
 pub const MAX_PACKET: usize = 1500;

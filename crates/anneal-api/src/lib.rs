@@ -7,6 +7,12 @@
 //! `manager/crds/`.
 
 pub mod agent;
+pub mod conditions;
+mod error;
+pub mod mac;
+
+pub use error::error_chain;
+pub use mac::{Mac, MacParseError};
 
 #[cfg(feature = "crd")]
 mod crd;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anneal_api::agent::Token;
+use anneal_api::conditions::reasons;
 use hyper::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -42,11 +43,11 @@ impl BmcReason {
     /// The condition reason string.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::BmcUnreachable => "BMCUnreachable",
-            Self::CredentialsMissing => "CredentialsMissing",
-            Self::CredentialsRejected => "CredentialsRejected",
-            Self::TlsConfigConflict => "TLSConfigConflict",
-            Self::QueryFailed => "QueryFailed",
+            Self::BmcUnreachable => reasons::BMC_UNREACHABLE,
+            Self::CredentialsMissing => reasons::CREDENTIALS_MISSING,
+            Self::CredentialsRejected => reasons::CREDENTIALS_REJECTED,
+            Self::TlsConfigConflict => reasons::TLS_CONFIG_CONFLICT,
+            Self::QueryFailed => reasons::QUERY_FAILED,
         }
     }
 
@@ -485,9 +486,6 @@ impl RedfishClient {
             Scheme::Http => None,
             Scheme::Https => Some(tls_config(tls)?),
         };
-        let basic = http::base64(
-            format!("{}:{}", credentials.username, credentials.password.expose()).as_bytes(),
-        );
         Ok(Self {
             endpoint: Endpoint {
                 host: address.host.clone(),
@@ -495,7 +493,10 @@ impl RedfishClient {
                 tls,
                 timeout,
             },
-            authorization: Token::new(format!("Basic {basic}")),
+            authorization: Token::new(http::basic_authorization(
+                &credentials.username,
+                credentials.password.expose(),
+            )),
             system_path: OnceCell::new(),
             fixed_system: address.system_path.clone(),
         })

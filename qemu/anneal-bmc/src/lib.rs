@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use base64::prelude::{BASE64_STANDARD, Engine as _};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -251,7 +252,7 @@ pub async fn start(cfg: BmcConfig) -> Result<RunningBmc, BmcError> {
     };
     let auth = format!(
         "Basic {}",
-        base64(format!("{}:{}", cfg.username, cfg.password).as_bytes())
+        BASE64_STANDARD.encode(format!("{}:{}", cfg.username, cfg.password))
     );
     let shared = Arc::new(Shared {
         cfg,
@@ -610,29 +611,6 @@ async fn route(
     }
 }
 
-/// Standard base64 with padding.
-fn base64(input: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in input.chunks(3) {
-        let b = [
-            chunk.first().copied().unwrap_or(0),
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                let idx = ((n >> (18 - 6 * i)) & 0x3f) as usize;
-                out.push(char::from(ALPHABET.get(idx).copied().unwrap_or(b'=')));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -651,10 +629,5 @@ mod tests {
         save_state(&p, &s).unwrap();
         assert_eq!(load_state(&p).unwrap(), s);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn basic_auth_encoding() {
-        assert_eq!(base64(b"admin:password"), "YWRtaW46cGFzc3dvcmQ=");
     }
 }

@@ -1,7 +1,8 @@
 //! Child processes in their own process group, killed (the whole group) on drop.
 
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -25,6 +26,17 @@ impl ChildGroup {
             name: name.to_string(),
             child: Some(child),
         })
+    }
+
+    /// Like [`ChildGroup::spawn`], with stdin from `/dev/null` and stdout and
+    /// stderr written to `log` (created, or truncated when it exists).
+    pub fn spawn_logged(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Self> {
+        let out = std::fs::File::create(log)
+            .map_err(|e| anyhow::anyhow!("cannot create {name}'s log {}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| anyhow::anyhow!("cannot share {name}'s log {}: {e}", log.display()))?;
+        Self::spawn(name, cmd.stdin(Stdio::null()).stdout(out).stderr(err))
     }
 
     /// The leader's PID (also the process group id).
@@ -74,5 +86,37 @@ pub fn process_alive(pid: u32) -> bool {
             .trim_start()
             .starts_with('Z'),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_logged_writes_both_streams_to_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sh.log");
+        let mut child = ChildGroup::spawn_logged(
+            "sh",
+            Command::new("sh").args(["-c", "echo to-stdout; echo to-stderr >&2"]),
+            &log,
+        )
+        .unwrap();
+        // Poll for the exit (a state reached), bounded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_exit() {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "sh did not exit");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(status.success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.contains("to-stdout") && text.contains("to-stderr"),
+            "{text}"
+        );
     }
 }

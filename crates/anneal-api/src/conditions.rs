@@ -1,0 +1,246 @@
+//! `status.conditions` vocabulary of docs/api.md: condition types in
+//! [`types`], their reasons in [`reasons`]. Writers (the manager's
+//! controllers) and readers (bootd, tests, ReadinessRules) name them through
+//! these constants so a typo is a compile error, not a condition nobody sees.
+//!
+//! The `type` and `reason` strings are part of the contract: changing one is
+//! an API change (docs/api.md).
+
+/// Condition types (`metav1.Condition.type`).
+pub mod types {
+    /// Every kind: the object is usable (Site, Subnet, Image, Machine,
+    /// MachineClaim, ReadinessRule).
+    pub const READY: &str = "Ready";
+    /// The spec passes the checks CEL cannot express; `False` with a reason
+    /// naming the rule (Site, Subnet, Image, PostHook, MachineClaim,
+    /// ReadinessRule).
+    pub const VALID: &str = "Valid";
+    /// Machine: a state transition is under way.
+    pub const PROGRESSING: &str = "Progressing";
+    /// MachineClaim: the claim holds a Machine (`spec.claimRef` written).
+    pub const BOUND: &str = "Bound";
+    /// Machine: the BMC answers (reasons BMCUnreachable, CredentialsMissing,
+    /// CredentialsRejected, TLSConfigConflict, QueryFailed).
+    pub const BMC_REACHABLE: &str = "BMCReachable";
+    /// Machine: the agent of the current boot registered with its boot token.
+    pub const AGENT_REGISTERED: &str = "AgentRegistered";
+    /// Machine: the agent speaks this manager's `Anneal-Agent-Schema`.
+    pub const AGENT_COMPATIBLE: &str = "AgentCompatible";
+    /// Machine: 3 consecutive `Restart` failures in one state; the controller
+    /// stops calling the BMC until `anneal.dev/clear-error`.
+    pub const RETRY_HELD: &str = "RetryHeld";
+    /// Machine: held because its status could not be trusted after a loss.
+    pub const STATUS_LOSS_HOLD: &str = "StatusLossHold";
+    /// Machine in a lease-mode Subnet: its DHCP reservation is live in bootd
+    /// (`status.dhcp.appliedRevision`), so powering on may proceed.
+    pub const DHCP_RESERVATION_READY: &str = "DHCPReservationReady";
+    /// Subnet (lease mode): `spec.dhcp.leaseRange` has no free address for a
+    /// Machine that needs one.
+    pub const DHCP_POOL_EXHAUSTED: &str = "DHCPPoolExhausted";
+    /// PartitionContent: deletion waits while an Image slot or an active
+    /// DeployRun references it (finalizer).
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+    /// Image: a seeder of its content is not serving.
+    pub const SEEDER_DEGRADED: &str = "SeederDegraded";
+
+    /// Every condition type above.
+    pub const ALL: &[&str] = &[
+        READY,
+        VALID,
+        PROGRESSING,
+        BOUND,
+        BMC_REACHABLE,
+        AGENT_REGISTERED,
+        AGENT_COMPATIBLE,
+        RETRY_HELD,
+        STATUS_LOSS_HOLD,
+        DHCP_RESERVATION_READY,
+        DHCP_POOL_EXHAUSTED,
+        DELETION_BLOCKED,
+        SEEDER_DEGRADED,
+    ];
+}
+
+/// Condition reasons (`metav1.Condition.reason`), grouped by the condition
+/// type they go with.
+pub mod reasons {
+    // --- Valid ---
+    /// Valid=True: the spec is valid.
+    pub const VALID: &str = "Valid";
+    /// Subnet: `spec.dhcp.gateway` is not inside `spec.cidr`.
+    pub const GATEWAY_OUTSIDE_CIDR: &str = "GatewayOutsideCIDR";
+    /// Subnet: `spec.dhcp.leaseRange` start is after its end.
+    pub const LEASE_RANGE_INVERTED: &str = "LeaseRangeInverted";
+    /// Subnet: `spec.dhcp.leaseRange` is not inside `spec.cidr`.
+    pub const LEASE_RANGE_OUTSIDE_CIDR: &str = "LeaseRangeOutsideCIDR";
+    /// Subnet: `spec.dhcp.leaseRange` includes the network or broadcast address.
+    pub const LEASE_RANGE_INCLUDES_NETWORK_OR_BROADCAST: &str =
+        "LeaseRangeIncludesNetworkOrBroadcast";
+    /// Subnet: `spec.bootd.serverIP` is inside `spec.dhcp.leaseRange`.
+    pub const SERVER_IP_IN_LEASE_RANGE: &str = "ServerIPInLeaseRange";
+    /// Subnet: `spec.dhcp.gateway` is inside `spec.dhcp.leaseRange`.
+    pub const GATEWAY_IN_LEASE_RANGE: &str = "GatewayInLeaseRange";
+    /// Site: `spec.seederSubnetRef` names no Subnet.
+    pub const SEEDER_SUBNET_NOT_FOUND: &str = "SeederSubnetNotFound";
+    /// Site: `spec.seederSubnetRef` names a Subnet of another Site.
+    pub const SEEDER_SUBNET_IN_OTHER_SITE: &str = "SeederSubnetInOtherSite";
+    /// Site: the seeder Subnet declares no data half (`spec.seederNetworkRef`).
+    pub const SEEDER_SUBNET_HAS_NO_DATA_HALF: &str = "SeederSubnetHasNoDataHalf";
+    /// Site: `spec.tracker.ip` is outside the seeder Subnet.
+    pub const TRACKER_IP_OUTSIDE_SUBNET: &str = "TrackerIPOutsideSubnet";
+    /// Image: a slot's `contentRef` names another namespace than the Image's.
+    pub const CONTENT_NAMESPACE_MISMATCH: &str = "ContentNamespaceMismatch";
+    /// Image: a slot's `contentRef` names no PartitionContent.
+    pub const CONTENT_NOT_FOUND: &str = "ContentNotFound";
+    /// Image: a PartitionContent does not fit its slot.
+    pub const CONTENT_DOES_NOT_FIT: &str = "ContentDoesNotFit";
+    /// PostHook: a script's ConfigMap or Secret (or its key) does not exist.
+    pub const SCRIPT_SOURCE_NOT_FOUND: &str = "ScriptSourceNotFound";
+    /// PostHook: a script templates a param `spec.params` does not declare.
+    pub const UNDECLARED_PARAM: &str = "UndeclaredParam";
+    /// MachineClaim: two resolved disks of the claim are the same disk.
+    pub const DUPLICATE_DISK_HINTS: &str = "DuplicateDiskHints";
+    /// MachineClaim: `spec.imageRef` names an Image that is not bootable.
+    pub const IMAGE_NOT_BOOTABLE: &str = "ImageNotBootable";
+    /// MachineClaim: a `spec.dataImages[]` entry names a bootable Image.
+    pub const DATA_IMAGE_BOOTABLE: &str = "DataImageBootable";
+
+    // --- Bound (MachineClaim) ---
+    /// Bound=True: the claim holds a Machine.
+    pub const BOUND: &str = "Bound";
+    /// Bound=False: no Machine matches (the message names the closest miss).
+    pub const NO_MATCHING_MACHINE: &str = "NoMatchingMachine";
+    /// Bound=False: `spec.machineName` names a Machine that does not exist.
+    pub const MACHINE_NOT_FOUND: &str = "MachineNotFound";
+    /// Bound=False: the bound Machine no longer names this claim.
+    pub const MACHINE_RELEASED: &str = "MachineReleased";
+
+    // --- Ready ---
+    /// MachineClaim Ready=True: the bound Machine is Provisioned.
+    pub const PROVISIONED: &str = "Provisioned";
+    /// MachineClaim Ready=False: the bound Machine is not Provisioned yet.
+    pub const NOT_PROVISIONED: &str = "NotProvisioned";
+    /// MachineClaim Ready=False: the claim is not bound.
+    pub const NOT_BOUND: &str = "NotBound";
+    /// Machine Ready=False: its claim was deleted, reclaimPolicy Retain.
+    pub const RELEASED: &str = "Released";
+    /// Machine Ready=False: its claim was deleted, reclaimPolicy Recycle
+    /// waits for the wipe.
+    pub const RECYCLE_PENDING: &str = "RecyclePending";
+    /// ReadinessRule Ready=True: every listed condition holds.
+    pub const ALL_CONDITIONS_HOLD: &str = "AllConditionsHold";
+    /// ReadinessRule Ready=False: some listed condition does not hold yet.
+    pub const CONDITIONS_PENDING: &str = "ConditionsPending";
+
+    // --- BMCReachable ---
+    /// BMCReachable=True: the BMC answers.
+    pub const CONNECTED: &str = "Connected";
+    /// Connection refused/reset, no route, DNS, timeout, 502/503/504
+    /// (retried every 15 s).
+    pub const BMC_UNREACHABLE: &str = "BMCUnreachable";
+    /// The credentials Secret is missing or lacks `username`/`password`.
+    pub const CREDENTIALS_MISSING: &str = "CredentialsMissing";
+    /// The BMC answered 401/403 (retried every 5 min).
+    pub const CREDENTIALS_REJECTED: &str = "CredentialsRejected";
+    /// `insecureSkipVerify` together with `caBundleSecretRef`, or a CA bundle
+    /// that cannot be used (retried every 5 min).
+    pub const TLS_CONFIG_CONFLICT: &str = "TLSConfigConflict";
+    /// Anything else: unexpected answers, TLS verification failures, no
+    /// ComputerSystem (exponential 5 s … 30 min).
+    pub const QUERY_FAILED: &str = "QueryFailed";
+
+    // --- AgentRegistered / AgentCompatible ---
+    /// AgentRegistered=True: the agent registered.
+    pub const REGISTERED: &str = "Registered";
+    /// AgentRegistered=False: net boot armed, waiting for the agent.
+    pub const WAITING_FOR_AGENT: &str = "WaitingForAgent";
+    /// AgentCompatible=True: the agent sent `Anneal-Agent-Schema: 1`.
+    pub const SCHEMA_MATCHES: &str = "SchemaMatches";
+    /// AgentCompatible=False: the agent's schema differs (refused with 426).
+    pub const SCHEMA_MISMATCH: &str = "SchemaMismatch";
+
+    // --- RetryHeld ---
+    /// RetryHeld=True: 3 consecutive `Restart` failures in one state (also
+    /// the reason of the Warning Event).
+    pub const BOOT_RETRY_EXHAUSTED: &str = "BootRetryExhausted";
+    /// RetryHeld=False: `anneal.dev/clear-error` applied.
+    pub const CLEARED: &str = "Cleared";
+
+    // --- DHCPReservationReady ---
+    /// DHCPReservationReady=True: bootd applied the table holding the
+    /// Machine's reservation.
+    pub const RESERVATION_LIVE: &str = "ReservationLive";
+    /// DHCPReservationReady=False: the reservation is not live in bootd yet;
+    /// the Machine is not powered on.
+    pub const WAITING_FOR_DHCP_RESERVATION: &str = "WaitingForDHCPReservation";
+
+    // --- DHCPPoolExhausted (Subnet) ---
+    /// DHCPPoolExhausted=False: every Machine that needs an address has one.
+    pub const ADDRESSES_AVAILABLE: &str = "AddressesAvailable";
+    /// DHCPPoolExhausted=True: Machines wait for an address of the leaseRange.
+    pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+    /// DHCPPoolExhausted=False: proxy mode assigns no addresses.
+    pub const PROXY_MODE: &str = "ProxyMode";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{reasons, types};
+
+    /// metav1.Condition's type and reason rule, as anneal uses it: CamelCase
+    /// ASCII letters and digits, at most 316 bytes for a type and 1024 for a
+    /// reason (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`).
+    fn is_condition_word(s: &str) -> bool {
+        s.len() <= 316
+            && s.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
+            && s.bytes().all(|b| b.is_ascii_alphanumeric())
+    }
+
+    #[test]
+    fn every_constant_is_a_valid_condition_word() {
+        let longest_reasons = [
+            reasons::LEASE_RANGE_INCLUDES_NETWORK_OR_BROADCAST,
+            reasons::TLS_CONFIG_CONFLICT,
+            reasons::WAITING_FOR_DHCP_RESERVATION,
+        ];
+        for &s in types::ALL.iter().chain(&longest_reasons) {
+            assert!(is_condition_word(s), "{s:?}");
+        }
+        let mut sorted = types::ALL.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), types::ALL.len(), "a type listed twice in ALL");
+    }
+}
+
+#[cfg(all(test, feature = "crd"))]
+mod crd_tests {
+    use super::types;
+
+    /// Every printer column that shows a condition names a type of [`types`].
+    #[test]
+    fn printer_columns_name_known_condition_types() {
+        let mut seen = 0;
+        for crd in crate::crds() {
+            for v in &crd.spec.versions {
+                for col in v.additional_printer_columns.iter().flatten() {
+                    let Some(rest) = col.json_path.split("@.type==\"").nth(1) else {
+                        continue;
+                    };
+                    let ty = rest.split('"').next().unwrap_or_default();
+                    assert!(
+                        types::ALL.contains(&ty),
+                        "{} printer column {:?} shows unknown condition type {ty:?}",
+                        crd.spec.names.kind,
+                        col.name
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(
+            seen >= 2,
+            "expected the Valid and Ready columns, saw {seen}"
+        );
+    }
+}
