@@ -405,7 +405,7 @@ impl Server {
                 .as_ref()
                 .map(|s| s.conditions.clone())
                 .unwrap_or_default();
-            crate::lifecycle::status::set_condition(
+            crate::conditions::set(
                 &mut conditions,
                 "AgentCompatible",
                 true,
@@ -492,7 +492,7 @@ impl Server {
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default();
-        crate::lifecycle::status::set_condition(
+        crate::conditions::set(
             &mut conditions,
             "AgentCompatible",
             false,
