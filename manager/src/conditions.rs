@@ -96,14 +96,54 @@ mod tests {
         let t0 = Timestamp::from_second(1_000).unwrap();
         let t1 = Timestamp::from_second(2_000).unwrap();
         let mut c = Vec::new();
-        assert!(set_at(&mut c, "BMCReachable", true, "Connected", "", Some(1), t0));
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "",
+            Some(1),
+            t0
+        ));
         assert_eq!(c[0].last_transition_time, Time(t0));
         // message and generation changes are changes, at the same time
-        assert!(set_at(&mut c, "BMCReachable", true, "Connected", "x", Some(1), t1));
-        assert!(set_at(&mut c, "BMCReachable", true, "Connected", "x", Some(2), t1));
-        assert!(!set_at(&mut c, "BMCReachable", true, "Connected", "x", Some(2), t1));
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "x",
+            Some(1),
+            t1
+        ));
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "x",
+            Some(2),
+            t1
+        ));
+        assert!(!set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "x",
+            Some(2),
+            t1
+        ));
         assert_eq!(c[0].last_transition_time, Time(t0));
-        assert!(set_at(&mut c, "BMCReachable", false, "BMCUnreachable", "", Some(2), t1));
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            false,
+            "BMCUnreachable",
+            "",
+            Some(2),
+            t1
+        ));
         assert_eq!(c[0].last_transition_time, Time(t1));
         assert_eq!(status(&c, "BMCReachable"), Some("False"));
     }

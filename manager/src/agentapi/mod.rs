@@ -497,7 +497,7 @@ impl Server {
             "AgentCompatible",
             false,
             "SchemaMismatch",
-            &format!(
+            format!(
                 "the agent sent Anneal-Agent-Schema {:?}; this manager speaks 1",
                 schema.unwrap_or("")
             ),

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Event as KubeEvent;
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -146,7 +146,7 @@ pub(super) async fn apply(m: &Machine, ctx: &Context) -> Result<Action, Error> {
             Err(f) => snap.bmc = Bmc::Failed(f),
         }
     }
-    if client.is_some() {
+    if client.is_some() && handlers::wants_subnet(&snap) {
         // The DHCP gate of a power-on.
         let (sns, sname) = dhcp_gate::subnet_of(m);
         snap.subnet = Api::<Subnet>::namespaced(ctx.client.clone(), &sns)
@@ -223,6 +223,7 @@ async fn carry_out(
         i += 1;
     }
     set_backoff(ctx, &key, m, decision.backoff);
+    log(&decision);
     if decision.token == TokenOp::Delete {
         delete_boot_token(m, ctx).await?;
     }
@@ -230,6 +231,27 @@ async fn carry_out(
         commit(m, ctx, decision.draft).await?;
     }
     Ok(decision.outcome)
+}
+
+/// Logs what a pass decided: its Events (a state change, a BMC failure,
+/// a hold, …) and its outcome.
+fn log(decision: &Decision) {
+    for e in &decision.draft.events {
+        if e.type_ == EventType::Warning {
+            tracing::warn!(reason = e.reason, note = %e.note, "machine event");
+        } else {
+            tracing::info!(reason = e.reason, note = %e.note, "machine event");
+        }
+    }
+    if let BackoffOp::Failed { reason, attempt } = decision.backoff {
+        tracing::info!(
+            reason = reason.as_str(),
+            attempt,
+            retry_s = reason.retry_after(attempt).as_secs(),
+            "bmc unavailable"
+        );
+    }
+    tracing::debug!(outcome = ?decision.outcome, actions = decision.actions.len(), "pass decided");
 }
 
 /// One BMC call; an Event to add on success.
@@ -250,7 +272,7 @@ async fn run_action(
                 .await?;
             if announce {
                 return Ok(Some(Event {
-                    type_: kube::runtime::events::EventType::Normal,
+                    type_: EventType::Normal,
                     reason: "PoweredOff",
                     note: format!("idle machine powered off ({outcome:?})"),
                 }));

@@ -4,8 +4,9 @@
 //! Events, the annotations to drop, the boot-token operation and the BMC
 //! actions to take, each with the status to commit should it fail. No API
 //! client, no BMC client, no clock: `now` comes from the snapshot, so every
-//! transition and hold is unit-tested below. [`super::driver`] gathers the
-//! snapshot and carries out the decision.
+//! transition and hold is unit-tested below; no logging either (a dry run
+//! decides whether the Subnet is read): the driver gathers the snapshot,
+//! carries out the decision and logs it.
 
 use std::time::Duration;
 
@@ -97,7 +98,7 @@ pub struct Snapshot<'a> {
     /// The session annotation of the Machine's MachineHardware (the report
     /// of the agent of some boot), when read.
     pub hardware_session: Option<String>,
-    /// The Machine's Subnet (read when the BMC answered: the DHCP gate).
+    /// The Machine's Subnet for the DHCP gate (read when [`wants_subnet`]).
     pub subnet: Option<Subnet>,
     /// The overdue-warning memory of the DHCP gate: start of the wait (ms)
     /// and the periods warned about.
@@ -298,11 +299,7 @@ pub fn wants_hardware(m: &Machine) -> bool {
 
 fn held(m: &Machine, cfg: &LifecycleConfig) -> bool {
     annotation(m, annotations::CLEAR_ERROR).is_none()
-        && m.status
-            .as_ref()
-            .and_then(|s| s.restart_count)
-            .unwrap_or(0)
-            >= cfg.max_restarts
+        && m.status.as_ref().and_then(|s| s.restart_count).unwrap_or(0) >= cfg.max_restarts
 }
 
 fn reported(snap: &Snapshot<'_>) -> bool {
@@ -321,6 +318,14 @@ pub fn wants_bmc(snap: &Snapshot<'_>) -> bool {
         && !reported(snap)
         && annotation(m, annotations::DETACHED).is_none()
         && snap.bmc_backoff.is_none()
+}
+
+/// Whether the driver should read the Machine's Subnet for the DHCP gate:
+/// only when the BMC answered and the pass would arm a boot (the gate can
+/// only hold a power-on, so a pass that arms nothing without the Subnet
+/// arms nothing with it).
+pub fn wants_subnet(snap: &Snapshot<'_>) -> bool {
+    matches!(snap.bmc, Bmc::Answer { .. }) && apply(snap).token == TokenOp::Mint
 }
 
 /// The RetryHeld message, built from the configured bound.
@@ -417,13 +422,19 @@ impl<'s, 'a> Pass<'s, 'a> {
             st.restart_count = None;
             st.error_type = None;
             st.error_message = None;
-            st.operational_status = Some(OperationalStatus::Ok);
+            // A detached machine stays detached on the operational axis.
+            st.operational_status = Some(
+                if annotation(self.snap.machine, annotations::DETACHED).is_some() {
+                    OperationalStatus::Detached
+                } else {
+                    OperationalStatus::Ok
+                },
+            );
             self.event(
                 EventType::Normal,
                 "StateChanged",
                 format!("{from:?} → {to:?}"),
             );
-            tracing::info!(from = ?from, to = ?to, "machine state changed");
         }
     }
 
@@ -498,9 +509,7 @@ pub fn bmc_failed(d: &mut Draft, f: &BmcFailure, attempts: u32, snap: &Snapshot<
     d.status.operational_status = Some(OperationalStatus::Error);
     d.status.error_type = Some(ErrorType::Transient);
     d.status.error_message = Some(format!("bmc: {}", f.message));
-    let retry = f.reason.retry_after(attempt);
-    tracing::info!(reason, retry_s = retry.as_secs(), error = %f.message, "bmc unavailable");
-    retry
+    f.reason.retry_after(attempt)
 }
 
 /// The decision after BMC call `failed` of `decision` failed: its fallback
@@ -624,9 +633,9 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
             Bmc::Failed(f) => {
                 let retry = bmc_failed(&mut p.d, f, snap.bmc_attempts, snap);
                 p.backoff = BackoffOp::Failed {
-                reason: f.reason,
-                attempt: snap.bmc_attempts.saturating_add(1),
-            };
+                    reason: f.reason,
+                    attempt: snap.bmc_attempts.saturating_add(1),
+                };
                 return p.finish(
                     Outcome::Wait {
                         reason: "BMC unavailable",
@@ -764,8 +773,7 @@ fn park(p: &mut Pass<'_, '_>, client: bool) -> Option<Outcome> {
 /// Enrolling: straight to Available with inspect-disable (and a boot MAC),
 /// else Inspecting with a boot armed.
 fn enrolling(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
-    if p.annotation(annotations::INSPECT_DISABLE).is_some()
-        && p.m().spec.boot_mac_address.is_some()
+    if p.annotation(annotations::INSPECT_DISABLE).is_some() && p.m().spec.boot_mac_address.is_some()
     {
         p.transition(MachineState::Available);
         return Outcome::Transition {
@@ -818,7 +826,6 @@ fn inspecting(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
                 Some("the boot token expired before the agent registered and reported".into());
             st.net_boot = None;
             st.agent = None;
-            tracing::warn!(restarts, "inspection deadline passed");
             let max = p.cfg().max_restarts;
             if restarts >= max {
                 p.cond(
@@ -959,10 +966,6 @@ fn dhcp_hold(p: &mut Pass<'_, '_>) -> Option<Duration> {
             p.warn = WarnOp::Clear;
             let message = format!("{address} is live on Subnet {subnet} (revision {revision})");
             if waiting_since.is_some() {
-                let held_since = condition(&p.d.status.conditions, dhcp_gate::CONDITION)
-                    .map(|c| c.last_transition_time.0.to_string())
-                    .unwrap_or_default();
-                tracing::info!(%subnet, %address, %held_since, "dhcp reservation live; powering on");
                 p.event(EventType::Normal, dhcp_gate::LIVE, message.clone());
             }
             p.cond(dhcp_gate::CONDITION, true, dhcp_gate::LIVE, &message);
@@ -975,9 +978,6 @@ fn dhcp_hold(p: &mut Pass<'_, '_>) -> Option<Duration> {
                 i64::try_from(p.cfg().dhcp_reservation_timeout.as_millis()).unwrap_or(i64::MAX);
             let overdue = timeout > 0 && elapsed >= timeout;
             let message = dhcp_gate::waiting_message(&subnet, &missing, overdue);
-            if waiting_since.is_none() {
-                tracing::info!(%subnet, %message, "power-on held for the dhcp reservation");
-            }
             p.cond(dhcp_gate::CONDITION, false, dhcp_gate::WAITING, &message);
             let mut recheck = DHCP_RECHECK;
             if overdue {
@@ -1000,7 +1000,6 @@ fn dhcp_hold(p: &mut Pass<'_, '_>) -> Option<Duration> {
                         },
                         dhcp_gate::hint(&subnet, &missing),
                     );
-                    tracing::warn!(%subnet, elapsed_ms = elapsed, "dhcp reservation overdue");
                     p.event(EventType::Warning, dhcp_gate::OVERDUE_EVENT, note);
                 }
             } else {
@@ -1365,10 +1364,21 @@ mod tests {
         assert_eq!(d.token, TokenOp::Delete);
         assert_eq!(d.draft.status.net_boot, None);
         let held = cond(&d, "RetryHeld").unwrap();
-        assert_eq!((held.status.as_str(), held.reason.as_str()), ("True", "BootRetryExhausted"));
-        assert!(held.message.starts_with("3 consecutive restart failures"), "{}", held.message);
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("True", "BootRetryExhausted")
+        );
+        assert!(
+            held.message.starts_with("3 consecutive restart failures"),
+            "{}",
+            held.message
+        );
         assert!(reasons(&d).contains(&"BootRetryExhausted"));
-        assert_eq!(state(&d), MachineState::Inspecting, "a failure keeps the state");
+        assert_eq!(
+            state(&d),
+            MachineState::Inspecting,
+            "a failure keeps the state"
+        );
     }
 
     #[test]
@@ -1381,7 +1391,11 @@ mod tests {
         let m = machine(json!({}), json!({}), st);
         let d = apply(&snap(&m, &cfg, answer(true)));
         let held = cond(&d, "RetryHeld").unwrap();
-        assert!(held.message.starts_with("5 consecutive"), "{}", held.message);
+        assert!(
+            held.message.starts_with("5 consecutive"),
+            "{}",
+            held.message
+        );
         // at 4 of 5 it would have re-armed
         let st = inspecting(json!({
             "netBoot": {"tokenHash": "h", "expiresAt": at(-5)}, "restartCount": 3,
@@ -1421,7 +1435,11 @@ mod tests {
         want.conditions = d.draft.status.conditions.clone();
         assert_eq!(d.draft.status, want);
         assert_eq!(
-            cond(&d, "RetryHeld").unwrap().last_transition_time.0.to_string(),
+            cond(&d, "RetryHeld")
+                .unwrap()
+                .last_transition_time
+                .0
+                .to_string(),
             at(-60_000)
         );
     }
@@ -1438,11 +1456,17 @@ mod tests {
         assert!(wants_bmc(&s));
         let d = apply(&s);
         let held = cond(&d, "RetryHeld").unwrap();
-        assert_eq!((held.status.as_str(), held.reason.as_str()), ("False", "Cleared"));
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("False", "Cleared")
+        );
         assert_eq!(held.last_transition_time.0, now());
         assert_eq!(d.draft.status.restart_count, None);
         assert_eq!(d.draft.status.error_count, None);
-        assert_eq!(d.draft.status.operational_status, Some(OperationalStatus::Ok));
+        assert_eq!(
+            d.draft.status.operational_status,
+            Some(OperationalStatus::Ok)
+        );
         assert_eq!(d.draft.drop_annotations, vec![annotations::CLEAR_ERROR]);
         assert_eq!(d.token, TokenOp::Mint);
         assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
@@ -1501,7 +1525,11 @@ mod tests {
         let cfg = cfg();
         let park = json!({"anneal.dev/operation": "park"});
         for from in ["Available", "Provisioned"] {
-            let m = machine(park.clone(), json!({}), json!({"state": from, "poweredOn": true}));
+            let m = machine(
+                park.clone(),
+                json!({}),
+                json!({"state": from, "poweredOn": true}),
+            );
             let d = apply(&snap(&m, &cfg, answer(true)));
             assert_eq!(
                 d.outcome,
@@ -1558,7 +1586,10 @@ mod tests {
         let s = snap(&m, &cfg, Bmc::None);
         assert!(!wants_bmc(&s));
         let d = apply(&s);
-        assert_eq!(d.draft.status.operational_status, Some(OperationalStatus::Detached));
+        assert_eq!(
+            d.draft.status.operational_status,
+            Some(OperationalStatus::Detached)
+        );
         assert_eq!(state(&d), MachineState::Inspecting);
         assert!(d.actions.is_empty());
         // a backoff does not hold a detached machine
@@ -1566,9 +1597,16 @@ mod tests {
         s.bmc_backoff = Some(Duration::from_secs(9));
         assert!(apply(&s).outcome.requeue() != Some(Duration::from_secs(9)));
         // attached again: OK
-        let m = machine(json!({}), json!({}), json!({"state": "Available", "operationalStatus": "detached"}));
+        let m = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Available", "operationalStatus": "detached"}),
+        );
         let d = apply(&snap(&m, &cfg, answer(false)));
-        assert_eq!(d.draft.status.operational_status, Some(OperationalStatus::Ok));
+        assert_eq!(
+            d.draft.status.operational_status,
+            Some(OperationalStatus::Ok)
+        );
     }
 
     #[test]
@@ -1650,6 +1688,10 @@ mod tests {
         let mac = json!({"bootMACAddress": "52:54:00:aa:bb:01"});
         // no subnet: not applicable, armed at once
         let m = machine(json!({}), mac.clone(), json!(null));
+        assert!(wants_subnet(&snap(&m, &cfg, answer(false))));
+        assert!(!wants_subnet(&snap(&m, &cfg, Bmc::None)), "no BMC, no gate");
+        let idle = machine(json!({}), mac.clone(), json!({"state": "Available"}));
+        assert!(!wants_subnet(&snap(&idle, &cfg, answer(false))));
         let d = apply(&snap(&m, &cfg, answer(false)));
         assert_eq!(d.token, TokenOp::Mint);
         assert!(cond(&d, dhcp_gate::CONDITION).is_none());
@@ -1668,7 +1710,10 @@ mod tests {
         assert!(d.actions.is_empty());
         assert_eq!(state(&d), MachineState::Inspecting);
         let c = cond(&d, dhcp_gate::CONDITION).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", dhcp_gate::WAITING));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", dhcp_gate::WAITING)
+        );
         assert!(c.message.contains("appliedRevision r0"), "{}", c.message);
         assert_eq!(d.draft.status.net_boot, None);
         // ready: the condition turns True, an Event, the power-on
@@ -1678,7 +1723,10 @@ mod tests {
         s.subnet = Some(subnet(live_table("r1")));
         let d = apply(&s);
         let c = cond(&d, dhcp_gate::CONDITION).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", dhcp_gate::LIVE));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", dhcp_gate::LIVE)
+        );
         assert!(reasons(&d).contains(&dhcp_gate::LIVE));
         assert_eq!(d.token, TokenOp::Mint);
         assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
@@ -1718,7 +1766,12 @@ mod tests {
         let d = apply(&s);
         assert_eq!(reasons(&d), vec![dhcp_gate::OVERDUE_EVENT]);
         assert_eq!(d.dhcp_warned, WarnOp::Set { since, periods: 1 });
-        assert!(cond(&d, dhcp_gate::CONDITION).unwrap().message.contains("overdue"));
+        assert!(
+            cond(&d, dhcp_gate::CONDITION)
+                .unwrap()
+                .message
+                .contains("overdue")
+        );
         assert!(d.actions.is_empty());
         // warned for this period already: silent
         s.dhcp_warned = Some((since, 1));
@@ -1761,9 +1814,15 @@ mod tests {
                 }
             );
             let c = cond(&d, "BMCReachable").unwrap();
-            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason.as_str()));
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", reason.as_str())
+            );
             assert_eq!(d.draft.status.error_type, Some(ErrorType::Transient));
-            assert_eq!(d.draft.status.operational_status, Some(OperationalStatus::Error));
+            assert_eq!(
+                d.draft.status.operational_status,
+                Some(OperationalStatus::Error)
+            );
             assert_eq!(d.draft.status.error_count, Some(1));
             assert_eq!(reasons(&d), vec!["BMCUnavailable"]);
             assert!(d.actions.is_empty());
@@ -1825,7 +1884,10 @@ mod tests {
         let cfg = cfg();
         for (spec, to) in [
             (json!({}), MachineState::PoweringOff),
-            (json!({"claimRef": {"name": "c"}}), MachineState::Deprovisioning),
+            (
+                json!({"claimRef": {"name": "c"}}),
+                MachineState::Deprovisioning,
+            ),
         ] {
             let m = machine(json!({}), spec, json!({"state": "Available"}));
             let s = snap(&m, &cfg, Bmc::Resolved);
@@ -1833,7 +1895,10 @@ mod tests {
             assert_eq!(d.outcome, Outcome::Release);
             assert_eq!(
                 actions(&d),
-                vec![BmcAction::ClearOverride, BmcAction::Shutdown { announce: false }]
+                vec![
+                    BmcAction::ClearOverride,
+                    BmcAction::Shutdown { announce: false }
+                ]
             );
             assert_eq!(d.token, TokenOp::Delete);
             assert_eq!(d.dhcp_warned, WarnOp::Clear);
@@ -1873,9 +1938,21 @@ mod tests {
     fn force_release_detached_or_no_bmc_skip_the_cleanup() {
         let cfg = cfg();
         let ms = [
-            machine(json!({"anneal.dev/force-release": ""}), json!({}), json!({"state": "Available"})),
-            machine(json!({"anneal.dev/detached": ""}), json!({}), json!({"state": "Available"})),
-            machine(json!({}), json!({"bmc": null}), json!({"state": "Available"})),
+            machine(
+                json!({"anneal.dev/force-release": ""}),
+                json!({}),
+                json!({"state": "Available"}),
+            ),
+            machine(
+                json!({"anneal.dev/detached": ""}),
+                json!({}),
+                json!({"state": "Available"}),
+            ),
+            machine(
+                json!({}),
+                json!({"bmc": null}),
+                json!({"state": "Available"}),
+            ),
         ];
         for m in &ms {
             assert!(skips_cleanup(m));
@@ -1889,7 +1966,11 @@ mod tests {
 
     #[test]
     fn the_hardware_is_read_only_while_inspecting_with_a_session() {
-        let m = machine(json!({}), json!({}), json!({"state": "Available", "agent": {"sessionTokenHash": "s"}}));
+        let m = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Available", "agent": {"sessionTokenHash": "s"}}),
+        );
         assert!(!wants_hardware(&m));
         let m = machine(json!({}), json!({}), inspecting(json!({})));
         assert!(!wants_hardware(&m));
