@@ -23,7 +23,7 @@ use super::handlers::{
     self, BackoffOp, Bmc, BmcAction, BmcFailure, Decision, Draft, Event, Outcome, Snapshot,
     TokenOp, WarnOp,
 };
-use super::status::{mint_token, token_hash};
+use super::status::{condition, mint_token, token_hash};
 use super::{
     BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, Backoff, Context, Error, FIELD_MANAGER, dhcp_gate,
     fingerprint,
@@ -223,7 +223,7 @@ async fn carry_out(
         i += 1;
     }
     set_backoff(ctx, &key, m, decision.backoff);
-    log(&decision);
+    log(m, &decision);
     if decision.token == TokenOp::Delete {
         delete_boot_token(m, ctx).await?;
     }
@@ -234,14 +234,32 @@ async fn carry_out(
 }
 
 /// Logs what a pass decided: its Events (a state change, a BMC failure,
-/// a hold, …) and its outcome.
-fn log(decision: &Decision) {
+/// a hold, …), the start of a DHCP hold, and its outcome.
+fn log(m: &Machine, decision: &Decision) {
     for e in &decision.draft.events {
-        if e.type_ == EventType::Warning {
-            tracing::warn!(reason = e.reason, note = %e.note, "machine event");
-        } else {
-            tracing::info!(reason = e.reason, note = %e.note, "machine event");
+        let note = e.note.as_str();
+        match e.reason {
+            "StateChanged" => tracing::info!(note, "machine state changed"),
+            "InspectionTimedOut" | "BootRetryExhausted" => {
+                tracing::warn!(reason = e.reason, note, "inspection deadline passed");
+            }
+            dhcp_gate::LIVE => tracing::info!(note, "dhcp reservation live; powering on"),
+            dhcp_gate::OVERDUE_EVENT => tracing::warn!(note, "dhcp reservation overdue"),
+            reason if e.type_ == EventType::Warning => {
+                tracing::warn!(reason, note, "machine event");
+            }
+            reason => tracing::info!(reason, note, "machine event"),
         }
+    }
+    fn waiting(conds: &[anneal_api::Condition]) -> Option<&anneal_api::Condition> {
+        condition(conds, dhcp_gate::CONDITION).filter(|c| c.status == "False")
+    }
+    let was_waiting = m
+        .status
+        .as_ref()
+        .is_some_and(|st| waiting(&st.conditions).is_some());
+    if !was_waiting && let Some(c) = waiting(&decision.draft.status.conditions) {
+        tracing::info!(message = %c.message, "power-on held for the dhcp reservation");
     }
     if let BackoffOp::Failed { reason, attempt } = decision.backoff {
         tracing::info!(
