@@ -204,15 +204,17 @@ async fn carry_out(
     let m = snap.machine;
     let key = key_of(m)?;
     set_warned(ctx, &key, decision.dhcp_warned);
-    if decision.token == TokenOp::Mint {
-        let hash = write_boot_token(m, ctx).await?;
-        if let Some(nb) = decision.draft.status.net_boot.as_mut() {
-            nb.token_hash = Some(hash);
-        }
-    }
+    // The token is minted right before the power-on it is for (after a
+    // reboot reset that may fail), or before the write without a BMC.
+    let mut minted = false;
     let mut i = 0;
     while let (Some(c), Some(planned)) = (client, decision.actions.get(i)) {
-        match run_action(c, planned.action, ctx).await {
+        let action = planned.action;
+        if decision.token == TokenOp::Mint && matches!(action, BmcAction::BootOnce { .. }) {
+            mint(m, ctx, &mut decision).await?;
+            minted = true;
+        }
+        match run_action(c, action, ctx).await {
             Ok(Some(event)) => decision.draft.events.push(event),
             Ok(None) => {}
             Err(f) => {
@@ -221,6 +223,9 @@ async fn carry_out(
             }
         }
         i += 1;
+    }
+    if decision.token == TokenOp::Mint && !minted {
+        mint(m, ctx, &mut decision).await?;
     }
     set_backoff(ctx, &key, m, decision.backoff);
     log(m, &decision);
@@ -231,6 +236,16 @@ async fn carry_out(
         commit(m, ctx, decision.draft).await?;
     }
     Ok(decision.outcome)
+}
+
+/// Mints the boot token of `decision` (Secret written) and puts its hash
+/// into the status to commit.
+async fn mint(m: &Machine, ctx: &Context, decision: &mut Decision) -> Result<(), Error> {
+    let hash = write_boot_token(m, ctx).await?;
+    if let Some(nb) = decision.draft.status.net_boot.as_mut() {
+        nb.token_hash = Some(hash);
+    }
+    Ok(())
 }
 
 /// Logs what a pass decided: its Events (a state change, a BMC failure,

@@ -164,7 +164,8 @@ pub struct Planned {
 pub enum TokenOp {
     /// Nothing.
     Keep,
-    /// Mint a token before the BMC calls, write the Secret, and put its hash
+    /// Mint a token right before the power-on (`BootOnce`; without a BMC
+    /// before the write), write the Secret, and put its hash
     /// into `status.netBoot.tokenHash` (left None in the draft).
     Mint,
     /// Delete the Secret once the BMC calls succeeded.
@@ -1659,6 +1660,39 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn a_failed_reboot_before_a_power_on_arms_nothing() {
+        let cfg = cfg();
+        let m = machine(
+            json!({"anneal.dev/reboot": "{\"mode\":\"hard\"}"}),
+            json!({}),
+            json!(null),
+        );
+        let s = snap(&m, &cfg, answer(true));
+        let d = apply(&s);
+        assert_eq!(
+            actions(&d),
+            vec![
+                BmcAction::Reset(ResetType::ForceRestart),
+                boot_once(ResetType::ForceRestart)
+            ]
+        );
+        assert_eq!(d.token, TokenOp::Mint);
+        let f = BmcFailure {
+            reason: BmcReason::BmcUnreachable,
+            message: "refused".into(),
+        };
+        let failed = action_failed(&d, 0, &f, &s);
+        assert_eq!(
+            failed.token,
+            TokenOp::Keep,
+            "no token for a power-on never sent"
+        );
+        assert_eq!(failed.draft.status.net_boot, None);
+        assert_eq!(failed.draft.status.state, Some(MachineState::Enrolling));
+        assert!(failed.actions.is_empty());
     }
 
     fn subnet(dhcp_status: Value) -> Subnet {
