@@ -656,6 +656,11 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
         MachineState::Enrolling => enrolling(&mut p, client, http_boot),
         MachineState::Inspecting => inspecting(&mut p, client, http_boot),
         MachineState::Available | MachineState::Released => available(&mut p, client, http_boot),
+        // Parked: only `unpark` (above) moves it.
+        MachineState::Parked => Outcome::Wait {
+            reason: "parked",
+            requeue: Some(snap.cfg.health_interval),
+        },
         _ => Outcome::Wait {
             reason: "nothing to do in this state",
             requeue: Some(snap.cfg.health_interval),
