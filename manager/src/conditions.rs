@@ -3,8 +3,8 @@
 use anneal_api::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-/// Sets condition `type_` in `conditions`, keeping `lastTransitionTime` when
-/// the status does not change. Returns whether anything changed.
+/// Sets condition `type_` in `conditions` at the current time; see
+/// [`set_at`].
 pub fn set(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -12,6 +12,31 @@ pub fn set(
     reason: &str,
     message: impl Into<String>,
     generation: Option<i64>,
+) -> bool {
+    set_at(
+        conditions,
+        type_,
+        status,
+        reason,
+        message,
+        generation,
+        Timestamp::now(),
+    )
+}
+
+/// Sets condition `type_` in `conditions`, `now` being the clock. The one
+/// change rule of every controller: a change is reported when the status,
+/// reason, message or observedGeneration changed; `lastTransitionTime`
+/// moves (to `now`) only when the status changes, or when the condition is
+/// new. Returns whether anything changed.
+pub fn set_at(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Timestamp,
 ) -> bool {
     let status = if status { "True" } else { "False" };
     let message = message.into();
@@ -21,7 +46,7 @@ pub fn set(
             || c.message != message
             || c.observed_generation != generation;
         if c.status != status {
-            c.last_transition_time = Time(Timestamp::now());
+            c.last_transition_time = Time(now);
         }
         c.status = status.to_string();
         c.reason = reason.to_string();
@@ -35,7 +60,7 @@ pub fn set(
         reason: reason.to_string(),
         message,
         observed_generation: generation,
-        last_transition_time: Time(Timestamp::now()),
+        last_transition_time: Time(now),
     });
     true
 }
@@ -64,5 +89,62 @@ mod tests {
         assert!(set(&mut c, "Bound", true, "Bound", "ok", Some(1)));
         assert_eq!(status(&c, "Bound"), Some("True"));
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn every_field_counts_but_only_status_moves_the_time() {
+        let t0 = Timestamp::from_second(1_000).unwrap();
+        let t1 = Timestamp::from_second(2_000).unwrap();
+        let mut c = Vec::new();
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "",
+            Some(1),
+            t0
+        ));
+        assert_eq!(c[0].last_transition_time, Time(t0));
+        // message and generation changes are changes, at the same time
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "x",
+            Some(1),
+            t1
+        ));
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "x",
+            Some(2),
+            t1
+        ));
+        assert!(!set_at(
+            &mut c,
+            "BMCReachable",
+            true,
+            "Connected",
+            "x",
+            Some(2),
+            t1
+        ));
+        assert_eq!(c[0].last_transition_time, Time(t0));
+        assert!(set_at(
+            &mut c,
+            "BMCReachable",
+            false,
+            "BMCUnreachable",
+            "",
+            Some(2),
+            t1
+        ));
+        assert_eq!(c[0].last_transition_time, Time(t1));
+        assert_eq!(status(&c, "BMCReachable"), Some("False"));
     }
 }

@@ -8,6 +8,7 @@ pub mod crdgen;
 pub mod ipam;
 pub mod leader;
 pub mod metrics;
+pub mod patch;
 pub mod readiness;
 mod run;
 pub mod validity;

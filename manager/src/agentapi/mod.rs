@@ -405,7 +405,7 @@ impl Server {
                 .as_ref()
                 .map(|s| s.conditions.clone())
                 .unwrap_or_default();
-            crate::lifecycle::status::set_condition(
+            crate::conditions::set(
                 &mut conditions,
                 "AgentCompatible",
                 true,
@@ -492,12 +492,12 @@ impl Server {
             .as_ref()
             .map(|s| s.conditions.clone())
             .unwrap_or_default();
-        crate::lifecycle::status::set_condition(
+        crate::conditions::set(
             &mut conditions,
             "AgentCompatible",
             false,
             "SchemaMismatch",
-            &format!(
+            format!(
                 "the agent sent Anneal-Agent-Schema {:?}; this manager speaks 1",
                 schema.unwrap_or("")
             ),

@@ -1,11 +1,11 @@
-//! Small pure helpers of the Machine controller: conditions, merge-patch
-//! diffs, boot tokens and durations.
+//! Small pure helpers of the Machine controller: condition lookup, boot
+//! tokens and durations (conditions are set by [`crate::conditions`],
+//! merge patches built by [`crate::patch`]).
 
 use anneal_api::agent::Token;
 use anneal_api::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use rand::RngCore;
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// Lowercase hex SHA-256 of a secret.
@@ -28,77 +28,9 @@ pub fn time_in(now: Timestamp, millis: i64) -> Time {
     Time(Timestamp::from_millisecond(now.as_millisecond().saturating_add(millis)).unwrap_or(now))
 }
 
-/// Sets (or updates) a condition, keeping `lastTransitionTime` when the
-/// status does not change. Returns true when the status changed.
-pub fn set_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-) -> bool {
-    let status_s = if status { "True" } else { "False" };
-    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
-        let changed = c.status != status_s;
-        if changed {
-            c.last_transition_time = Time(Timestamp::now());
-        }
-        c.status = status_s.into();
-        c.reason = reason.into();
-        c.message = message.into();
-        c.observed_generation = generation;
-        changed
-    } else {
-        conditions.push(Condition {
-            type_: type_.into(),
-            status: status_s.into(),
-            reason: reason.into(),
-            message: message.into(),
-            observed_generation: generation,
-            last_transition_time: Time(Timestamp::now()),
-        });
-        true
-    }
-}
-
 /// The status of a condition, if present.
 pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
-}
-
-/// A JSON merge patch (RFC 7386) turning `old` into `new`: changed and new
-/// keys carry their new value, removed keys `null`; arrays are replaced.
-pub fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
-    match (old, new) {
-        (Value::Object(o), Value::Object(n)) => {
-            let mut out = Map::new();
-            for (k, nv) in n {
-                match o.get(k) {
-                    Some(ov) => {
-                        if let Some(d) = merge_diff(ov, nv) {
-                            out.insert(k.clone(), d);
-                        }
-                    }
-                    None => {
-                        out.insert(k.clone(), nv.clone());
-                    }
-                }
-            }
-            for k in o.keys() {
-                if !n.contains_key(k) {
-                    out.insert(k.clone(), Value::Null);
-                }
-            }
-            if out.is_empty() {
-                None
-            } else {
-                Some(Value::Object(out))
-            }
-        }
-        (o, n) if o == n => None,
-        (_, n) => Some(n.clone()),
-    }
 }
 
 /// Parses a Go-style duration (`90s`, `20m`, `1h30m`, `1.5h`) into
@@ -141,7 +73,6 @@ pub fn parse_duration_ms(s: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn tokens_are_32_random_bytes_and_hash_is_sha256() {
@@ -156,57 +87,11 @@ mod tests {
     }
 
     #[test]
-    fn merge_diff_nulls_removed_keys() {
-        let old = json!({"a": 1, "n": {"h": "x", "e": "t"}, "gone": true, "l": [1]});
-        let new = json!({"a": 1, "n": {"e": "t"}, "l": [1, 2], "new": "v"});
-        assert_eq!(
-            merge_diff(&old, &new).unwrap(),
-            json!({"n": {"h": null}, "gone": null, "l": [1, 2], "new": "v"})
-        );
-        assert_eq!(merge_diff(&old, &old), None);
-    }
-
-    #[test]
     fn durations() {
         assert_eq!(parse_duration_ms("20m"), Some(1_200_000));
         assert_eq!(parse_duration_ms("1h30m"), Some(5_400_000));
         assert_eq!(parse_duration_ms("1.5s"), Some(1500));
         assert_eq!(parse_duration_ms("5"), None);
         assert_eq!(parse_duration_ms("3d"), None);
-    }
-
-    #[test]
-    fn conditions_keep_transition_time() {
-        let mut c = Vec::new();
-        assert!(set_condition(
-            &mut c,
-            "BMCReachable",
-            true,
-            "Connected",
-            "",
-            Some(1)
-        ));
-        let t = c[0].last_transition_time.clone();
-        assert!(!set_condition(
-            &mut c,
-            "BMCReachable",
-            true,
-            "Connected",
-            "x",
-            Some(2)
-        ));
-        assert_eq!(c[0].last_transition_time, t);
-        assert!(set_condition(
-            &mut c,
-            "BMCReachable",
-            false,
-            "BMCUnreachable",
-            "",
-            Some(2)
-        ));
-        assert_eq!(
-            condition(&c, "BMCReachable").unwrap().reason,
-            "BMCUnreachable"
-        );
     }
 }

@@ -1,0 +1,497 @@
+//! The driver of the Machine lifecycle: gathers the [`Snapshot`] (API
+//! reads, the BMC system query), calls the pure handler
+//! ([`handlers::apply`] / [`handlers::delete`]), carries out its decision
+//! (boot-token Secret, BMC calls at their retry cadence) and commits the
+//! status once: a JSON merge patch of the difference, carrying the
+//! resourceVersion read as a precondition, under [`FIELD_MANAGER`], then
+//! the consumed annotations and the Events.
+
+use std::collections::BTreeMap;
+
+use anneal_api::agent::Token;
+use anneal_api::{Machine, MachineHardware, Subnet};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::handlers::{
+    self, BackoffOp, Bmc, BmcAction, BmcFailure, Decision, Draft, Event, Outcome, Snapshot,
+    TokenOp, WarnOp,
+};
+use super::status::{condition, mint_token, token_hash};
+use super::{
+    BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, Backoff, Context, Error, FIELD_MANAGER, dhcp_gate,
+    fingerprint,
+};
+use crate::patch::merge_diff;
+use crate::redfish::{BmcAddress, BmcReason, Credentials, RedfishClient, TlsPolicy};
+
+/// Name of the boot-token Secret of a machine.
+pub fn boot_token_secret_name(machine: &str) -> String {
+    format!("{machine}-boot-token")
+}
+
+fn key_of(m: &Machine) -> Result<String, Error> {
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    Ok(format!("{ns}/{}", m.name_any()))
+}
+
+/// Consecutive failures so far, and the time left before the next try
+/// (None once the Machine was edited since the failure).
+fn backoff_of(ctx: &Context, key: &str, m: &Machine) -> (u32, Option<std::time::Duration>) {
+    let map = ctx.bmc_backoff.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(b) = map.get(key) else {
+        return (0, None);
+    };
+    let now = tokio::time::Instant::now();
+    let wait = (b.fingerprint == fingerprint(m) && b.next_at > now).then(|| b.next_at - now);
+    (b.attempts, wait)
+}
+
+fn set_backoff(ctx: &Context, key: &str, m: &Machine, op: BackoffOp) {
+    let mut map = ctx.bmc_backoff.lock().unwrap_or_else(|p| p.into_inner());
+    match op {
+        BackoffOp::Keep => {}
+        BackoffOp::Clear => {
+            map.remove(key);
+        }
+        BackoffOp::Failed { reason, attempt } => {
+            map.insert(
+                key.to_string(),
+                Backoff {
+                    attempts: attempt,
+                    next_at: tokio::time::Instant::now() + reason.retry_after(attempt),
+                    fingerprint: fingerprint(m),
+                },
+            );
+        }
+    }
+}
+
+fn set_warned(ctx: &Context, key: &str, op: WarnOp) {
+    let mut map = ctx.dhcp_warned.lock().unwrap_or_else(|p| p.into_inner());
+    match op {
+        WarnOp::Keep => {}
+        WarnOp::Clear => {
+            map.remove(key);
+        }
+        WarnOp::Set { since, periods } => {
+            map.insert(key.to_string(), (since, periods));
+        }
+    }
+}
+
+fn warned_of(ctx: &Context, key: &str) -> Option<(i64, i64)> {
+    ctx.dhcp_warned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(key)
+        .copied()
+}
+
+fn action_of(outcome: &Outcome) -> Action {
+    outcome
+        .requeue()
+        .map_or_else(Action::await_change, Action::requeue)
+}
+
+/// A live Machine: snapshot, decide, carry out.
+pub(super) async fn apply(m: &Machine, ctx: &Context) -> Result<Action, Error> {
+    let key = key_of(m)?;
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    let (bmc_attempts, bmc_backoff) = backoff_of(ctx, &key, m);
+    let hardware_session = if handlers::wants_hardware(m) {
+        Api::<MachineHardware>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&m.name_any())
+            .await
+            .map_err(Error::kube("reading machinehardware"))?
+            .and_then(|h| {
+                h.annotations()
+                    .get(crate::agentapi::SESSION_ANNOTATION)
+                    .cloned()
+            })
+    } else {
+        None
+    };
+    let mut snap = Snapshot {
+        machine: m,
+        now: Timestamp::now(),
+        cfg: &ctx.cfg,
+        bmc: Bmc::None,
+        bmc_attempts,
+        bmc_backoff,
+        hardware_session,
+        subnet: None,
+        dhcp_warned: warned_of(ctx, &key),
+    };
+    let mut client = None;
+    if handlers::wants_bmc(&snap) {
+        match bmc_client(m, ctx).await {
+            Ok(Some(c)) => match c.system().await {
+                Ok(sys) => {
+                    snap.bmc = Bmc::Answer {
+                        powered_on: sys.power_state.is_on(),
+                        offers_http_boot: sys.offers_http_boot(),
+                    };
+                    client = Some(c);
+                }
+                Err(e) => snap.bmc = Bmc::Failed(e.into()),
+            },
+            Ok(None) => {}
+            Err(f) => snap.bmc = Bmc::Failed(f),
+        }
+    }
+    if client.is_some() && handlers::wants_subnet(&snap) {
+        // The DHCP gate of a power-on.
+        let (sns, sname) = dhcp_gate::subnet_of(m);
+        snap.subnet = Api::<Subnet>::namespaced(ctx.client.clone(), &sns)
+            .get_opt(&sname)
+            .await
+            .map_err(Error::kube("reading the machine's subnet"))?;
+    }
+    let decision = handlers::apply(&snap);
+    let outcome = carry_out(ctx, &snap, decision, client.as_ref()).await?;
+    Ok(action_of(&outcome))
+}
+
+/// A deleted Machine: BMC cleanup, then the finalizer goes.
+pub(super) async fn cleanup(m: &Machine, ctx: &Context) -> Result<Action, Error> {
+    let key = key_of(m)?;
+    let (bmc_attempts, _) = backoff_of(ctx, &key, m);
+    let mut snap = Snapshot {
+        machine: m,
+        now: Timestamp::now(),
+        cfg: &ctx.cfg,
+        bmc: Bmc::None,
+        bmc_attempts,
+        bmc_backoff: None,
+        hardware_session: None,
+        subnet: None,
+        dhcp_warned: None,
+    };
+    let mut client = None;
+    if !handlers::skips_cleanup(m) {
+        match bmc_client(m, ctx).await {
+            Ok(Some(c)) => {
+                snap.bmc = Bmc::Resolved;
+                client = Some(c);
+            }
+            Ok(None) => {}
+            Err(f) => snap.bmc = Bmc::Failed(f),
+        }
+    }
+    let decision = handlers::delete(&snap);
+    match carry_out(ctx, &snap, decision, client.as_ref()).await? {
+        Outcome::CleanupPending { message } => Err(Error::CleanupPending(message)),
+        outcome => Ok(action_of(&outcome)),
+    }
+}
+
+/// Carries out a decision: the in-memory DHCP warning, a minted boot token,
+/// the BMC calls (the first failure turns the decision into its fallback),
+/// the backoff, a deleted boot token, then the one status write.
+async fn carry_out(
+    ctx: &Context,
+    snap: &Snapshot<'_>,
+    mut decision: Decision,
+    client: Option<&RedfishClient>,
+) -> Result<Outcome, Error> {
+    let m = snap.machine;
+    let key = key_of(m)?;
+    set_warned(ctx, &key, decision.dhcp_warned);
+    // The token is minted right before the power-on it is for (after a
+    // reboot reset that may fail), or before the write without a BMC.
+    let mut minted = false;
+    let mut i = 0;
+    while let (Some(c), Some(planned)) = (client, decision.actions.get(i)) {
+        let action = planned.action;
+        if decision.token == TokenOp::Mint && matches!(action, BmcAction::BootOnce { .. }) {
+            mint(m, ctx, &mut decision).await?;
+            minted = true;
+        }
+        match run_action(c, action, ctx).await {
+            Ok(Some(event)) => decision.draft.events.push(event),
+            Ok(None) => {}
+            Err(f) => {
+                decision = handlers::action_failed(&decision, i, &f, snap);
+                break;
+            }
+        }
+        i += 1;
+    }
+    if decision.token == TokenOp::Mint && !minted {
+        mint(m, ctx, &mut decision).await?;
+    }
+    set_backoff(ctx, &key, m, decision.backoff);
+    log(m, &decision);
+    if decision.token == TokenOp::Delete {
+        delete_boot_token(m, ctx).await?;
+    }
+    if decision.commit {
+        commit(m, ctx, decision.draft).await?;
+    }
+    Ok(decision.outcome)
+}
+
+/// Mints the boot token of `decision` (Secret written) and puts its hash
+/// into the status to commit.
+async fn mint(m: &Machine, ctx: &Context, decision: &mut Decision) -> Result<(), Error> {
+    let hash = write_boot_token(m, ctx).await?;
+    if let Some(nb) = decision.draft.status.net_boot.as_mut() {
+        nb.token_hash = Some(hash);
+    }
+    Ok(())
+}
+
+/// Logs what a pass decided: its Events (a state change, a BMC failure,
+/// a hold, …), the start of a DHCP hold, and its outcome.
+fn log(m: &Machine, decision: &Decision) {
+    for e in &decision.draft.events {
+        let note = e.note.as_str();
+        match e.reason {
+            "StateChanged" => tracing::info!(note, "machine state changed"),
+            "InspectionTimedOut" | "BootRetryExhausted" => {
+                tracing::warn!(reason = e.reason, note, "inspection deadline passed");
+            }
+            dhcp_gate::LIVE => tracing::info!(note, "dhcp reservation live; powering on"),
+            dhcp_gate::OVERDUE_EVENT => tracing::warn!(note, "dhcp reservation overdue"),
+            reason if e.type_ == EventType::Warning => {
+                tracing::warn!(reason, note, "machine event");
+            }
+            reason => tracing::info!(reason, note, "machine event"),
+        }
+    }
+    fn waiting(conds: &[anneal_api::Condition]) -> Option<&anneal_api::Condition> {
+        condition(conds, dhcp_gate::CONDITION).filter(|c| c.status == "False")
+    }
+    let was_waiting = m
+        .status
+        .as_ref()
+        .is_some_and(|st| waiting(&st.conditions).is_some());
+    if !was_waiting && let Some(c) = waiting(&decision.draft.status.conditions) {
+        tracing::info!(message = %c.message, "power-on held for the dhcp reservation");
+    }
+    if let BackoffOp::Failed { reason, attempt } = decision.backoff {
+        tracing::info!(
+            reason = reason.as_str(),
+            attempt,
+            retry_s = reason.retry_after(attempt).as_secs(),
+            "bmc unavailable"
+        );
+    }
+    tracing::debug!(outcome = ?decision.outcome, actions = decision.actions.len(), "pass decided");
+}
+
+/// One BMC call; an Event to add on success.
+async fn run_action(
+    c: &RedfishClient,
+    action: BmcAction,
+    ctx: &Context,
+) -> Result<Option<Event>, BmcFailure> {
+    match action {
+        BmcAction::Reset(kind) => c.reset(kind).await?,
+        BmcAction::BootOnce { target, reset } => {
+            c.set_boot_once(target).await?;
+            c.reset(reset).await?;
+        }
+        BmcAction::Shutdown { announce } => {
+            let outcome = c
+                .shutdown(ctx.cfg.graceful_shutdown_timeout, handlers::SHUTDOWN_POLL)
+                .await?;
+            if announce {
+                return Ok(Some(Event {
+                    type_: EventType::Normal,
+                    reason: "PoweredOff",
+                    note: format!("idle machine powered off ({outcome:?})"),
+                }));
+            }
+        }
+        BmcAction::ClearOverride => {
+            if let Err(e) = c.clear_boot_override().await {
+                tracing::debug!(error = %e, "clearing the boot override failed; shutting down anyway");
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Mints a boot token, writes it to Secret `<machine>-boot-token` (owned
+/// by the Machine) and returns its hash.
+async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    let name = m.name_any();
+    let token = mint_token();
+    let hash = token_hash(token.expose());
+    let secret_name = boot_token_secret_name(&name);
+    let mut data = BTreeMap::new();
+    data.insert(
+        BOOT_TOKEN_KEY.to_string(),
+        ByteString(token.expose().as_bytes().to_vec()),
+    );
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name.clone()),
+            namespace: Some(ns.clone()),
+            owner_references: m.controller_owner_ref(&()).map(|o| vec![o]),
+            labels: Some([(BOOT_TOKEN_LABEL.to_string(), name)].into_iter().collect()),
+            ..ObjectMeta::default()
+        },
+        data: Some(data),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &secret_name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(Error::kube("writing the boot token secret"))?;
+    drop(secret);
+    drop(token);
+    Ok(hash)
+}
+
+async fn delete_boot_token(m: &Machine, ctx: &Context) -> Result<(), Error> {
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    match Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .delete(&boot_token_secret_name(&m.name_any()), &Default::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            what: "deleting the boot token secret",
+            source,
+        }),
+    }
+}
+
+/// Writes the status difference (with the resourceVersion read as a
+/// precondition), drops consumed annotations, publishes Events.
+async fn commit(m: &Machine, ctx: &Context, mut d: Draft) -> Result<(), Error> {
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    let name = m.name_any();
+    let api = Api::<Machine>::namespaced(ctx.client.clone(), &ns);
+    d.status.observed_generation = m.metadata.generation;
+    let old = serde_json::to_value(m.status.clone().unwrap_or_default()).unwrap_or_default();
+    let new = serde_json::to_value(&d.status).unwrap_or_default();
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    if let Some(diff) = merge_diff(&old, &new) {
+        let patch = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "status": diff,
+        });
+        api.patch_status(&name, &pp, &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube("writing machine status"))?;
+    }
+    if !d.drop_annotations.is_empty() {
+        let mut anns = serde_json::Map::new();
+        for a in &d.drop_annotations {
+            anns.insert((*a).to_string(), serde_json::Value::Null);
+        }
+        let patch = json!({"metadata": {"annotations": anns}});
+        api.patch(&name, &pp, &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube("removing consumed annotations"))?;
+    }
+    let reference = m.object_ref(&());
+    for e in d.events {
+        let ev = KubeEvent {
+            type_: e.type_,
+            reason: e.reason.into(),
+            note: Some(e.note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&ev, &reference).await {
+            tracing::warn!(error = %err, "cannot publish event");
+        }
+    }
+    Ok(())
+}
+
+/// Reads the BMC access of a machine into a client (None: no BMC).
+async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>, BmcFailure> {
+    let Some(bmc) = &m.spec.bmc else {
+        return Ok(None);
+    };
+    let ns = m.namespace().unwrap_or_default();
+    let address = BmcAddress::parse(&bmc.address)?;
+    let insecure = bmc.insecure_skip_verify.unwrap_or(false);
+    if insecure && bmc.ca_bundle_secret_ref.is_some() {
+        return Err(BmcFailure {
+            reason: BmcReason::TlsConfigConflict,
+            message: "insecureSkipVerify and caBundleSecretRef are mutually exclusive".into(),
+        });
+    }
+    let secret_key = |s: &Secret, key: &str| -> Option<Vec<u8>> {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|b| b.0.clone())
+            .or_else(|| {
+                s.string_data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|v| v.clone().into_bytes())
+            })
+    };
+    let cref = &bmc.credentials_secret_ref;
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), cref.namespace_or(&ns));
+    let missing = |what: String| BmcFailure {
+        reason: BmcReason::CredentialsMissing,
+        message: what,
+    };
+    let secret = match secrets.get_opt(&cref.name).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return Err(missing(format!("secret {} not found", cref.name))),
+        Err(e) => {
+            return Err(BmcFailure {
+                reason: BmcReason::QueryFailed,
+                message: format!("cannot read secret {}: {e}", cref.name),
+            });
+        }
+    };
+    let username = secret_key(&secret, "username")
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| missing(format!("secret {} lacks username", cref.name)))?;
+    let password = secret_key(&secret, "password")
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| missing(format!("secret {} lacks password", cref.name)))?;
+    let tls = if insecure {
+        TlsPolicy::InsecureSkipVerify
+    } else if let Some(ca) = &bmc.ca_bundle_secret_ref {
+        let api = Api::<Secret>::namespaced(ctx.client.clone(), ca.namespace_or(&ns));
+        let pem = match api.get_opt(&ca.name).await {
+            Ok(Some(s)) => secret_key(&s, "ca.crt"),
+            _ => None,
+        };
+        TlsPolicy::CaBundle(pem.ok_or_else(|| BmcFailure {
+            reason: BmcReason::TlsConfigConflict,
+            message: format!("ca bundle secret {} lacks ca.crt", ca.name),
+        })?)
+    } else {
+        TlsPolicy::SystemRoots
+    };
+    let creds = Credentials {
+        username,
+        password: Token::new(password),
+    };
+    Ok(Some(RedfishClient::new(
+        &address,
+        &creds,
+        &tls,
+        ctx.cfg.bmc_timeout,
+    )?))
+}

@@ -1,0 +1,2017 @@
+//! The Machine lifecycle as pure state handlers (docs/lifecycle.md, "Code
+//! structure"): a [`Snapshot`] of everything a decision needs goes in, a
+//! [`Decision`] comes out: the [`Outcome`], the status to commit, the
+//! Events, the annotations to drop, the boot-token operation and the BMC
+//! actions to take, each with the status to commit should it fail. No API
+//! client, no BMC client, no clock: `now` comes from the snapshot, so every
+//! transition and hold is unit-tested below; no logging either (a dry run
+//! decides whether the Subnet is read): the driver gathers the snapshot,
+//! carries out the decision and logs it.
+
+use std::time::Duration;
+
+use anneal_api::{
+    ErrorType, Machine, MachineState, MachineStatus, NetBootStatus, OperationalStatus, Subnet,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+use super::status::{condition, parse_duration_ms, time_in};
+use super::{LifecycleConfig, annotations, dhcp_gate};
+use crate::redfish::{BmcReason, BootTarget, ResetType};
+
+/// How often a Machine held for its DHCP reservation looks again (Subnet
+/// changes wake it at once).
+pub const DHCP_RECHECK: Duration = Duration::from_secs(5);
+/// The requeue after a transition that the next pass continues at once.
+pub const SOON: Duration = Duration::from_millis(100);
+/// The poll of a graceful shutdown.
+pub const SHUTDOWN_POLL: Duration = Duration::from_secs(1);
+
+/// A BMC that cannot be used, classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BmcFailure {
+    /// The `BMCReachable=False` reason (and the retry cadence).
+    pub reason: BmcReason,
+    /// What failed, with its causes.
+    pub message: String,
+}
+
+impl From<crate::redfish::RedfishError> for BmcFailure {
+    fn from(e: crate::redfish::RedfishError) -> Self {
+        let mut message = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            src = s.source();
+        }
+        Self {
+            reason: e.reason(),
+            message,
+        }
+    }
+}
+
+/// What the driver learnt from the BMC before deciding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bmc {
+    /// Not asked: no `spec.bmc`, detached, held, in backoff, or the decision
+    /// needs no BMC ([`wants_bmc`]).
+    None,
+    /// Credentials resolved into a client (delete path: no system query).
+    Resolved,
+    /// The ComputerSystem answered.
+    Answer {
+        /// PowerState counts as on.
+        powered_on: bool,
+        /// The BMC offers UEFI HTTP boot.
+        offers_http_boot: bool,
+    },
+    /// The access or the query failed.
+    Failed(BmcFailure),
+}
+
+impl Bmc {
+    fn usable(&self) -> bool {
+        matches!(self, Self::Answer { .. } | Self::Resolved)
+    }
+}
+
+/// Everything one decision reads.
+#[derive(Debug, Clone)]
+pub struct Snapshot<'a> {
+    /// The Machine as read.
+    pub machine: &'a Machine,
+    /// The clock.
+    pub now: Timestamp,
+    /// The controller's tunables.
+    pub cfg: &'a LifecycleConfig,
+    /// The BMC answer or failure.
+    pub bmc: Bmc,
+    /// Consecutive failed BMC attempts so far (the in-memory backoff map).
+    pub bmc_attempts: u32,
+    /// Time left before a failing BMC may be tried again (None: try now,
+    /// also after an edit of the Machine or its Secrets).
+    pub bmc_backoff: Option<Duration>,
+    /// The session annotation of the Machine's MachineHardware (the report
+    /// of the agent of some boot), when read.
+    pub hardware_session: Option<String>,
+    /// The Machine's Subnet for the DHCP gate (read when [`wants_subnet`]).
+    pub subnet: Option<Subnet>,
+    /// The overdue-warning memory of the DHCP gate: start of the wait (ms)
+    /// and the periods warned about.
+    pub dhcp_warned: Option<(i64, i64)>,
+}
+
+/// One Event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// The reason.
+    pub reason: &'static str,
+    /// The note.
+    pub note: String,
+}
+
+/// A status in the making, with its Events and the annotations it consumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    /// The status to write.
+    pub status: MachineStatus,
+    /// Events to publish after the write.
+    pub events: Vec<Event>,
+    /// Annotations to remove after the write.
+    pub drop_annotations: Vec<&'static str>,
+}
+
+/// A BMC call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BmcAction {
+    /// `ComputerSystem.Reset`.
+    Reset(ResetType),
+    /// One-time boot override (UEFI mode), then the reset.
+    BootOnce {
+        /// Pxe or UefiHttp.
+        target: BootTarget,
+        /// On, or ForceRestart when already on.
+        reset: ResetType,
+    },
+    /// GracefulShutdown, ForceOff after the graceful-shutdown timeout;
+    /// `announce`: an Event `PoweredOff` names how it ended.
+    Shutdown {
+        /// Publish `PoweredOff`.
+        announce: bool,
+    },
+    /// Clear the boot override; a failure is ignored.
+    ClearOverride,
+}
+
+/// A BMC call and the status to commit instead of the decision's when it
+/// fails (the status as it was before the call, plus the failure).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    /// The call.
+    pub action: BmcAction,
+    /// The draft before the call.
+    pub fallback: Draft,
+}
+
+/// What happens to Secret `<machine>-boot-token`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenOp {
+    /// Nothing.
+    Keep,
+    /// Mint a token right before the power-on (`BootOnce`; without a BMC
+    /// before the write), write the Secret, and put its hash
+    /// into `status.netBoot.tokenHash` (left None in the draft).
+    Mint,
+    /// Delete the Secret once the BMC calls succeeded.
+    Delete,
+}
+
+/// What happens to the in-memory BMC backoff of the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackoffOp {
+    /// Unchanged.
+    Keep,
+    /// The BMC answered: forget the failures.
+    Clear,
+    /// One more failure: the `attempt`th in a row (1-based), tried again
+    /// after `reason.retry_after(attempt)`.
+    Failed {
+        /// The reason (the cadence).
+        reason: BmcReason,
+        /// Consecutive failures including this one.
+        attempt: u32,
+    },
+}
+
+/// What happens to the DHCP overdue-warning memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarnOp {
+    /// Unchanged.
+    Keep,
+    /// Forget it.
+    Clear,
+    /// Warned about `periods` periods of a wait that began at `since` (ms).
+    Set {
+        /// Start of the wait (ms).
+        since: i64,
+        /// Periods warned about.
+        periods: i64,
+    },
+}
+
+/// How the pass ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stay; look again after `requeue` (None: on the next change).
+    Wait {
+        /// Why, for logs and tests.
+        reason: &'static str,
+        /// When to look again.
+        requeue: Option<Duration>,
+    },
+    /// The state changed (the `StateChanged` Event is in the draft).
+    Transition {
+        /// The new state.
+        next: MachineState,
+        /// Why.
+        event: &'static str,
+        /// When to look again.
+        requeue: Option<Duration>,
+    },
+    /// No BMC call until an operator acts (`RetryHeld=True`).
+    Held {
+        /// Why.
+        reason: &'static str,
+    },
+    /// Delete: the finalizer may go.
+    Release,
+    /// Delete: the BMC cleanup has to be retried; the finalizer stays.
+    CleanupPending {
+        /// Why.
+        message: String,
+    },
+}
+
+impl Outcome {
+    /// When the controller looks again (None: on the next change).
+    pub fn requeue(&self) -> Option<Duration> {
+        match self {
+            Self::Wait { requeue, .. } | Self::Transition { requeue, .. } => *requeue,
+            Self::Held { .. } | Self::Release | Self::CleanupPending { .. } => None,
+        }
+    }
+}
+
+/// The result of a handler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// How the pass ends if every BMC call succeeds.
+    pub outcome: Outcome,
+    /// Whether the status is written at all.
+    pub commit: bool,
+    /// The status, Events and consumed annotations.
+    pub draft: Draft,
+    /// BMC calls, in order; the first that fails ends the pass.
+    pub actions: Vec<Planned>,
+    /// The boot-token Secret.
+    pub token: TokenOp,
+    /// The in-memory BMC backoff.
+    pub backoff: BackoffOp,
+    /// The DHCP overdue-warning memory.
+    pub dhcp_warned: WarnOp,
+}
+
+/// The paused annotation: the controller neither writes nor calls anything.
+pub fn paused(m: &Machine) -> bool {
+    m.annotations().contains_key(annotations::PAUSED)
+}
+
+fn annotation<'m>(m: &'m Machine, key: &str) -> Option<&'m str> {
+    m.annotations().get(key).map(String::as_str)
+}
+
+/// The state the status says (Enrolling before the first write).
+pub fn state_of(m: &Machine) -> MachineState {
+    m.status
+        .as_ref()
+        .and_then(|s| s.state)
+        .unwrap_or(MachineState::Enrolling)
+}
+
+/// The session hash of the current boot's agent.
+pub fn session_of(m: &Machine) -> Option<&str> {
+    m.status
+        .as_ref()
+        .and_then(|s| s.agent.as_ref())
+        .and_then(|a| a.session_token_hash.as_deref())
+}
+
+/// Whether the driver should read the MachineHardware for
+/// [`Snapshot::hardware_session`]: only while Inspecting with a session.
+pub fn wants_hardware(m: &Machine) -> bool {
+    state_of(m) == MachineState::Inspecting && session_of(m).is_some()
+}
+
+fn held(m: &Machine, cfg: &LifecycleConfig) -> bool {
+    annotation(m, annotations::CLEAR_ERROR).is_none()
+        && m.status.as_ref().and_then(|s| s.restart_count).unwrap_or(0) >= cfg.max_restarts
+}
+
+fn reported(snap: &Snapshot<'_>) -> bool {
+    state_of(snap.machine) == MachineState::Inspecting
+        && session_of(snap.machine).is_some_and(|s| snap.hardware_session.as_deref() == Some(s))
+}
+
+/// Whether the driver should query the BMC before [`apply`]: not while
+/// held, not once the inspection is reported, not detached, not during a
+/// backoff, not without `spec.bmc`.
+pub fn wants_bmc(snap: &Snapshot<'_>) -> bool {
+    let m = snap.machine;
+    m.spec.bmc.is_some()
+        && !paused(m)
+        && !held(m, snap.cfg)
+        && !reported(snap)
+        && annotation(m, annotations::DETACHED).is_none()
+        && snap.bmc_backoff.is_none()
+}
+
+/// Whether the driver should read the Machine's Subnet for the DHCP gate:
+/// only when the BMC answered and the pass would arm a boot (the gate can
+/// only hold a power-on, so a pass that arms nothing without the Subnet
+/// arms nothing with it).
+pub fn wants_subnet(snap: &Snapshot<'_>) -> bool {
+    matches!(snap.bmc, Bmc::Answer { .. }) && apply(snap).token == TokenOp::Mint
+}
+
+/// The RetryHeld message, built from the configured bound.
+pub fn retry_held_message(max_restarts: i32) -> String {
+    format!("{max_restarts} consecutive restart failures; set anneal.dev/clear-error to retry")
+}
+
+/// The lifetime of a boot token for this machine in milliseconds: the
+/// operator default, raised by `spec.bootTimeout`.
+pub fn token_lifetime_ms(m: &Machine, cfg: &LifecycleConfig) -> i64 {
+    let default = i64::try_from(cfg.boot_token_lifetime.as_millis()).unwrap_or(i64::MAX);
+    m.spec
+        .boot_timeout
+        .as_deref()
+        .and_then(parse_duration_ms)
+        .map_or(default, |ms| ms.max(default))
+}
+
+/// One pass in the making.
+struct Pass<'s, 'a> {
+    snap: &'s Snapshot<'a>,
+    d: Draft,
+    actions: Vec<Planned>,
+    token: TokenOp,
+    backoff: BackoffOp,
+    warn: WarnOp,
+}
+
+impl<'s, 'a> Pass<'s, 'a> {
+    fn new(snap: &'s Snapshot<'a>) -> Self {
+        let mut st = snap.machine.status.clone().unwrap_or_default();
+        if st.state.is_none() {
+            st.state = Some(MachineState::Enrolling);
+        }
+        if st.operational_status.is_none() {
+            st.operational_status = Some(OperationalStatus::Ok);
+        }
+        Self {
+            snap,
+            d: Draft {
+                status: st,
+                events: Vec::new(),
+                drop_annotations: Vec::new(),
+            },
+            actions: Vec::new(),
+            token: TokenOp::Keep,
+            backoff: BackoffOp::Keep,
+            warn: WarnOp::Keep,
+        }
+    }
+
+    fn m(&self) -> &'a Machine {
+        self.snap.machine
+    }
+
+    fn cfg(&self) -> &'a LifecycleConfig {
+        self.snap.cfg
+    }
+
+    fn state(&self) -> MachineState {
+        self.d.status.state.unwrap_or(MachineState::Enrolling)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&'a str> {
+        annotation(self.snap.machine, key)
+    }
+
+    fn event(&mut self, type_: EventType, reason: &'static str, note: String) {
+        self.d.events.push(Event {
+            type_,
+            reason,
+            note,
+        });
+    }
+
+    fn cond(&mut self, type_: &str, status: bool, reason: &str, message: &str) {
+        crate::conditions::set_at(
+            &mut self.d.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.snap.machine.metadata.generation,
+            self.snap.now,
+        );
+    }
+
+    fn transition(&mut self, to: MachineState) {
+        let from = self.state();
+        if from != to {
+            let st = &mut self.d.status;
+            st.state = Some(to);
+            st.error_count = None;
+            st.restart_count = None;
+            st.error_type = None;
+            st.error_message = None;
+            // A detached machine stays detached on the operational axis.
+            st.operational_status = Some(
+                if annotation(self.snap.machine, annotations::DETACHED).is_some() {
+                    OperationalStatus::Detached
+                } else {
+                    OperationalStatus::Ok
+                },
+            );
+            self.event(
+                EventType::Normal,
+                "StateChanged",
+                format!("{from:?} → {to:?}"),
+            );
+        }
+    }
+
+    /// Plans a BMC call; `fallback` is the draft as it is now.
+    fn call(&mut self, action: BmcAction) {
+        self.actions.push(Planned {
+            action,
+            fallback: self.d.clone(),
+        });
+    }
+
+    fn bmc_ok(&mut self, powered_on: bool) {
+        self.backoff = BackoffOp::Clear;
+        let was_down = condition(&self.d.status.conditions, "BMCReachable")
+            .is_some_and(|c| c.status == "False");
+        if was_down {
+            self.event(
+                EventType::Normal,
+                "BMCReachable",
+                "the bmc answers again".into(),
+            );
+        }
+        self.cond("BMCReachable", true, "Connected", "the bmc answers");
+        let st = &mut self.d.status;
+        if st.error_type == Some(ErrorType::Transient) {
+            st.error_type = None;
+            st.error_message = None;
+            st.error_count = None;
+            st.operational_status = Some(OperationalStatus::Ok);
+        }
+        st.powered_on = Some(powered_on);
+    }
+
+    fn finish(self, outcome: Outcome, commit: bool) -> Decision {
+        Decision {
+            outcome,
+            commit,
+            draft: self.d,
+            actions: self.actions,
+            token: self.token,
+            backoff: self.backoff,
+            dhcp_warned: self.warn,
+        }
+    }
+}
+
+/// Records a BMC failure in `d`: `BMCReachable=False` with its reason, the
+/// error fields, an Event and the error count when the reason is new.
+/// Returns when to try again (`attempts`: failures before this one).
+pub fn bmc_failed(d: &mut Draft, f: &BmcFailure, attempts: u32, snap: &Snapshot<'_>) -> Duration {
+    let attempt = attempts.saturating_add(1);
+    let reason = f.reason.as_str();
+    let was = condition(&d.status.conditions, "BMCReachable")
+        .map(|c| (c.status.clone(), c.reason.clone()));
+    if was != Some(("False".into(), reason.into())) {
+        d.events.push(Event {
+            type_: EventType::Warning,
+            reason: "BMCUnavailable",
+            note: format!("{reason}: {}", f.message),
+        });
+        d.status.error_count = Some(d.status.error_count.unwrap_or(0).saturating_add(1));
+    }
+    crate::conditions::set_at(
+        &mut d.status.conditions,
+        "BMCReachable",
+        false,
+        reason,
+        &f.message,
+        snap.machine.metadata.generation,
+        snap.now,
+    );
+    d.status.operational_status = Some(OperationalStatus::Error);
+    d.status.error_type = Some(ErrorType::Transient);
+    d.status.error_message = Some(format!("bmc: {}", f.message));
+    f.reason.retry_after(attempt)
+}
+
+/// The decision after BMC call `failed` of `decision` failed: its fallback
+/// draft plus the failure, retried at the reason's cadence (delete: the
+/// cleanup stays pending).
+pub fn action_failed(
+    decision: &Decision,
+    failed: usize,
+    f: &BmcFailure,
+    snap: &Snapshot<'_>,
+) -> Decision {
+    let mut d = decision
+        .actions
+        .get(failed)
+        .map_or_else(|| decision.draft.clone(), |p| p.fallback.clone());
+    // The answer that came before cleared the earlier failures.
+    let before = if decision.backoff == BackoffOp::Clear {
+        0
+    } else {
+        snap.bmc_attempts
+    };
+    let retry = bmc_failed(&mut d, f, before, snap);
+    let outcome = match decision.outcome {
+        Outcome::Release | Outcome::CleanupPending { .. } => Outcome::CleanupPending {
+            message: f.message.clone(),
+        },
+        _ => Outcome::Wait {
+            reason: "BMC call failed",
+            requeue: Some(retry),
+        },
+    };
+    Decision {
+        outcome,
+        commit: true,
+        draft: d,
+        actions: Vec::new(),
+        token: TokenOp::Keep,
+        backoff: BackoffOp::Failed {
+            reason: f.reason,
+            attempt: before.saturating_add(1),
+        },
+        dhcp_warned: decision.dhcp_warned,
+    }
+}
+
+/// The handler of a live (not deleted) Machine: the cross-cutting ones
+/// (paused, clear-error, RetryHeld, the agent's report, the BMC cadence,
+/// detached, reboot, park/unpark), then the one of its state.
+pub fn apply(snap: &Snapshot<'_>) -> Decision {
+    let mut p = Pass::new(snap);
+    if paused(snap.machine) {
+        return p.finish(
+            Outcome::Wait {
+                reason: "paused",
+                requeue: None,
+            },
+            false,
+        );
+    }
+    clear_error(&mut p);
+    if retry_held(&mut p) {
+        return p.finish(
+            Outcome::Held {
+                reason: "BootRetryExhausted",
+            },
+            true,
+        );
+    }
+    if session_of(snap.machine).is_some() {
+        p.cond(
+            "AgentRegistered",
+            true,
+            "Registered",
+            "the agent registered",
+        );
+    }
+    // The agent's report needs no BMC: Inspecting → Available even while
+    // the BMC fails.
+    if reported(snap) {
+        p.transition(MachineState::Available);
+        p.d.status.net_boot = None;
+        p.token = TokenOp::Delete;
+        return p.finish(
+            Outcome::Transition {
+                next: MachineState::Available,
+                event: "InspectionReported",
+                requeue: Some(SOON),
+            },
+            true,
+        );
+    }
+    let detached = p.annotation(annotations::DETACHED).is_some();
+    if !detached && let Some(wait) = snap.bmc_backoff {
+        // A failing BMC is tried at its cadence only.
+        return p.finish(
+            Outcome::Wait {
+                reason: "BMC backoff",
+                requeue: Some(wait),
+            },
+            true,
+        );
+    }
+    let mut http_boot = false;
+    let client = if detached {
+        p.d.status.operational_status = Some(OperationalStatus::Detached);
+        false
+    } else {
+        if p.d.status.operational_status == Some(OperationalStatus::Detached) {
+            p.d.status.operational_status = Some(OperationalStatus::Ok);
+        }
+        match &snap.bmc {
+            Bmc::Answer {
+                powered_on,
+                offers_http_boot,
+            } => {
+                p.bmc_ok(*powered_on);
+                http_boot = snap.cfg.prefer_http_boot && *offers_http_boot;
+                true
+            }
+            Bmc::Resolved => true,
+            Bmc::Failed(f) => {
+                let retry = bmc_failed(&mut p.d, f, snap.bmc_attempts, snap);
+                p.backoff = BackoffOp::Failed {
+                    reason: f.reason,
+                    attempt: snap.bmc_attempts.saturating_add(1),
+                };
+                return p.finish(
+                    Outcome::Wait {
+                        reason: "BMC unavailable",
+                        requeue: Some(retry),
+                    },
+                    true,
+                );
+            }
+            Bmc::None => false,
+        }
+    };
+    reboot(&mut p, client);
+    if let Some(outcome) = park(&mut p, client) {
+        return p.finish(outcome, true);
+    }
+    let outcome = match p.state() {
+        MachineState::Enrolling => enrolling(&mut p, client, http_boot),
+        MachineState::Inspecting => inspecting(&mut p, client, http_boot),
+        MachineState::Available | MachineState::Released => available(&mut p, client, http_boot),
+        // Parked: only `unpark` (above) moves it.
+        MachineState::Parked => Outcome::Wait {
+            reason: "parked",
+            requeue: Some(snap.cfg.health_interval),
+        },
+        _ => Outcome::Wait {
+            reason: "nothing to do in this state",
+            requeue: Some(snap.cfg.health_interval),
+        },
+    };
+    p.finish(outcome, true)
+}
+
+/// `anneal.dev/clear-error`: counters reset, hold lifted, a fresh boot
+/// armed (the state handler arms it: `netBoot` is dropped).
+fn clear_error(p: &mut Pass<'_, '_>) {
+    if p.annotation(annotations::CLEAR_ERROR).is_none() {
+        return;
+    }
+    let st = &mut p.d.status;
+    st.restart_count = None;
+    st.error_count = None;
+    st.error_type = None;
+    st.error_message = None;
+    st.operational_status = Some(OperationalStatus::Ok);
+    st.net_boot = None;
+    if condition(&p.d.status.conditions, "RetryHeld").is_some() {
+        p.cond(
+            "RetryHeld",
+            false,
+            "Cleared",
+            "clear-error annotation applied",
+        );
+    }
+    p.d.drop_annotations.push(annotations::CLEAR_ERROR);
+    p.event(
+        EventType::Normal,
+        "ErrorCleared",
+        "clear-error applied".into(),
+    );
+}
+
+/// Held after `max_restarts` Restart failures: no BMC call, until
+/// clear-error.
+fn retry_held(p: &mut Pass<'_, '_>) -> bool {
+    if p.d.status.restart_count.unwrap_or(0) < p.cfg().max_restarts {
+        return false;
+    }
+    let message = retry_held_message(p.cfg().max_restarts);
+    p.cond("RetryHeld", true, "BootRetryExhausted", &message);
+    p.d.status.operational_status = Some(OperationalStatus::Error);
+    true
+}
+
+/// `anneal.dev/reboot` (`{"mode":"soft"}` GracefulRestart, else
+/// ForceRestart); consumed. If the reset fails no annotation is dropped.
+fn reboot(p: &mut Pass<'_, '_>, client: bool) {
+    let Some(v) = p.annotation(annotations::REBOOT) else {
+        return;
+    };
+    if client {
+        let kind = if v.contains("soft") {
+            ResetType::GracefulRestart
+        } else {
+            ResetType::ForceRestart
+        };
+        let mut fallback = p.d.clone();
+        fallback.drop_annotations.clear();
+        p.actions.push(Planned {
+            action: BmcAction::Reset(kind),
+            fallback,
+        });
+        p.d.drop_annotations.push(annotations::REBOOT);
+        p.event(EventType::Normal, "Rebooted", format!("{kind:?} sent"));
+    } else {
+        p.d.drop_annotations.push(annotations::REBOOT);
+    }
+}
+
+/// `anneal.dev/operation`: `park` from Available or Provisioned, `unpark`
+/// from Parked; a park elsewhere waits (the annotation stays), an unpark
+/// elsewhere is dropped.
+fn park(p: &mut Pass<'_, '_>, client: bool) -> Option<Outcome> {
+    let health = p.cfg().health_interval;
+    match (p.annotation(annotations::OPERATION), p.state()) {
+        (Some("park"), MachineState::Available | MachineState::Provisioned) => {
+            if client {
+                p.call(BmcAction::Shutdown { announce: false });
+            }
+            p.d.status.powered_on = Some(false);
+            p.transition(MachineState::Parked);
+            p.d.drop_annotations.push(annotations::OPERATION);
+            Some(Outcome::Transition {
+                next: MachineState::Parked,
+                event: "Parked",
+                requeue: Some(health),
+            })
+        }
+        (Some("unpark"), MachineState::Parked) => {
+            let to = if p.m().spec.claim_ref.is_some() {
+                MachineState::Provisioned
+            } else {
+                MachineState::Available
+            };
+            p.transition(to);
+            p.d.drop_annotations.push(annotations::OPERATION);
+            Some(Outcome::Transition {
+                next: to,
+                event: "Unparked",
+                requeue: Some(health),
+            })
+        }
+        (Some("unpark"), _) => {
+            p.d.drop_annotations.push(annotations::OPERATION);
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Enrolling: straight to Available with inspect-disable (and a boot MAC),
+/// else Inspecting with a boot armed.
+fn enrolling(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    if p.annotation(annotations::INSPECT_DISABLE).is_some() && p.m().spec.boot_mac_address.is_some()
+    {
+        p.transition(MachineState::Available);
+        return Outcome::Transition {
+            next: MachineState::Available,
+            event: "InspectionDisabled",
+            requeue: Some(SOON),
+        };
+    }
+    p.transition(MachineState::Inspecting);
+    match arm(p, client, http_boot) {
+        Outcome::Wait {
+            reason: "boot armed",
+            requeue,
+        } => Outcome::Transition {
+            next: MachineState::Inspecting,
+            event: "NetBootArmed",
+            requeue,
+        },
+        held => held,
+    }
+}
+
+/// Inspecting: wait for registration + hardware until the boot token
+/// expires; an expiry is a Restart failure, the `max_restarts`th holds.
+fn inspecting(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    let now = p.snap.now.as_millisecond();
+    let expires =
+        p.d.status
+            .net_boot
+            .as_ref()
+            .and_then(|n| n.expires_at.as_ref())
+            .map(|t| t.0.as_millisecond());
+    match expires {
+        None => arm(p, client, http_boot),
+        Some(exp) if exp > now => {
+            let left = Duration::from_millis(u64::try_from(exp - now).unwrap_or(0));
+            Outcome::Wait {
+                reason: "waiting for the agent",
+                requeue: Some((left + Duration::from_millis(200)).min(p.cfg().health_interval)),
+            }
+        }
+        Some(_) => {
+            let st = &mut p.d.status;
+            let restarts = st.restart_count.unwrap_or(0).saturating_add(1);
+            st.restart_count = Some(restarts);
+            st.error_count = Some(st.error_count.unwrap_or(0).saturating_add(1));
+            st.error_type = Some(ErrorType::Restart);
+            st.operational_status = Some(OperationalStatus::Error);
+            st.error_message =
+                Some("the boot token expired before the agent registered and reported".into());
+            st.net_boot = None;
+            st.agent = None;
+            let max = p.cfg().max_restarts;
+            if restarts >= max {
+                p.cond(
+                    "RetryHeld",
+                    true,
+                    "BootRetryExhausted",
+                    &retry_held_message(max),
+                );
+                p.event(
+                    EventType::Warning,
+                    "BootRetryExhausted",
+                    format!("{restarts} consecutive boots without registration; holding"),
+                );
+                p.token = TokenOp::Delete;
+                return Outcome::Held {
+                    reason: "BootRetryExhausted",
+                };
+            }
+            p.event(
+                EventType::Warning,
+                "InspectionTimedOut",
+                format!("restart {restarts}: the agent did not register in time"),
+            );
+            arm(p, client, http_boot)
+        }
+    }
+}
+
+/// Available / Released: re-inspect on request; an idle unclaimed
+/// Available machine that is on is shut down.
+fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    if p.annotation(annotations::RE_INSPECT).is_some() {
+        p.d.drop_annotations.push(annotations::RE_INSPECT);
+        p.transition(MachineState::Inspecting);
+        return match arm(p, client, http_boot) {
+            Outcome::Wait {
+                reason: "boot armed",
+                requeue,
+            } => Outcome::Transition {
+                next: MachineState::Inspecting,
+                event: "ReInspect",
+                requeue,
+            },
+            other => other,
+        };
+    }
+    if p.state() == MachineState::Available
+        && p.m().spec.claim_ref.is_none()
+        && p.d.status.powered_on == Some(true)
+        && client
+    {
+        p.call(BmcAction::Shutdown { announce: true });
+        p.d.status.powered_on = Some(false);
+    }
+    Outcome::Wait {
+        reason: "idle",
+        requeue: Some(p.cfg().health_interval),
+    }
+}
+
+/// Arms a net boot: a token (minted by the driver), the one-time override
+/// and the power-on; held first by the DHCP gate of lease-mode Subnets.
+fn arm(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    // No power-on before the lease-mode reservation is live in bootd.
+    if client && let Some(recheck) = dhcp_hold(p) {
+        return Outcome::Wait {
+            reason: "DHCP reservation not live",
+            requeue: Some(recheck),
+        };
+    }
+    let lifetime = token_lifetime_ms(p.m(), p.cfg());
+    let expires = time_in(p.snap.now, lifetime);
+    p.token = TokenOp::Mint;
+    if client {
+        let target = if http_boot {
+            BootTarget::UefiHttp
+        } else {
+            BootTarget::Pxe
+        };
+        let reset = if p.d.status.powered_on.unwrap_or(false) {
+            ResetType::ForceRestart
+        } else {
+            ResetType::On
+        };
+        // No token in status if it fails: the next pass mints a new one.
+        p.call(BmcAction::BootOnce { target, reset });
+        p.d.status.powered_on = Some(true);
+        p.event(
+            EventType::Normal,
+            "NetBootArmed",
+            format!("powered on with a one-time {} override", target.as_str()),
+        );
+    }
+    p.d.status.net_boot = Some(NetBootStatus {
+        token_hash: None,
+        expires_at: Some(expires),
+    });
+    p.d.status.agent = None;
+    p.cond(
+        "AgentRegistered",
+        false,
+        "WaitingForAgent",
+        "waiting for the agent to register",
+    );
+    let wait = Duration::from_millis(u64::try_from(lifetime).unwrap_or(0) + 200);
+    Outcome::Wait {
+        reason: "boot armed",
+        requeue: Some(wait.min(p.cfg().health_interval)),
+    }
+}
+
+/// The DHCP power gate of lease-mode Subnets ([`dhcp_gate`]): Some(recheck)
+/// while the Machine's reservation is not live in bootd. Writes the
+/// condition, and a Warning Event every `dhcp_reservation_timeout` of
+/// waiting.
+fn dhcp_hold(p: &mut Pass<'_, '_>) -> Option<Duration> {
+    let now = p.snap.now.as_millisecond();
+    // lastTransitionTime keeps whole seconds: the wait began at the latest
+    // at the end of that second, so the bound is never cut short.
+    let waiting_since = condition(&p.d.status.conditions, dhcp_gate::CONDITION)
+        .filter(|c| c.status == "False")
+        .map(|c| {
+            let t = c.last_transition_time.0.as_millisecond();
+            if t % 1000 == 0 { t + 999 } else { t }
+        });
+    match dhcp_gate::evaluate(p.m(), p.snap.subnet.as_ref()) {
+        dhcp_gate::Gate::NotApplicable => {
+            p.d.status
+                .conditions
+                .retain(|c| c.type_ != dhcp_gate::CONDITION);
+            None
+        }
+        dhcp_gate::Gate::Ready {
+            subnet,
+            address,
+            revision,
+        } => {
+            p.warn = WarnOp::Clear;
+            let message = format!("{address} is live on Subnet {subnet} (revision {revision})");
+            if waiting_since.is_some() {
+                p.event(EventType::Normal, dhcp_gate::LIVE, message.clone());
+            }
+            p.cond(dhcp_gate::CONDITION, true, dhcp_gate::LIVE, &message);
+            None
+        }
+        dhcp_gate::Gate::Waiting { subnet, missing } => {
+            let since = waiting_since.unwrap_or(now);
+            let elapsed = now.saturating_sub(since).max(0);
+            let timeout =
+                i64::try_from(p.cfg().dhcp_reservation_timeout.as_millis()).unwrap_or(i64::MAX);
+            let overdue = timeout > 0 && elapsed >= timeout;
+            let message = dhcp_gate::waiting_message(&subnet, &missing, overdue);
+            p.cond(dhcp_gate::CONDITION, false, dhcp_gate::WAITING, &message);
+            let mut recheck = DHCP_RECHECK;
+            if overdue {
+                let periods = elapsed / timeout;
+                let before = p
+                    .snap
+                    .dhcp_warned
+                    .filter(|(start, _)| *start == since)
+                    .map_or(0, |(_, n)| n);
+                if periods > before {
+                    p.warn = WarnOp::Set { since, periods };
+                    let note = format!(
+                        "no power-on after {}s: the DHCP reservation on Subnet {subnet} is not \
+                         live ({}); {}; still waiting",
+                        elapsed / 1000,
+                        match &missing {
+                            dhcp_gate::Missing::NoBootMac => "no boot MAC",
+                            dhcp_gate::Missing::Reservation { .. } => "no reservation",
+                            dhcp_gate::Missing::Applied { .. } => "not applied by bootd",
+                        },
+                        dhcp_gate::hint(&subnet, &missing),
+                    );
+                    p.event(EventType::Warning, dhcp_gate::OVERDUE_EVENT, note);
+                }
+            } else {
+                // wake up for the bound, not later
+                let left = u64::try_from(timeout - elapsed).unwrap_or(0);
+                recheck = recheck.min(Duration::from_millis(left + 50));
+            }
+            Some(recheck)
+        }
+    }
+}
+
+/// The handler of a deleted Machine: PoweringOff (Deprovisioning when
+/// claimed): clear the override, shut down, delete the boot-token Secret,
+/// release the finalizer. force-release, detached or no BMC skip the BMC
+/// cleanup. `snap.bmc` is [`Bmc::Resolved`] or [`Bmc::Failed`] (the
+/// credentials), [`Bmc::None`] without `spec.bmc`.
+pub fn delete(snap: &Snapshot<'_>) -> Decision {
+    let mut p = Pass::new(snap);
+    p.warn = WarnOp::Clear;
+    if skips_cleanup(snap.machine) {
+        p.token = TokenOp::Delete;
+        return p.finish(Outcome::Release, false);
+    }
+    let to = if snap.machine.spec.claim_ref.is_some() {
+        MachineState::Deprovisioning
+    } else {
+        MachineState::PoweringOff
+    };
+    p.transition(to);
+    match &snap.bmc {
+        Bmc::Failed(f) => {
+            let retry = bmc_failed(&mut p.d, f, snap.bmc_attempts, snap);
+            p.backoff = BackoffOp::Failed {
+                reason: f.reason,
+                attempt: snap.bmc_attempts.saturating_add(1),
+            };
+            p.finish(
+                Outcome::CleanupPending {
+                    message: format!("bmc unavailable, retrying in {}s", retry.as_secs()),
+                },
+                true,
+            )
+        }
+        b if b.usable() => {
+            p.call(BmcAction::ClearOverride);
+            p.call(BmcAction::Shutdown { announce: false });
+            p.token = TokenOp::Delete;
+            // The state written only if the cleanup fails (as before).
+            p.finish(Outcome::Release, false)
+        }
+        _ => p.finish(Outcome::Release, false),
+    }
+}
+
+/// Whether a delete skips the BMC cleanup: force-release, detached, or no
+/// BMC.
+pub fn skips_cleanup(m: &Machine) -> bool {
+    annotation(m, annotations::FORCE_RELEASE).is_some()
+        || annotation(m, annotations::DETACHED).is_some()
+        || m.spec.bmc.is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every transition and hold of docs/lifecycle.md, on hand-built
+    //! snapshots: no API server, no BMC, no clock.
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    const T0: i64 = 1_800_000_000_000;
+
+    fn now() -> Timestamp {
+        Timestamp::from_millisecond(T0).unwrap()
+    }
+
+    fn at(ms_from_now: i64) -> String {
+        Timestamp::from_millisecond(T0 + ms_from_now)
+            .unwrap()
+            .to_string()
+    }
+
+    /// A Machine with a BMC on Subnet `lab`; `spec` and `status` are merged
+    /// in.
+    fn machine(annotations: Value, spec: Value, status: Value) -> Machine {
+        let mut s = json!({
+            "subnetRef": {"name": "lab"},
+            "bmc": {"address": "redfish+http://127.0.0.1:1", "credentialsSecretRef": {"name": "bmc"}}
+        });
+        if let (Some(base), Some(extra)) = (s.as_object_mut(), spec.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "m1", "namespace": "default", "generation": 2,
+                         "uid": "u1", "annotations": annotations},
+            "spec": s,
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn cfg() -> LifecycleConfig {
+        LifecycleConfig {
+            boot_token_lifetime: Duration::from_secs(600),
+            health_interval: Duration::from_secs(60),
+            ..LifecycleConfig::default()
+        }
+    }
+
+    fn snap<'a>(m: &'a Machine, cfg: &'a LifecycleConfig, bmc: Bmc) -> Snapshot<'a> {
+        Snapshot {
+            machine: m,
+            now: now(),
+            cfg,
+            bmc,
+            bmc_attempts: 0,
+            bmc_backoff: None,
+            hardware_session: None,
+            subnet: None,
+            dhcp_warned: None,
+        }
+    }
+
+    fn answer(powered_on: bool) -> Bmc {
+        Bmc::Answer {
+            powered_on,
+            offers_http_boot: false,
+        }
+    }
+
+    fn failed(reason: BmcReason) -> Bmc {
+        Bmc::Failed(BmcFailure {
+            reason,
+            message: "connection refused".into(),
+        })
+    }
+
+    fn actions(d: &Decision) -> Vec<BmcAction> {
+        d.actions.iter().map(|p| p.action).collect()
+    }
+
+    fn reasons(d: &Decision) -> Vec<&'static str> {
+        d.draft.events.iter().map(|e| e.reason).collect()
+    }
+
+    fn cond<'d>(d: &'d Decision, type_: &str) -> Option<&'d anneal_api::Condition> {
+        condition(&d.draft.status.conditions, type_)
+    }
+
+    fn state(d: &Decision) -> MachineState {
+        d.draft.status.state.unwrap()
+    }
+
+    fn inspecting(extra: Value) -> Value {
+        let mut st = json!({"state": "Inspecting", "poweredOn": true,
+            "netBoot": {"tokenHash": "h", "expiresAt": at(30_000)}});
+        if let (Some(base), Some(extra)) = (st.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        st
+    }
+
+    fn boot_once(reset: ResetType) -> BmcAction {
+        BmcAction::BootOnce {
+            target: BootTarget::Pxe,
+            reset,
+        }
+    }
+
+    #[test]
+    fn enrolling_arms_a_boot_token_override_and_power_on() {
+        let cfg = cfg();
+        let m = machine(json!({}), json!({}), json!(null));
+        let s = snap(&m, &cfg, answer(false));
+        assert!(wants_bmc(&s));
+        let d = apply(&s);
+        assert_eq!(
+            d.outcome,
+            Outcome::Transition {
+                next: MachineState::Inspecting,
+                event: "NetBootArmed",
+                requeue: Some(cfg.health_interval),
+            }
+        );
+        assert_eq!(state(&d), MachineState::Inspecting);
+        assert_eq!(d.token, TokenOp::Mint);
+        assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
+        let nb = d.draft.status.net_boot.clone().unwrap();
+        assert_eq!(nb.token_hash, None, "the driver fills in the minted hash");
+        assert_eq!(nb.expires_at.unwrap().0.as_millisecond(), T0 + 600_000);
+        assert_eq!(d.draft.status.powered_on, Some(true));
+        assert_eq!(reasons(&d), vec!["StateChanged", "NetBootArmed"]);
+        assert_eq!(cond(&d, "AgentRegistered").unwrap().status, "False");
+        assert_eq!(cond(&d, "BMCReachable").unwrap().status, "True");
+        assert_eq!(d.backoff, BackoffOp::Clear);
+        // the fallback of the power-on holds no token
+        assert_eq!(d.actions[0].fallback.status.net_boot, None);
+        assert!(d.commit);
+    }
+
+    #[test]
+    fn enrolling_force_restarts_a_machine_that_is_on_and_prefers_http_boot() {
+        let mut cfg = cfg();
+        let m = machine(json!({}), json!({"bootTimeout": "30s"}), json!(null));
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(actions(&d), vec![boot_once(ResetType::ForceRestart)]);
+        // bootTimeout below the operator default does not shorten it
+        let nb = d.draft.status.net_boot.clone().unwrap();
+        assert_eq!(nb.expires_at.unwrap().0.as_millisecond(), T0 + 600_000);
+        cfg.prefer_http_boot = true;
+        let d = apply(&snap(
+            &m,
+            &cfg,
+            Bmc::Answer {
+                powered_on: false,
+                offers_http_boot: true,
+            },
+        ));
+        assert_eq!(
+            actions(&d),
+            vec![BmcAction::BootOnce {
+                target: BootTarget::UefiHttp,
+                reset: ResetType::On
+            }]
+        );
+        // a longer bootTimeout raises the deadline
+        let m = machine(json!({}), json!({"bootTimeout": "1h"}), json!(null));
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        let nb = d.draft.status.net_boot.clone().unwrap();
+        assert_eq!(nb.expires_at.unwrap().0.as_millisecond(), T0 + 3_600_000);
+    }
+
+    #[test]
+    fn inspect_disable_goes_to_available_only_with_a_boot_mac() {
+        let cfg = cfg();
+        let ann = json!({"anneal.dev/inspect-disable": ""});
+        let m = machine(
+            ann.clone(),
+            json!({"bootMACAddress": "52:54:00:aa:bb:01"}),
+            json!(null),
+        );
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(
+            d.outcome,
+            Outcome::Transition {
+                next: MachineState::Available,
+                event: "InspectionDisabled",
+                requeue: Some(SOON),
+            }
+        );
+        assert!(d.actions.is_empty());
+        assert_eq!(d.token, TokenOp::Keep);
+        let m = machine(ann, json!({}), json!(null));
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(state(&d), MachineState::Inspecting);
+        assert_eq!(d.token, TokenOp::Mint);
+    }
+
+    #[test]
+    fn inspecting_waits_until_the_deadline_at_most_one_health_interval() {
+        let cfg = cfg();
+        let m = machine(json!({}), json!({}), inspecting(json!({})));
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(
+            d.outcome,
+            Outcome::Wait {
+                reason: "waiting for the agent",
+                requeue: Some(Duration::from_millis(30_200)),
+            }
+        );
+        assert!(d.actions.is_empty());
+        assert_eq!(d.token, TokenOp::Keep);
+        let far = inspecting(json!({"netBoot": {"tokenHash": "h", "expiresAt": at(3_600_000)}}));
+        let m = machine(json!({}), json!({}), far);
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(d.outcome.requeue(), Some(cfg.health_interval));
+        // 1 ms before the deadline: wake just after it
+        let near = inspecting(json!({"netBoot": {"tokenHash": "h", "expiresAt": at(1)}}));
+        let m = machine(json!({}), json!({}), near);
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(d.outcome.requeue(), Some(Duration::from_millis(201)));
+    }
+
+    #[test]
+    fn inspecting_to_available_when_reported_even_while_the_bmc_fails() {
+        let cfg = cfg();
+        let st = inspecting(json!({"agent": {"sessionTokenHash": "s1"}}));
+        let m = machine(json!({}), json!({}), st);
+        assert!(wants_hardware(&m));
+        let mut s = snap(&m, &cfg, failed(BmcReason::BmcUnreachable));
+        s.hardware_session = Some("s1".into());
+        assert!(!wants_bmc(&s), "the report needs no BMC");
+        let d = apply(&s);
+        assert_eq!(
+            d.outcome,
+            Outcome::Transition {
+                next: MachineState::Available,
+                event: "InspectionReported",
+                requeue: Some(SOON),
+            }
+        );
+        assert_eq!(d.draft.status.net_boot, None);
+        assert_eq!(d.token, TokenOp::Delete);
+        assert!(d.actions.is_empty());
+        assert_eq!(cond(&d, "AgentRegistered").unwrap().status, "True");
+        // the report of another boot does not count
+        s.hardware_session = Some("old".into());
+        s.bmc = answer(true);
+        let d = apply(&s);
+        assert_eq!(state(&d), MachineState::Inspecting);
+        assert_eq!(cond(&d, "AgentRegistered").unwrap().reason, "Registered");
+    }
+
+    #[test]
+    fn expiry_is_a_restart_failure_and_re_arms_twice_then_holds() {
+        let cfg = cfg();
+        let expired = |restarts: i32| {
+            let mut st = inspecting(json!({
+                "netBoot": {"tokenHash": "h", "expiresAt": at(0)},
+                "agent": {"sessionTokenHash": "s0"},
+            }));
+            if restarts > 0 {
+                st["restartCount"] = json!(restarts);
+                st["errorCount"] = json!(restarts);
+            }
+            machine(json!({}), json!({}), st)
+        };
+        for (before, after) in [(0, 1), (1, 2)] {
+            let m = expired(before);
+            let d = apply(&snap(&m, &cfg, answer(true)));
+            let st = &d.draft.status;
+            assert_eq!(st.restart_count, Some(after));
+            assert_eq!(st.error_count, Some(after));
+            assert_eq!(st.error_type, Some(ErrorType::Restart));
+            assert_eq!(st.operational_status, Some(OperationalStatus::Error));
+            assert_eq!(st.agent, None);
+            assert_eq!(st.state, Some(MachineState::Inspecting));
+            assert!(reasons(&d).contains(&"InspectionTimedOut"));
+            assert_eq!(d.token, TokenOp::Mint);
+            assert_eq!(actions(&d), vec![boot_once(ResetType::ForceRestart)]);
+            assert_eq!(
+                st.net_boot.as_ref().unwrap().expires_at.as_ref().unwrap().0,
+                Timestamp::from_millisecond(T0 + 600_000).unwrap()
+            );
+        }
+        let m = expired(2);
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(
+            d.outcome,
+            Outcome::Held {
+                reason: "BootRetryExhausted"
+            }
+        );
+        assert_eq!(d.draft.status.restart_count, Some(3));
+        assert!(d.actions.is_empty(), "no BMC call when it holds");
+        assert_eq!(d.token, TokenOp::Delete);
+        assert_eq!(d.draft.status.net_boot, None);
+        let held = cond(&d, "RetryHeld").unwrap();
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("True", "BootRetryExhausted")
+        );
+        assert!(
+            held.message.starts_with("3 consecutive restart failures"),
+            "{}",
+            held.message
+        );
+        assert!(reasons(&d).contains(&"BootRetryExhausted"));
+        assert_eq!(
+            state(&d),
+            MachineState::Inspecting,
+            "a failure keeps the state"
+        );
+    }
+
+    #[test]
+    fn the_hold_message_follows_max_restarts() {
+        let mut cfg = cfg();
+        cfg.max_restarts = 5;
+        let st = inspecting(json!({
+            "netBoot": {"tokenHash": "h", "expiresAt": at(-5)}, "restartCount": 4,
+        }));
+        let m = machine(json!({}), json!({}), st);
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        let held = cond(&d, "RetryHeld").unwrap();
+        assert!(
+            held.message.starts_with("5 consecutive"),
+            "{}",
+            held.message
+        );
+        // at 4 of 5 it would have re-armed
+        let st = inspecting(json!({
+            "netBoot": {"tokenHash": "h", "expiresAt": at(-5)}, "restartCount": 3,
+        }));
+        let m = machine(json!({}), json!({}), st);
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(d.token, TokenOp::Mint);
+    }
+
+    fn held_status() -> Value {
+        json!({"state": "Inspecting", "restartCount": 3, "errorCount": 3,
+               "errorType": "Restart", "operationalStatus": "error",
+               "conditions": [{"type": "RetryHeld", "status": "True", "reason": "BootRetryExhausted",
+                               "message": "3 consecutive restart failures; set anneal.dev/clear-error to retry",
+                               "observedGeneration": 2,
+                               "lastTransitionTime": at(-60_000)}]})
+    }
+
+    #[test]
+    fn held_stays_held_without_any_bmc_call() {
+        let cfg = cfg();
+        let m = machine(json!({}), json!({}), held_status());
+        let s = snap(&m, &cfg, Bmc::None);
+        assert!(!wants_bmc(&s));
+        let d = apply(&s);
+        assert_eq!(
+            d.outcome,
+            Outcome::Held {
+                reason: "BootRetryExhausted"
+            }
+        );
+        assert!(d.actions.is_empty());
+        assert_eq!(d.token, TokenOp::Keep);
+        assert!(d.draft.events.is_empty());
+        // nothing changes: the commit writes nothing
+        let mut want = m.status.clone().unwrap();
+        want.conditions = d.draft.status.conditions.clone();
+        assert_eq!(d.draft.status, want);
+        assert_eq!(
+            cond(&d, "RetryHeld")
+                .unwrap()
+                .last_transition_time
+                .0
+                .to_string(),
+            at(-60_000)
+        );
+    }
+
+    #[test]
+    fn clear_error_lifts_the_hold_and_re_arms() {
+        let cfg = cfg();
+        let m = machine(
+            json!({"anneal.dev/clear-error": ""}),
+            json!({}),
+            held_status(),
+        );
+        let s = snap(&m, &cfg, answer(false));
+        assert!(wants_bmc(&s));
+        let d = apply(&s);
+        let held = cond(&d, "RetryHeld").unwrap();
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("False", "Cleared")
+        );
+        assert_eq!(held.last_transition_time.0, now());
+        assert_eq!(d.draft.status.restart_count, None);
+        assert_eq!(d.draft.status.error_count, None);
+        assert_eq!(
+            d.draft.status.operational_status,
+            Some(OperationalStatus::Ok)
+        );
+        assert_eq!(d.draft.drop_annotations, vec![annotations::CLEAR_ERROR]);
+        assert_eq!(d.token, TokenOp::Mint);
+        assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
+        assert!(reasons(&d).contains(&"ErrorCleared"));
+    }
+
+    #[test]
+    fn available_idle_and_on_is_shut_down_a_claimed_one_stays_on() {
+        let cfg = cfg();
+        let st = json!({"state": "Available", "poweredOn": true});
+        let m = machine(json!({}), json!({}), st.clone());
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(actions(&d), vec![BmcAction::Shutdown { announce: true }]);
+        assert_eq!(d.draft.status.powered_on, Some(false));
+        assert_eq!(d.actions[0].fallback.status.powered_on, Some(true));
+        assert_eq!(d.outcome.requeue(), Some(cfg.health_interval));
+        let claimed = machine(json!({}), json!({"claimRef": {"name": "c1"}}), st.clone());
+        let d = apply(&snap(&claimed, &cfg, answer(true)));
+        assert!(d.actions.is_empty());
+        assert_eq!(d.draft.status.powered_on, Some(true));
+        // already off: nothing
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert!(d.actions.is_empty());
+        // Released is not shut down
+        let rel = machine(json!({}), json!({}), json!({"state": "Released"}));
+        assert!(apply(&snap(&rel, &cfg, answer(true))).actions.is_empty());
+    }
+
+    #[test]
+    fn re_inspect_from_available_and_released() {
+        let cfg = cfg();
+        for from in ["Available", "Released"] {
+            let m = machine(
+                json!({"anneal.dev/re-inspect": ""}),
+                json!({}),
+                json!({"state": from, "poweredOn": false}),
+            );
+            let d = apply(&snap(&m, &cfg, answer(false)));
+            assert_eq!(
+                d.outcome,
+                Outcome::Transition {
+                    next: MachineState::Inspecting,
+                    event: "ReInspect",
+                    requeue: Some(cfg.health_interval),
+                },
+                "{from}"
+            );
+            assert_eq!(d.draft.drop_annotations, vec![annotations::RE_INSPECT]);
+            assert_eq!(d.token, TokenOp::Mint);
+            assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
+        }
+    }
+
+    #[test]
+    fn park_from_available_and_provisioned_elsewhere_it_waits() {
+        let cfg = cfg();
+        let park = json!({"anneal.dev/operation": "park"});
+        for from in ["Available", "Provisioned"] {
+            let m = machine(
+                park.clone(),
+                json!({}),
+                json!({"state": from, "poweredOn": true}),
+            );
+            let d = apply(&snap(&m, &cfg, answer(true)));
+            assert_eq!(
+                d.outcome,
+                Outcome::Transition {
+                    next: MachineState::Parked,
+                    event: "Parked",
+                    requeue: Some(cfg.health_interval),
+                }
+            );
+            assert_eq!(actions(&d), vec![BmcAction::Shutdown { announce: false }]);
+            assert_eq!(d.draft.status.powered_on, Some(false));
+            assert_eq!(d.draft.drop_annotations, vec![annotations::OPERATION]);
+            // a failing shutdown leaves the state and the annotation
+            let f = BmcFailure {
+                reason: BmcReason::BmcUnreachable,
+                message: "reset".into(),
+            };
+            let s = snap(&m, &cfg, answer(true));
+            let failed = action_failed(&d, 0, &f, &s);
+            assert_eq!(format!("{:?}", failed.draft.status.state.unwrap()), from);
+            assert!(failed.draft.drop_annotations.is_empty());
+        }
+        let m = machine(park, json!({}), inspecting(json!({})));
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert_eq!(state(&d), MachineState::Inspecting);
+        assert!(d.draft.drop_annotations.is_empty(), "the request stays");
+        assert!(d.actions.is_empty());
+    }
+
+    #[test]
+    fn unpark_to_available_or_provisioned_when_claimed() {
+        let cfg = cfg();
+        let unpark = json!({"anneal.dev/operation": "unpark"});
+        let parked = json!({"state": "Parked", "poweredOn": false});
+        let m = machine(unpark.clone(), json!({}), parked.clone());
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(state(&d), MachineState::Available);
+        assert_eq!(d.draft.drop_annotations, vec![annotations::OPERATION]);
+        assert!(d.actions.is_empty());
+        let m = machine(unpark.clone(), json!({"claimRef": {"name": "c"}}), parked);
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(state(&d), MachineState::Provisioned);
+        // unpark elsewhere is dropped
+        let m = machine(unpark, json!({}), json!({"state": "Available"}));
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(state(&d), MachineState::Available);
+        assert_eq!(d.draft.drop_annotations, vec![annotations::OPERATION]);
+    }
+
+    #[test]
+    fn detached_makes_no_bmc_call_and_says_so() {
+        let cfg = cfg();
+        let m = machine(json!({"anneal.dev/detached": ""}), json!({}), json!(null));
+        let s = snap(&m, &cfg, Bmc::None);
+        assert!(!wants_bmc(&s));
+        let d = apply(&s);
+        assert_eq!(
+            d.draft.status.operational_status,
+            Some(OperationalStatus::Detached)
+        );
+        assert_eq!(state(&d), MachineState::Inspecting);
+        assert!(d.actions.is_empty());
+        // a backoff does not hold a detached machine
+        let mut s = snap(&m, &cfg, Bmc::None);
+        s.bmc_backoff = Some(Duration::from_secs(9));
+        assert!(apply(&s).outcome.requeue() != Some(Duration::from_secs(9)));
+        // attached again: OK
+        let m = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Available", "operationalStatus": "detached"}),
+        );
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(
+            d.draft.status.operational_status,
+            Some(OperationalStatus::Ok)
+        );
+    }
+
+    #[test]
+    fn paused_does_nothing() {
+        let cfg = cfg();
+        let m = machine(
+            json!({"anneal.dev/paused": "", "anneal.dev/reboot": "{\"mode\":\"hard\"}"}),
+            json!({}),
+            json!({"state": "Available", "poweredOn": true}),
+        );
+        assert!(paused(&m));
+        let s = snap(&m, &cfg, Bmc::None);
+        assert!(!wants_bmc(&s));
+        let d = apply(&s);
+        assert!(!d.commit);
+        assert!(d.actions.is_empty());
+        assert!(d.draft.events.is_empty());
+        assert_eq!(d.outcome.requeue(), None);
+    }
+
+    #[test]
+    fn reboot_soft_and_hard_are_consumed_kept_when_the_reset_fails() {
+        let cfg = cfg();
+        for (mode, kind) in [
+            ("{\"mode\":\"soft\"}", ResetType::GracefulRestart),
+            ("{\"mode\":\"hard\"}", ResetType::ForceRestart),
+        ] {
+            let m = machine(
+                json!({"anneal.dev/reboot": mode}),
+                json!({"claimRef": {"name": "c"}}),
+                json!({"state": "Provisioned", "poweredOn": true}),
+            );
+            let s = snap(&m, &cfg, answer(true));
+            let d = apply(&s);
+            assert_eq!(actions(&d), vec![BmcAction::Reset(kind)]);
+            assert_eq!(d.draft.drop_annotations, vec![annotations::REBOOT]);
+            assert!(reasons(&d).contains(&"Rebooted"));
+            let f = BmcFailure {
+                reason: BmcReason::QueryFailed,
+                message: "500".into(),
+            };
+            let failed = action_failed(&d, 0, &f, &s);
+            assert!(failed.draft.drop_annotations.is_empty());
+            assert!(!reasons(&failed).contains(&"Rebooted"));
+            assert_eq!(
+                failed.outcome,
+                Outcome::Wait {
+                    reason: "BMC call failed",
+                    requeue: Some(Duration::from_secs(5)),
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_reboot_before_a_power_on_arms_nothing() {
+        let cfg = cfg();
+        let m = machine(
+            json!({"anneal.dev/reboot": "{\"mode\":\"hard\"}"}),
+            json!({}),
+            json!(null),
+        );
+        let s = snap(&m, &cfg, answer(true));
+        let d = apply(&s);
+        assert_eq!(
+            actions(&d),
+            vec![
+                BmcAction::Reset(ResetType::ForceRestart),
+                boot_once(ResetType::ForceRestart)
+            ]
+        );
+        assert_eq!(d.token, TokenOp::Mint);
+        let f = BmcFailure {
+            reason: BmcReason::BmcUnreachable,
+            message: "refused".into(),
+        };
+        let failed = action_failed(&d, 0, &f, &s);
+        assert_eq!(
+            failed.token,
+            TokenOp::Keep,
+            "no token for a power-on never sent"
+        );
+        assert_eq!(failed.draft.status.net_boot, None);
+        assert_eq!(failed.draft.status.state, Some(MachineState::Enrolling));
+        assert!(failed.actions.is_empty());
+    }
+
+    fn subnet(dhcp_status: Value) -> Subnet {
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+            "metadata": {"name": "lab", "namespace": "default"},
+            "spec": {
+                "siteRef": {"name": "site"}, "cidr": "10.0.0.0/24",
+                "bootd": {"serverIP": "10.0.0.1", "mode": "External"},
+                "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.0.0.100", "end": "10.0.0.110"}}
+            },
+            "status": {"dhcp": dhcp_status}
+        }))
+        .unwrap()
+    }
+
+    fn live_table(applied: &str) -> Value {
+        json!({
+            "reservations": [{"address": "10.0.0.100", "machine": "m1", "mac": "52:54:00:aa:bb:01"}],
+            "revision": "r1", "appliedRevision": applied,
+        })
+    }
+
+    #[test]
+    fn dhcp_gate_not_applicable_waiting_ready() {
+        let cfg = cfg();
+        let mac = json!({"bootMACAddress": "52:54:00:aa:bb:01"});
+        // no subnet: not applicable, armed at once
+        let m = machine(json!({}), mac.clone(), json!(null));
+        assert!(wants_subnet(&snap(&m, &cfg, answer(false))));
+        assert!(!wants_subnet(&snap(&m, &cfg, Bmc::None)), "no BMC, no gate");
+        let idle = machine(json!({}), mac.clone(), json!({"state": "Available"}));
+        assert!(!wants_subnet(&snap(&idle, &cfg, answer(false))));
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(d.token, TokenOp::Mint);
+        assert!(cond(&d, dhcp_gate::CONDITION).is_none());
+        // waiting: no token, no BMC call, the condition says why
+        let mut s = snap(&m, &cfg, answer(false));
+        s.subnet = Some(subnet(live_table("r0")));
+        let d = apply(&s);
+        assert_eq!(
+            d.outcome,
+            Outcome::Wait {
+                reason: "DHCP reservation not live",
+                requeue: Some(DHCP_RECHECK),
+            }
+        );
+        assert_eq!(d.token, TokenOp::Keep);
+        assert!(d.actions.is_empty());
+        assert_eq!(state(&d), MachineState::Inspecting);
+        let c = cond(&d, dhcp_gate::CONDITION).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", dhcp_gate::WAITING)
+        );
+        assert!(c.message.contains("appliedRevision r0"), "{}", c.message);
+        assert_eq!(d.draft.status.net_boot, None);
+        // ready: the condition turns True, an Event, the power-on
+        let waiting = serde_json::to_value(&d.draft.status).unwrap();
+        let m = machine(json!({}), mac, waiting);
+        let mut s = snap(&m, &cfg, answer(false));
+        s.subnet = Some(subnet(live_table("r1")));
+        let d = apply(&s);
+        let c = cond(&d, dhcp_gate::CONDITION).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", dhcp_gate::LIVE)
+        );
+        assert!(reasons(&d).contains(&dhcp_gate::LIVE));
+        assert_eq!(d.token, TokenOp::Mint);
+        assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
+        assert_eq!(d.dhcp_warned, WarnOp::Clear);
+    }
+
+    #[test]
+    fn dhcp_gate_wakes_for_the_bound_and_warns_once_per_period() {
+        let cfg = cfg(); // 120 s bound
+        let since = T0 - 100_500;
+        let st = |since: i64| {
+            json!({"state": "Inspecting", "conditions": [{
+                "type": dhcp_gate::CONDITION, "status": "False", "reason": dhcp_gate::WAITING,
+                "message": "", "lastTransitionTime": Timestamp::from_millisecond(since).unwrap().to_string()}]})
+        };
+        let mac = json!({"bootMACAddress": "52:54:00:aa:bb:01"});
+        let m = machine(json!({}), mac.clone(), st(since));
+        let mut s = snap(&m, &cfg, answer(false));
+        s.subnet = Some(subnet(json!({})));
+        let d = apply(&s);
+        // 19.5 s left: the 5 s recheck is shorter
+        assert_eq!(d.outcome.requeue(), Some(DHCP_RECHECK));
+        assert!(d.draft.events.is_empty());
+        // 2.5 s left: wake at the bound
+        let m = machine(json!({}), mac.clone(), st(T0 - 117_500));
+        let mut s = snap(&m, &cfg, answer(false));
+        s.subnet = Some(subnet(json!({})));
+        assert_eq!(
+            apply(&s).outcome.requeue(),
+            Some(Duration::from_millis(2_550))
+        );
+        // overdue: one Warning Event, remembered
+        let since = T0 - 130_500;
+        let m = machine(json!({}), mac, st(since));
+        let mut s = snap(&m, &cfg, answer(false));
+        s.subnet = Some(subnet(json!({})));
+        let d = apply(&s);
+        assert_eq!(reasons(&d), vec![dhcp_gate::OVERDUE_EVENT]);
+        assert_eq!(d.dhcp_warned, WarnOp::Set { since, periods: 1 });
+        assert!(
+            cond(&d, dhcp_gate::CONDITION)
+                .unwrap()
+                .message
+                .contains("overdue")
+        );
+        assert!(d.actions.is_empty());
+        // warned for this period already: silent
+        s.dhcp_warned = Some((since, 1));
+        let d = apply(&s);
+        assert!(d.draft.events.is_empty());
+        assert_eq!(d.dhcp_warned, WarnOp::Keep);
+        // the next period warns again
+        s.now = Timestamp::from_millisecond(since + 241_000).unwrap();
+        let d = apply(&s);
+        assert_eq!(d.dhcp_warned, WarnOp::Set { since, periods: 2 });
+    }
+
+    #[test]
+    fn bmc_failures_per_reason_at_their_cadence() {
+        let cfg = cfg();
+        let m = machine(json!({}), json!({}), json!({"state": "Available"}));
+        for (reason, attempts, retry) in [
+            (BmcReason::BmcUnreachable, 0, 15),
+            (BmcReason::BmcUnreachable, 4, 15),
+            (BmcReason::CredentialsRejected, 0, 300),
+            (BmcReason::TlsConfigConflict, 1, 300),
+            (BmcReason::CredentialsMissing, 0, 5),
+            (BmcReason::CredentialsMissing, 2, 20),
+            (BmcReason::QueryFailed, 1, 10),
+            (BmcReason::QueryFailed, 30, 1800),
+        ] {
+            let mut s = snap(&m, &cfg, failed(reason));
+            s.bmc_attempts = attempts;
+            let d = apply(&s);
+            assert_eq!(
+                d.outcome.requeue(),
+                Some(Duration::from_secs(retry)),
+                "{reason:?} after {attempts}"
+            );
+            assert_eq!(
+                d.backoff,
+                BackoffOp::Failed {
+                    reason,
+                    attempt: attempts + 1
+                }
+            );
+            let c = cond(&d, "BMCReachable").unwrap();
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", reason.as_str())
+            );
+            assert_eq!(d.draft.status.error_type, Some(ErrorType::Transient));
+            assert_eq!(
+                d.draft.status.operational_status,
+                Some(OperationalStatus::Error)
+            );
+            assert_eq!(d.draft.status.error_count, Some(1));
+            assert_eq!(reasons(&d), vec!["BMCUnavailable"]);
+            assert!(d.actions.is_empty());
+        }
+        // the same reason again: no new Event, no new count
+        let st = json!({"state": "Available", "errorCount": 1, "errorType": "Transient",
+            "conditions": [{"type": "BMCReachable", "status": "False", "reason": "BMCUnreachable",
+                            "message": "connection refused", "lastTransitionTime": at(-1000)}]});
+        let m = machine(json!({}), json!({}), st);
+        let d = apply(&snap(&m, &cfg, failed(BmcReason::BmcUnreachable)));
+        assert!(d.draft.events.is_empty());
+        assert_eq!(d.draft.status.error_count, Some(1));
+        // during the backoff: no query, no call, wait the rest
+        let mut s = snap(&m, &cfg, Bmc::None);
+        s.bmc_backoff = Some(Duration::from_secs(7));
+        assert!(!wants_bmc(&s));
+        let d = apply(&s);
+        assert_eq!(d.outcome.requeue(), Some(Duration::from_secs(7)));
+        assert!(d.actions.is_empty());
+        // recovery: Connected, the transient error cleared, backoff forgotten
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(cond(&d, "BMCReachable").unwrap().status, "True");
+        assert_eq!(d.draft.status.error_type, None);
+        assert_eq!(d.draft.status.error_count, None);
+        assert_eq!(d.backoff, BackoffOp::Clear);
+        assert_eq!(reasons(&d), vec!["BMCReachable"]);
+    }
+
+    #[test]
+    fn a_failed_power_on_commits_no_token_and_restarts_the_cadence() {
+        let cfg = cfg();
+        let m = machine(json!({}), json!({}), json!(null));
+        let mut s = snap(&m, &cfg, answer(false));
+        s.bmc_attempts = 3;
+        let d = apply(&s);
+        let f = BmcFailure {
+            reason: BmcReason::BmcUnreachable,
+            message: "reset".into(),
+        };
+        let failed = action_failed(&d, 0, &f, &s);
+        assert_eq!(failed.draft.status.net_boot, None);
+        assert_eq!(failed.draft.status.state, Some(MachineState::Inspecting));
+        assert_eq!(failed.token, TokenOp::Keep);
+        assert!(failed.commit);
+        assert_eq!(
+            failed.backoff,
+            BackoffOp::Failed {
+                reason: BmcReason::BmcUnreachable,
+                attempt: 1
+            },
+            "the answer before cleared the earlier failures"
+        );
+        assert_eq!(failed.outcome.requeue(), Some(Duration::from_secs(15)));
+        assert!(!reasons(&failed).contains(&"NetBootArmed"));
+    }
+
+    #[test]
+    fn delete_powers_off_or_deprovisions_when_claimed() {
+        let cfg = cfg();
+        for (spec, to) in [
+            (json!({}), MachineState::PoweringOff),
+            (
+                json!({"claimRef": {"name": "c"}}),
+                MachineState::Deprovisioning,
+            ),
+        ] {
+            let m = machine(json!({}), spec, json!({"state": "Available"}));
+            let s = snap(&m, &cfg, Bmc::Resolved);
+            let d = delete(&s);
+            assert_eq!(d.outcome, Outcome::Release);
+            assert_eq!(
+                actions(&d),
+                vec![
+                    BmcAction::ClearOverride,
+                    BmcAction::Shutdown { announce: false }
+                ]
+            );
+            assert_eq!(d.token, TokenOp::Delete);
+            assert_eq!(d.dhcp_warned, WarnOp::Clear);
+            assert_eq!(state(&d), to);
+            // a failing shutdown keeps the finalizer and writes the state
+            let f = BmcFailure {
+                reason: BmcReason::BmcUnreachable,
+                message: "refused".into(),
+            };
+            let failed = action_failed(&d, 1, &f, &s);
+            assert_eq!(
+                failed.outcome,
+                Outcome::CleanupPending {
+                    message: "refused".into()
+                }
+            );
+            assert!(failed.commit);
+            assert_eq!(failed.token, TokenOp::Keep);
+            assert_eq!(state(&failed), to);
+            // credentials that fail: pending too
+            let d = delete(&snap(&m, &cfg, failed_bmc()));
+            assert_eq!(
+                d.outcome,
+                Outcome::CleanupPending {
+                    message: "bmc unavailable, retrying in 5s".into()
+                }
+            );
+            assert!(d.commit && d.actions.is_empty());
+        }
+    }
+
+    fn failed_bmc() -> Bmc {
+        failed(BmcReason::CredentialsMissing)
+    }
+
+    #[test]
+    fn force_release_detached_or_no_bmc_skip_the_cleanup() {
+        let cfg = cfg();
+        let ms = [
+            machine(
+                json!({"anneal.dev/force-release": ""}),
+                json!({}),
+                json!({"state": "Available"}),
+            ),
+            machine(
+                json!({"anneal.dev/detached": ""}),
+                json!({}),
+                json!({"state": "Available"}),
+            ),
+            machine(
+                json!({}),
+                json!({"bmc": null}),
+                json!({"state": "Available"}),
+            ),
+        ];
+        for m in &ms {
+            assert!(skips_cleanup(m));
+            let d = delete(&snap(m, &cfg, Bmc::None));
+            assert_eq!(d.outcome, Outcome::Release);
+            assert!(d.actions.is_empty());
+            assert!(!d.commit);
+            assert_eq!(d.token, TokenOp::Delete);
+        }
+    }
+
+    #[test]
+    fn the_hardware_is_read_only_while_inspecting_with_a_session() {
+        let m = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Available", "agent": {"sessionTokenHash": "s"}}),
+        );
+        assert!(!wants_hardware(&m));
+        let m = machine(json!({}), json!({}), inspecting(json!({})));
+        assert!(!wants_hardware(&m));
+    }
+}
