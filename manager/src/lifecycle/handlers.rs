@@ -40,16 +40,9 @@ pub struct BmcFailure {
 
 impl From<crate::redfish::RedfishError> for BmcFailure {
     fn from(e: crate::redfish::RedfishError) -> Self {
-        let mut message = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            src = s.source();
-        }
         Self {
             reason: e.reason(),
-            message,
+            message: anneal_api::error_chain(&e),
         }
     }
 }
