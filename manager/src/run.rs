@@ -261,14 +261,18 @@ impl Runtime {
             let term = self.cancel.child_token();
             self.spawn_controllers(&term);
             let end = tokio::select! {
+                // Shutdown first: cancelling the root also cancels the term,
+                // so controllers ending then are not a failure.
+                biased;
+                () = self.cancel.cancelled() => TermEnd::Shutdown,
                 err = async {
                     match &elector {
                         Some(e) => e.hold().await,
                         None => std::future::pending().await,
                     }
                 } => TermEnd::Lost(err),
-                () = self.cancel.cancelled() => TermEnd::Shutdown,
                 Some(res) = self.controllers.join_next() => match res {
+                    Ok(_) if self.cancel.is_cancelled() => TermEnd::Shutdown,
                     Ok(name) => TermEnd::Exited(name),
                     Err(e) => {
                         error!(error = %e, "controller task panicked");

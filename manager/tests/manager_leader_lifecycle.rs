@@ -305,7 +305,17 @@ async fn only_the_leader_calls_the_bmc_and_arms_once() {
         assert!(Instant::now() < deadline, "{follower} ignored SIGTERM");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert!(status.success(), "{follower} exited with {status}");
+    let log = std::fs::read_to_string(cp.dir().join(format!("manager-{follower}.log"))).unwrap();
+    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+    assert!(
+        status.success(),
+        "{follower} exited with {status}; its log ends:\n{}",
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        log.contains("agent API stopped") && log.contains("/metrics stopped"),
+        "{follower} did not stop in order"
+    );
     bmc.stop().await;
     drop(vm);
 }
