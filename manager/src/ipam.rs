@@ -26,9 +26,8 @@ use std::time::Duration;
 use anneal_api::{
     Condition, DhcpMode, Machine, MachineState, Reservation, Subnet, Time, reservations_revision,
 };
-use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -38,10 +37,12 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::conditions;
+use crate::controller::{Identity, ReconcileError, Scope, drive, is_conflict, patch_params};
 use crate::metrics::Metrics;
-use crate::watching::{reflected, scoped};
 
 const KIND: &str = "SubnetReservations";
+/// Field manager of the reservations controller's writes.
+pub const FIELD_MANAGER: &str = "anneal-ipam";
 /// The condition this controller owns.
 pub const POOL_EXHAUSTED: &str = "DHCPPoolExhausted";
 /// How often a Subnet is looked at without any change.
@@ -272,11 +273,18 @@ struct Context {
     client: Client,
     machines: Store<Machine>,
     recorder: Recorder,
-    metrics: Arc<Metrics>,
 }
 
+/// The reservations controller's identity.
+pub const ID: Identity = Identity {
+    name: "ipam",
+    kind: KIND,
+    field_manager: FIELD_MANAGER,
+};
+
 /// Runs the controller until `shutdown` resolves. `namespace` limits the
-/// Subnets and Machines watched.
+/// Subnets and Machines watched. (The manager runs it through its runtime;
+/// this entry point is for tests that run it alone.)
 pub async fn run(
     client: Client,
     namespace: Option<String>,
@@ -284,52 +292,68 @@ pub async fn run(
     recorder: Recorder,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let subnets_api: Api<Subnet> = scoped(&client, namespace.as_deref());
-    let (machines, stream) = reflected(scoped::<Machine>(&client, namespace.as_deref()));
-    let controller = Controller::new(subnets_api, watcher::Config::default());
-    let subnets = controller.store();
-    let ctx = Arc::new(Context {
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let scope = Scope {
         client,
-        machines,
-        recorder,
+        namespace,
         metrics,
+        recorder,
+        cancel: cancel.clone(),
+    };
+    let stop = cancel.clone();
+    let trigger = tokio::spawn(async move {
+        shutdown.await;
+        stop.cancel();
     });
-    controller
-        .watches_stream(stream, move |m: Machine| {
-            // The Subnet it targets, and any Subnet still holding its entry
-            // (it moved away, changed its MAC, or is gone).
-            let own = m.namespace().unwrap_or_default();
-            let target_ns = m.spec.subnet_ref.namespace_or(&own).to_string();
-            let target = m.spec.subnet_ref.name.clone();
-            subnets
-                .state()
-                .iter()
-                .filter(|s| {
-                    let sns = s.namespace().unwrap_or_default();
-                    let key = machine_key(&m, &sns);
-                    (sns == target_ns && s.name_any() == target)
-                        || s.status
-                            .as_ref()
-                            .and_then(|st| st.dhcp.as_ref())
-                            .is_some_and(|d| d.reservations.iter().any(|r| r.machine == key))
-                })
-                .map(|s| ObjectRef::from_obj(s.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                debug!(error = %e, "reservations reconcile failed");
-            }
-        })
-        .await;
+    controller(scope).await;
+    trigger.abort();
 }
 
-fn error_policy(_subnet: Arc<Subnet>, err: &IpamError, ctx: Arc<Context>) -> Action {
-    ctx.metrics.failed(KIND);
-    warn!(error = %err, "reservations reconcile error");
-    Action::requeue(Duration::from_secs(2))
+/// Runs the reservations controller in `scope` until it is cancelled.
+pub async fn controller(scope: Scope) {
+    let (machines, stream) = scope.reflected::<Machine>();
+    let controller = Controller::new(scope.api::<Subnet>(), watcher::Config::default());
+    let subnets = controller.store();
+    let ctx = Arc::new(Context {
+        client: scope.client.clone(),
+        machines,
+        recorder: scope.recorder.clone(),
+    });
+    let controller = controller.watches_stream(stream, move |m: Machine| {
+        // The Subnet it targets, and any Subnet still holding its entry
+        // (it moved away, changed its MAC, or is gone).
+        let own = m.namespace().unwrap_or_default();
+        let target_ns = m.spec.subnet_ref.namespace_or(&own).to_string();
+        let target = m.spec.subnet_ref.name.clone();
+        subnets
+            .state()
+            .iter()
+            .filter(|s| {
+                let sns = s.namespace().unwrap_or_default();
+                let key = machine_key(&m, &sns);
+                (sns == target_ns && s.name_any() == target)
+                    || s.status
+                        .as_ref()
+                        .and_then(|st| st.dhcp.as_ref())
+                        .is_some_and(|d| d.reservations.iter().any(|r| r.machine == key))
+            })
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect::<Vec<_>>()
+    });
+    drive(ID, &scope, controller, reconcile, ctx).await;
+}
+
+impl ReconcileError for IpamError {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(e) if is_conflict(e))
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "api",
+            Self::NotReady => "not_ready",
+        }
+    }
 }
 
 fn event(ctx: &Context, reference: k8s_openapi::api::core::v1::ObjectReference, ev: Event) {
@@ -343,7 +367,6 @@ fn event(ctx: &Context, reference: k8s_openapi::api::core::v1::ObjectReference, 
 }
 
 async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, IpamError> {
-    ctx.metrics.reconciled(KIND);
     // An empty cache would release every reservation: come back once the
     // first list is in. (Not awaited here: a second reconcile parked on the
     // same readiness signal was seen never to wake.)
@@ -409,7 +432,7 @@ async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Ipa
     });
     let api: Api<Subnet> = Api::namespaced(ctx.client.clone(), &ns);
     match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
         .await
     {
         Ok(_) => {}

@@ -1,9 +1,11 @@
-//! The anneal manager: controllers for claims and readiness rules, and the
-//! CRD YAML generator.
+//! The anneal manager: one runtime ([`Runtime`]) running the controllers
+//! (claims, readiness rules, reservations, validity, the Machine lifecycle)
+//! behind leader election, the agent API, and the CRD YAML generator.
 
 pub mod agentapi;
 pub mod claims;
 pub mod conditions;
+pub mod controller;
 pub mod crdgen;
 pub mod ipam;
 pub mod leader;
@@ -12,8 +14,7 @@ pub mod patch;
 pub mod readiness;
 mod run;
 pub mod validity;
-pub mod watching;
 
-pub use run::{RunConfig, RunError, run};
+pub use run::{RunConfig, RunError, Runtime, run};
 pub mod lifecycle;
 pub mod redfish;

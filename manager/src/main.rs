@@ -25,8 +25,9 @@ enum Command {
         #[arg(long)]
         reference_dir: Option<PathBuf>,
     },
-    /// Run the controllers (claims, readiness rules) against the cluster of
-    /// the ambient kubeconfig (KUBECONFIG or in-cluster).
+    /// Run the manager (controllers behind leader election, agent API,
+    /// /metrics) against the cluster of the ambient kubeconfig (KUBECONFIG
+    /// or in-cluster).
     Run(RunArgs),
 }
 
@@ -68,18 +69,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the cluster")?;
-    // Machine lifecycle (issue 5): the agent API and the Machine controller.
-    let _lifecycle = anneal_manager::lifecycle::start_from_args(
-        client.clone(),
-        &args.lifecycle,
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .context("starting the machine lifecycle")?;
     let identity = args.identity.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
+    // BMCs see which replica calls them.
+    anneal_manager::redfish::http::set_identity(&identity);
     let lease = (!args.no_leader_election).then(|| anneal_manager::leader::LeaseConfig {
         namespace: args.lease_namespace,
         name: args.lease_name,
@@ -93,10 +88,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease,
         metrics_addr: Some(args.metrics_addr),
     };
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    anneal_manager::run(client, cfg, shutdown).await?;
+    let mut runtime = anneal_manager::Runtime::new(client, cfg);
+    if let Some((lifecycle, agent_api)) = args
+        .lifecycle
+        .configs()
+        .context("reading the lifecycle flags")?
+    {
+        runtime = runtime.with_lifecycle(lifecycle, agent_api);
+    }
+    let shutdown = runtime.shutdown_token();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+        }
+        shutdown.cancel();
+    });
+    runtime.run().await?;
     Ok(())
 }
 

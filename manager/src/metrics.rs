@@ -18,14 +18,24 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// Label set: the kind a controller reconciles and the fixed kind of the
+/// error a reconcile returned.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    /// Kind, for example `MachineClaim`.
+    pub kind: String,
+    /// Error kind, for example `api` or `conflict`.
+    pub error: String,
+}
+
 /// The manager's metrics.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     /// Reconciles run, by kind.
     pub reconciles: Family<KindLabel, Counter>,
-    /// Reconciles that returned an error, by kind.
-    pub reconcile_errors: Family<KindLabel, Counter>,
+    /// Reconciles that returned an error, by kind and error kind.
+    pub reconcile_errors: Family<ErrorLabel, Counter>,
     /// Successful binds.
     pub binds: Counter,
     /// Bind patches refused with 409 Conflict.
@@ -41,7 +51,7 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("anneal_manager");
         let reconciles = Family::<KindLabel, Counter>::default();
-        let reconcile_errors = Family::<KindLabel, Counter>::default();
+        let reconcile_errors = Family::<ErrorLabel, Counter>::default();
         let binds = Counter::default();
         let bind_conflicts = Counter::default();
         let releases = Counter::default();
@@ -49,7 +59,7 @@ impl Metrics {
         registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
         registry.register(
             "reconcile_errors",
-            "Reconciles that failed, by kind",
+            "Reconciles that failed, by kind and error kind",
             reconcile_errors.clone(),
         );
         registry.register("binds", "Claims bound to machines", binds.clone());
@@ -88,11 +98,12 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one failed reconcile of `kind`.
-    pub fn failed(&self, kind: &str) {
+    /// Counts one failed reconcile of `kind` with an error of `error` kind.
+    pub fn failed(&self, kind: &str, error: &str) {
         self.reconcile_errors
-            .get_or_create(&KindLabel {
+            .get_or_create(&ErrorLabel {
                 kind: kind.to_string(),
+                error: error.to_string(),
             })
             .inc();
     }

@@ -7,21 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anneal_api::{EnforcementMode, Machine, NameRef, ReadinessRule, ReadinessRuleStatus, Taint};
-use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::conditions;
-use crate::metrics::Metrics;
-use crate::watching::{reflected, scoped};
+use crate::controller::{Identity, ReconcileError, Scope, drive, is_conflict, patch_params};
 
 const KIND: &str = "ReadinessRule";
+/// Field manager of the readiness rule controller's writes.
+pub const FIELD_MANAGER: &str = "anneal-readiness";
 
 /// Errors of one rule reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,6 @@ struct Context {
     client: Client,
     machines: Store<Machine>,
     recorder: Recorder,
-    metrics: Arc<Metrics>,
 }
 
 /// What a rule wants done to one machine's taints, if anything.
@@ -85,52 +84,49 @@ pub fn decide(rule: &ReadinessRule, machine: &Machine) -> Option<TaintChange> {
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    metrics: Arc<Metrics>,
-    recorder: Recorder,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let rules_api: Api<ReadinessRule> = scoped(&client, namespace.as_deref());
-    let (machines, stream) = reflected(scoped::<Machine>(&client, namespace.as_deref()));
-    let controller = Controller::new(rules_api, watcher::Config::default());
+/// The readiness rule controller's identity.
+pub const ID: Identity = Identity {
+    name: "readiness",
+    kind: KIND,
+    field_manager: FIELD_MANAGER,
+};
+
+/// Runs the readiness rule controller in `scope` until it is cancelled.
+pub async fn controller(scope: Scope) {
+    let (machines, stream) = scope.reflected::<Machine>();
+    let controller = Controller::new(scope.api::<ReadinessRule>(), watcher::Config::default());
     let rules = controller.store();
     let ctx = Arc::new(Context {
-        client,
+        client: scope.client.clone(),
         machines,
-        recorder,
-        metrics,
+        recorder: scope.recorder.clone(),
     });
-    controller
-        .watches_stream(stream, move |m: Machine| {
-            let ns = m.namespace().unwrap_or_default();
-            rules
-                .state()
-                .iter()
-                .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
-                .map(|r| ObjectRef::from_obj(r.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                debug!(error = %e, "readiness reconcile failed");
-            }
-        })
-        .await;
+    let controller = controller.watches_stream(stream, move |m: Machine| {
+        let ns = m.namespace().unwrap_or_default();
+        rules
+            .state()
+            .iter()
+            .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+            .map(|r| ObjectRef::from_obj(r.as_ref()))
+            .collect::<Vec<_>>()
+    });
+    drive(ID, &scope, controller, reconcile, ctx).await;
 }
 
-fn error_policy(_rule: Arc<ReadinessRule>, err: &RuleError, ctx: Arc<Context>) -> Action {
-    ctx.metrics.failed(KIND);
-    warn!(error = %err, "readiness rule reconcile error");
-    Action::requeue(Duration::from_secs(2))
+impl ReconcileError for RuleError {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(e) if is_conflict(e))
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "api",
+            Self::NoNamespace => "no_namespace",
+        }
+    }
 }
 
 async fn reconcile(rule: Arc<ReadinessRule>, ctx: Arc<Context>) -> Result<Action, RuleError> {
-    ctx.metrics.reconciled(KIND);
     let ns = rule.namespace().ok_or(RuleError::NoNamespace)?;
     let _ = tokio::time::timeout(Duration::from_secs(30), ctx.machines.wait_until_ready()).await;
     let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
@@ -170,7 +166,7 @@ async fn reconcile(rule: Arc<ReadinessRule>, ctx: Arc<Context>) -> Result<Action
         match machines_api
             .patch(
                 &m.name_any(),
-                &PatchParams::default(),
+                &patch_params(FIELD_MANAGER),
                 &Patch::Merge(&patch),
             )
             .await
@@ -245,7 +241,7 @@ async fn reconcile(rule: Arc<ReadinessRule>, ctx: Arc<Context>) -> Result<Action
         match api
             .patch_status(
                 &rule.name_any(),
-                &PatchParams::default(),
+                &patch_params(FIELD_MANAGER),
                 &Patch::Merge(&patch),
             )
             .await

@@ -1,18 +1,51 @@
-//! `manager run`: metrics, leader election, then the controllers.
+//! The manager runtime: one owner for everything `manager run` starts.
+//!
+//! [`Runtime`] owns the kube `Client`, the namespace scope (`--namespace`,
+//! honoured by every controller; all namespaces only when unset), one root
+//! [`CancellationToken`], one [`JoinSet`] of named controller tasks, the
+//! event [`Recorder`] (reporting `anneal-manager` with this replica's
+//! identity), the [`Metrics`] and the leader election.
+//!
+//! What runs where:
+//! - on every replica: `/metrics` and the agent API (agents may reach any
+//!   replica; the agent API writes only under optimistic locks);
+//! - only while this replica holds the leader Lease: EVERY controller —
+//!   claims, readiness, ipam, validity and the Machine lifecycle (the one
+//!   that calls BMCs and mints boot tokens).
+//!
+//! Losing the Lease cancels the controllers (a child token of the root one
+//! per leadership term), waits for them to stop and drops their state (their
+//! caches and in-memory maps live in the tasks); the replica then campaigns
+//! again and, once elected, starts them afresh from a new list. It does not
+//! exit: a replica that lost the Lease to a network blip is a follower like
+//! any other.
+//!
+//! SIGTERM and Ctrl-C (or the `shutdown` future of [`run`]) stop the
+//! runtime in order: the controllers first (running reconciles finish), then
+//! the agent API, then `/metrics`; then [`Runtime::run`] returns `Ok`. A
+//! controller task that ends on its own while leading is a bug: the runtime
+//! stops and returns [`RunError::ControllerExited`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
-use tokio::sync::watch;
-use tracing::{error, info};
+use kube::runtime::events::Recorder;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, warn};
 
+use crate::agentapi::AgentApiConfig;
+use crate::controller::{Scope, reporter};
 use crate::leader::{Elector, LeaderError, LeaseConfig};
+use crate::lifecycle::LifecycleConfig;
 use crate::metrics::{self, Metrics};
 
-/// Configuration of [`run`].
+/// How long stopping controllers may take before their tasks are aborted.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Configuration of [`run`] and [`Runtime`].
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     /// Watch only this namespace; `None` watches all.
@@ -43,7 +76,7 @@ pub enum RunError {
     #[error(transparent)]
     Leader(#[from] LeaderError),
     /// The metrics listener could not bind.
-    #[error("binding metrics address {addr}")]
+    #[error("binding metrics address {addr} (pick a free one with --metrics-addr)")]
     Metrics {
         /// The address.
         addr: SocketAddr,
@@ -51,99 +84,245 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The agent API could not start.
+    #[error("starting the agent API")]
+    AgentApi(#[source] crate::agentapi::AgentApiError),
+    /// A controller stopped while it should be running.
+    #[error("controller {0} stopped on its own (see its log lines above); restart the manager")]
+    ControllerExited(&'static str),
 }
 
-/// Runs the manager's controllers until `shutdown` resolves (Ok) or
-/// leadership is lost (Err; the process should exit and restart).
+/// The manager runtime; see the module documentation.
+pub struct Runtime {
+    client: Client,
+    cfg: RunConfig,
+    cancel: CancellationToken,
+    controllers: JoinSet<&'static str>,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    lifecycle: Option<(LifecycleConfig, AgentApiConfig)>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("cfg", &self.cfg)
+            .field("controllers", &self.controllers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which term ended, and why.
+enum TermEnd {
+    Shutdown,
+    Lost(LeaderError),
+    Exited(&'static str),
+}
+
+impl Runtime {
+    /// A runtime for `cfg`; nothing runs before [`Runtime::run`].
+    pub fn new(client: Client, cfg: RunConfig) -> Self {
+        let identity = cfg.lease.as_ref().map(|l| l.identity.clone());
+        Self {
+            recorder: Recorder::new(client.clone(), reporter(identity)),
+            client,
+            cfg,
+            cancel: CancellationToken::new(),
+            controllers: JoinSet::new(),
+            metrics: Metrics::new(),
+            lifecycle: None,
+        }
+    }
+
+    /// Also runs the Machine lifecycle: its controller (leader only) and the
+    /// agent API (every replica).
+    #[must_use]
+    pub fn with_lifecycle(mut self, cfg: LifecycleConfig, api: AgentApiConfig) -> Self {
+        self.lifecycle = Some((cfg, api));
+        self
+    }
+
+    /// The root token: cancelling it shuts the runtime down in order.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Starts every controller into the JoinSet under `term`.
+    fn spawn_controllers(&mut self, term: &CancellationToken) {
+        let scope = Scope {
+            client: self.client.clone(),
+            namespace: self.cfg.namespace.clone(),
+            metrics: self.metrics.clone(),
+            recorder: self.recorder.clone(),
+            cancel: term.clone(),
+        };
+        let concurrency = self.cfg.concurrency;
+        self.spawn(
+            crate::claims::ID.name,
+            crate::claims::controller(scope.clone(), concurrency),
+        );
+        self.spawn("validity", crate::validity::controller(scope.clone()));
+        self.spawn(
+            crate::readiness::ID.name,
+            crate::readiness::controller(scope.clone()),
+        );
+        self.spawn(crate::ipam::ID.name, crate::ipam::controller(scope.clone()));
+        if let Some((cfg, _)) = &self.lifecycle {
+            let cfg = cfg.clone();
+            self.spawn(
+                crate::lifecycle::ID.name,
+                crate::lifecycle::controller(scope, cfg),
+            );
+        }
+    }
+
+    /// Spawns one named controller task.
+    fn spawn(&mut self, name: &'static str, fut: impl Future<Output = ()> + Send + 'static) {
+        info!(controller = name, "starting controller");
+        self.controllers.spawn(
+            async move {
+                fut.await;
+                name
+            }
+            .instrument(tracing::info_span!("task", controller = name)),
+        );
+    }
+
+    /// Cancels `term` and waits (bounded) for every controller to stop.
+    async fn stop_controllers(&mut self, term: &CancellationToken) {
+        term.cancel();
+        let drained = tokio::time::timeout(STOP_GRACE, async {
+            while let Some(res) = self.controllers.join_next().await {
+                match res {
+                    Ok(name) => info!(controller = name, "controller stopped"),
+                    Err(e) => warn!(error = %e, "controller task failed"),
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            warn!(
+                left = self.controllers.len(),
+                "controllers did not stop in time; aborting them"
+            );
+            self.controllers.shutdown().await;
+        }
+    }
+
+    /// Runs until the root token is cancelled (Ok) or something cannot go
+    /// on (Err). Leader election, if configured, gates every controller.
+    pub async fn run(mut self) -> Result<(), RunError> {
+        let services = CancellationToken::new();
+        let metrics_task = match self.cfg.metrics_addr {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| RunError::Metrics { addr, source })?;
+                info!(%addr, "serving /metrics");
+                let m = self.metrics.clone();
+                let stop = services.clone();
+                Some(tokio::spawn(async move {
+                    tokio::select! {
+                        () = metrics::serve(listener, m) => {}
+                        () = stop.cancelled() => {}
+                    }
+                }))
+            }
+            None => None,
+        };
+        let agent_cancel = services.child_token();
+        let agent_api = match &self.lifecycle {
+            Some((_, api)) => Some(
+                crate::agentapi::start(self.client.clone(), api.clone(), agent_cancel.clone())
+                    .await
+                    .map_err(RunError::AgentApi)?,
+            ),
+            None => None,
+        };
+
+        let elector = self
+            .cfg
+            .lease
+            .clone()
+            .map(|l| Elector::new(self.client.clone(), l));
+        let result = loop {
+            if let Some(e) = &elector {
+                tokio::select! {
+                    res = e.acquire() => if let Err(err) = res { break Err(err.into()) },
+                    () = self.cancel.cancelled() => break Ok(()),
+                }
+            }
+            self.metrics.leader.set(1);
+            let term = self.cancel.child_token();
+            self.spawn_controllers(&term);
+            let end = tokio::select! {
+                // Shutdown first: cancelling the root also cancels the term,
+                // so controllers ending then are not a failure.
+                biased;
+                () = self.cancel.cancelled() => TermEnd::Shutdown,
+                err = async {
+                    match &elector {
+                        Some(e) => e.hold().await,
+                        None => std::future::pending().await,
+                    }
+                } => TermEnd::Lost(err),
+                Some(res) = self.controllers.join_next() => match res {
+                    Ok(_) if self.cancel.is_cancelled() => TermEnd::Shutdown,
+                    Ok(name) => TermEnd::Exited(name),
+                    Err(e) => {
+                        error!(error = %e, "controller task panicked");
+                        TermEnd::Exited("unknown")
+                    }
+                },
+            };
+            self.stop_controllers(&term).await;
+            self.metrics.leader.set(0);
+            match end {
+                TermEnd::Shutdown => break Ok(()),
+                TermEnd::Lost(err) => {
+                    error!(error = %err, "leadership lost; controllers stopped, campaigning again");
+                }
+                TermEnd::Exited(name) => {
+                    error!(controller = name, "controller stopped on its own");
+                    break Err(RunError::ControllerExited(name));
+                }
+            }
+        };
+
+        agent_cancel.cancel();
+        if let Some(api) = agent_api {
+            api.join().await;
+            info!("agent API stopped");
+        }
+        services.cancel();
+        if let Some(t) = metrics_task {
+            let _ = t.await;
+            info!("/metrics stopped");
+        }
+        result
+    }
+}
+
+/// Runs the manager's controllers (no lifecycle) until `shutdown` resolves
+/// (Ok) or something cannot go on (Err): [`Runtime`] with `shutdown`
+/// cancelling its root token.
 pub async fn run(
     client: Client,
     cfg: RunConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let metrics = Metrics::new();
-    if let Some(addr) = cfg.metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| RunError::Metrics { addr, source })?;
-        info!(%addr, "serving /metrics");
-        tokio::spawn(metrics::serve(listener, metrics.clone()));
-    }
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-
-    let elector = cfg
-        .lease
-        .clone()
-        .map(|l| Arc::new(Elector::new(client.clone(), l)));
-    let mut shutdown = std::pin::pin!(shutdown);
-    if let Some(e) = &elector {
-        tokio::select! {
-            res = e.acquire() => res?,
-            () = &mut shutdown => return Ok(()),
-        }
-        metrics.leader.set(1);
-    }
-
-    let reporter = Reporter {
-        controller: "anneal-manager".into(),
-        instance: cfg.lease.as_ref().map(|l| l.identity.clone()),
-    };
-    let recorder = Recorder::new(client.clone(), reporter);
-    let claims = tokio::spawn(crate::claims::run(
-        client.clone(),
-        cfg.namespace.clone(),
-        cfg.concurrency,
-        metrics.clone(),
-        recorder.clone(),
-        stop(),
-    ));
-    let validity = tokio::spawn(crate::validity::run(
-        client.clone(),
-        cfg.namespace.clone(),
-        metrics.clone(),
-        stop.clone(),
-    ));
-    let rules = tokio::spawn(crate::readiness::run(
-        client.clone(),
-        cfg.namespace.clone(),
-        metrics.clone(),
-        recorder.clone(),
-        stop(),
-    ));
-    let ipam = tokio::spawn(crate::ipam::run(
-        client.clone(),
-        cfg.namespace.clone(),
-        metrics.clone(),
-        recorder,
-        stop(),
-    ));
-
-    let lost = async {
-        match &elector {
-            Some(e) => e.hold().await,
-            None => std::future::pending().await,
-        }
-    };
-    let result = tokio::select! {
-        err = lost => {
-            error!(error = %err, "leadership lost; stopping");
-            Err(RunError::Leader(err))
-        }
-        () = &mut shutdown => Ok(()),
-    };
-    metrics.leader.set(0);
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        let _ = claims.await;
-        let _ = rules.await;
-        let _ = validity.await;
-        let _ = ipam.await;
-    })
-    .await;
+    let runtime = Runtime::new(client, cfg);
+    let token = runtime.shutdown_token();
+    let trigger = tokio::spawn(async move {
+        shutdown.await;
+        token.cancel();
+    });
+    let result = runtime.run().await;
+    trigger.abort();
     result
 }

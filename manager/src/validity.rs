@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anneal_api::{Image, PartitionContent, PostHook, Site, Subnet, SubnetSpec};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -19,11 +18,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tracing::{debug, warn};
 
 use crate::conditions;
-use crate::metrics::Metrics;
-use crate::watching::scoped;
+use crate::controller::{Identity, ReconcileError, Scope, drive, is_conflict, patch_params};
 
 /// Errors of one validity reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -341,7 +338,7 @@ where
     match api
         .patch_status(
             &obj.meta().name.clone().unwrap_or_default(),
-            &PatchParams::default(),
+            &patch_params(FIELD_MANAGER),
             &Patch::Merge(&patch),
         )
         .await
@@ -354,7 +351,6 @@ where
 
 struct Ctx {
     client: Client,
-    metrics: Arc<Metrics>,
 }
 
 fn done(written: bool, period: Duration) -> Action {
@@ -365,47 +361,53 @@ fn done(written: bool, period: Duration) -> Action {
     }
 }
 
-fn on_error<K>(_: Arc<K>, err: &ValidityError, ctx: Arc<Ctx>) -> Action {
-    ctx.metrics.failed("Validity");
-    warn!(error = %err, "validity reconcile error");
-    Action::requeue(Duration::from_secs(5))
+/// Field manager of the validity controllers' writes.
+pub const FIELD_MANAGER: &str = "anneal-validity";
+
+const fn id(name: &'static str, kind: &'static str) -> Identity {
+    Identity {
+        name,
+        kind,
+        field_manager: FIELD_MANAGER,
+    }
 }
 
-/// Runs the Subnet, Site and Image validity controllers until `shutdown`.
-pub async fn run<F>(
-    client: Client,
-    namespace: Option<String>,
-    metrics: Arc<Metrics>,
-    shutdown: impl Fn() -> F,
-) where
-    F: std::future::Future<Output = ()> + Send + Sync + 'static,
-{
+impl ReconcileError for ValidityError {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(e) if is_conflict(e))
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "api",
+            Self::NoNamespace => "no_namespace",
+        }
+    }
+}
+
+/// Runs the Subnet, Site, Image and PostHook validity controllers in
+/// `scope` until it is cancelled.
+pub async fn controller(scope: Scope) {
     let ctx = Arc::new(Ctx {
-        client: client.clone(),
-        metrics,
+        client: scope.client.clone(),
     });
-    let ns = namespace.as_deref();
 
-    let subnets = Controller::new(scoped::<Subnet>(&client, ns), watcher::Config::default())
-        .graceful_shutdown_on(shutdown())
-        .run(
-            |s: Arc<Subnet>, ctx: Arc<Ctx>| async move {
-                ctx.metrics.reconciled("Subnet");
-                let written = write_valid(s.as_ref(), subnet_problem(&s.spec), &ctx.client).await?;
-                Ok::<_, ValidityError>(done(written, Duration::from_secs(600)))
-            },
-            on_error,
-            ctx.clone(),
-        )
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                debug!(error = %e, "subnet validity");
-            }
-        });
+    let subnets = drive(
+        id("validity-subnet", "Subnet"),
+        &scope,
+        Controller::new(scope.api::<Subnet>(), watcher::Config::default()),
+        |s: Arc<Subnet>, ctx: Arc<Ctx>| async move {
+            let written = write_valid(s.as_ref(), subnet_problem(&s.spec), &ctx.client).await?;
+            Ok::<_, ValidityError>(done(written, Duration::from_secs(600)))
+        },
+        ctx.clone(),
+    );
 
-    let sites = Controller::new(scoped::<Site>(&client, ns), watcher::Config::default())
-        .watches(
-            scoped::<Subnet>(&client, ns),
+    let sites = drive(
+        id("validity-site", "Site"),
+        &scope,
+        Controller::new(scope.api::<Site>(), watcher::Config::default()).watches(
+            scope.api::<Subnet>(),
             watcher::Config::default(),
             |s: Subnet| {
                 let ns = s.namespace().unwrap_or_default();
@@ -413,66 +415,46 @@ pub async fn run<F>(
                     ObjectRef::new(&s.spec.site_ref.name).within(s.spec.site_ref.namespace_or(&ns)),
                 )
             },
-        )
-        .graceful_shutdown_on(shutdown())
-        .run(
-            |s: Arc<Site>, ctx: Arc<Ctx>| async move {
-                ctx.metrics.reconciled("Site");
-                if s.namespace().is_none() {
-                    return Err(ValidityError::NoNamespace);
-                }
-                let problem = site_problem(&s, &ctx.client).await?;
-                let written = write_valid(s.as_ref(), problem, &ctx.client).await?;
-                Ok(done(written, Duration::from_secs(300)))
-            },
-            on_error,
-            ctx.clone(),
-        )
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                debug!(error = %e, "site validity");
+        ),
+        |s: Arc<Site>, ctx: Arc<Ctx>| async move {
+            if s.namespace().is_none() {
+                return Err(ValidityError::NoNamespace);
             }
-        });
+            let problem = site_problem(&s, &ctx.client).await?;
+            let written = write_valid(s.as_ref(), problem, &ctx.client).await?;
+            Ok(done(written, Duration::from_secs(300)))
+        },
+        ctx.clone(),
+    );
 
-    let images = Controller::new(scoped::<Image>(&client, ns), watcher::Config::default())
-        .graceful_shutdown_on(shutdown())
-        .run(
-            |i: Arc<Image>, ctx: Arc<Ctx>| async move {
-                ctx.metrics.reconciled("Image");
-                let problem = image_problem(&i, &ctx.client).await?;
-                let written = write_valid(i.as_ref(), problem, &ctx.client).await?;
-                // Contents may appear later: look again.
-                Ok(done(written, Duration::from_secs(60)))
-            },
-            on_error,
-            ctx.clone(),
-        )
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                debug!(error = %e, "image validity");
-            }
-        });
-    let hooks = Controller::new(scoped::<PostHook>(&client, ns), watcher::Config::default())
-        .graceful_shutdown_on(shutdown())
-        .run(
-            |h: Arc<PostHook>, ctx: Arc<Ctx>| async move {
-                ctx.metrics.reconciled("PostHook");
-                let problem = posthook_problem(&h, &ctx.client).await?;
-                let mut extra = serde_json::Map::new();
-                extra.insert("stepCount".into(), json!(h.spec.steps.len()));
-                extra.insert("observedGeneration".into(), json!(h.metadata.generation));
-                let written = write_valid_with(h.as_ref(), problem, extra, &ctx.client).await?;
-                // ConfigMaps and Secrets may appear later: look again.
-                Ok(done(written, Duration::from_secs(60)))
-            },
-            on_error,
-            ctx.clone(),
-        )
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                debug!(error = %e, "posthook validity");
-            }
-        });
+    let images = drive(
+        id("validity-image", "Image"),
+        &scope,
+        Controller::new(scope.api::<Image>(), watcher::Config::default()),
+        |i: Arc<Image>, ctx: Arc<Ctx>| async move {
+            let problem = image_problem(&i, &ctx.client).await?;
+            let written = write_valid(i.as_ref(), problem, &ctx.client).await?;
+            // Contents may appear later: look again.
+            Ok::<_, ValidityError>(done(written, Duration::from_secs(60)))
+        },
+        ctx.clone(),
+    );
+
+    let hooks = drive(
+        id("validity-posthook", "PostHook"),
+        &scope,
+        Controller::new(scope.api::<PostHook>(), watcher::Config::default()),
+        |h: Arc<PostHook>, ctx: Arc<Ctx>| async move {
+            let problem = posthook_problem(&h, &ctx.client).await?;
+            let mut extra = serde_json::Map::new();
+            extra.insert("stepCount".into(), json!(h.spec.steps.len()));
+            extra.insert("observedGeneration".into(), json!(h.metadata.generation));
+            let written = write_valid_with(h.as_ref(), problem, extra, &ctx.client).await?;
+            // ConfigMaps and Secrets may appear later: look again.
+            Ok::<_, ValidityError>(done(written, Duration::from_secs(60)))
+        },
+        ctx.clone(),
+    );
     futures::join!(subnets, sites, images, hooks);
 }
 

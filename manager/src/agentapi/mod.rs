@@ -15,8 +15,11 @@
 //!   (Available, Released, Parked), otherwise `wait`.
 //!
 //! Everything the API needs is in the API server (hashes in status, the CA
-//! in its Secret), so a manager restart loses nothing; the in-memory session
-//! index is only a cache in front of a list.
+//! in its Secret), so a manager restart loses nothing. A watch of Machines
+//! keeps an in-memory index (boot token hash and session hash → Machine):
+//! a request looks its Machine up there and then reads that one Machine
+//! live (the live object decides, compared in constant time), so no request
+//! lists Machines.
 
 pub mod ca;
 
@@ -42,13 +45,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::{Index, Indexed};
 use crate::lifecycle::status::{mint_token, time_in, token_hash};
 
 pub use ca::AgentPki;
@@ -135,6 +139,98 @@ struct Server {
     cfg: AgentApiConfig,
     /// session hash → (namespace, name); a cache, the status is the truth.
     sessions: Mutex<HashMap<String, (String, String)>>,
+    /// Boot token and session hashes of every Machine, from a watch.
+    index: Arc<Indexed<HashIndex>>,
+    /// (the index holds a complete list, watch events applied so far).
+    index_ready: tokio::sync::watch::Receiver<(bool, u64)>,
+}
+
+/// How long a request waits for the Machine index's first list.
+const INDEX_WAIT: Duration = Duration::from_secs(30);
+/// How long a lookup that misses waits for the watch to catch up (a token
+/// minted a moment ago); an unknown token is refused after this long.
+const INDEX_LAG: Duration = Duration::from_secs(2);
+
+/// Boot token hash and session hash → (namespace, name).
+#[derive(Debug, Default)]
+pub struct HashIndex {
+    boot: HashMap<String, (String, String)>,
+    session: HashMap<String, (String, String)>,
+    entries: HashMap<(String, String), (Option<String>, Option<String>)>,
+}
+
+impl HashIndex {
+    fn forget(&mut self, key: &(String, String)) {
+        if let Some((boot, session)) = self.entries.remove(key) {
+            if let Some(b) = boot
+                && self.boot.get(&b) == Some(key)
+            {
+                self.boot.remove(&b);
+            }
+            if let Some(h) = session
+                && self.session.get(&h) == Some(key)
+            {
+                self.session.remove(&h);
+            }
+        }
+    }
+}
+
+impl Index<Machine> for HashIndex {
+    fn upsert(&mut self, m: &Machine) {
+        let key = (m.namespace().unwrap_or_default(), m.name_any());
+        self.forget(&key);
+        let st = m.status.as_ref();
+        let boot = st
+            .and_then(|s| s.net_boot.as_ref())
+            .and_then(|n| n.token_hash.clone());
+        let session = st
+            .and_then(|s| s.agent.as_ref())
+            .and_then(|a| a.session_token_hash.clone());
+        if let Some(b) = &boot {
+            self.boot.insert(b.clone(), key.clone());
+        }
+        if let Some(h) = &session {
+            self.session.insert(h.clone(), key.clone());
+        }
+        self.entries.insert(key, (boot, session));
+    }
+
+    fn remove(&mut self, m: &Machine) {
+        self.forget(&(m.namespace().unwrap_or_default(), m.name_any()));
+    }
+}
+
+/// Keeps `index` in step with every Machine until `cancel`; flips `ready`
+/// after the first complete list.
+async fn feed_index(
+    client: kube::Client,
+    index: Arc<Indexed<HashIndex>>,
+    ready: tokio::sync::watch::Sender<(bool, u64)>,
+    cancel: CancellationToken,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let stream = watcher(Api::<Machine>::all(client), watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let ev = tokio::select! {
+            () = cancel.cancelled() => return,
+            ev = stream.next() => ev,
+        };
+        match ev {
+            Some(Ok(ev)) => {
+                index.apply(&ev);
+                let done = matches!(ev, watcher::Event::InitDone);
+                ready.send_modify(|(listed, n)| {
+                    *listed |= done;
+                    *n += 1;
+                });
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "agent api: machine watch failed; retrying"),
+            None => return,
+        }
+    }
 }
 
 /// Loads (or creates) the CA, binds and serves until `cancel`.
@@ -172,10 +268,20 @@ pub async fn start(
             source,
         })?;
     tracing::info!(%addr, ca_sha256 = %pki.ca_sha256, "agent api listening (https)");
+    let index: Arc<Indexed<HashIndex>> = Arc::default();
+    let (ready_tx, index_ready) = tokio::sync::watch::channel((false, 0));
+    tokio::spawn(feed_index(
+        client.clone(),
+        index.clone(),
+        ready_tx,
+        cancel.clone(),
+    ));
     let server = Arc::new(Server {
         client,
         cfg,
         sessions: Mutex::new(HashMap::new()),
+        index,
+        index_ready,
     });
     let task = tokio::spawn(async move {
         let mut conns = tokio::task::JoinSet::new();
@@ -348,10 +454,33 @@ impl Server {
                 .await?;
             return Ok(m.filter(matches));
         }
-        let all = Api::<Machine>::all(self.client.clone())
-            .list(&ListParams::default())
+        let Some((ns, name)) = self.lookup(|i| i.boot.get(hash).cloned()).await else {
+            return Ok(None);
+        };
+        let m = Api::<Machine>::namespaced(self.client.clone(), &ns)
+            .get_opt(&name)
             .await?;
-        Ok(all.items.into_iter().find(matches))
+        Ok(m.filter(matches))
+    }
+
+    /// Looks a Machine up in the hash index, once it holds a full list.
+    async fn lookup(
+        &self,
+        f: impl Fn(&HashIndex) -> Option<(String, String)>,
+    ) -> Option<(String, String)> {
+        let mut ready = self.index_ready.clone();
+        let _ = tokio::time::timeout(INDEX_WAIT, ready.wait_for(|r| r.0)).await;
+        let deadline = tokio::time::Instant::now() + INDEX_LAG;
+        loop {
+            ready.borrow_and_update();
+            if let Some(hit) = self.index.read(&f) {
+                return Some(hit);
+            }
+            match tokio::time::timeout_at(deadline, ready.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
+        }
     }
 
     async fn register(&self, peer: SocketAddr, body: &[u8]) -> Resp {
@@ -551,10 +680,13 @@ impl Server {
                 .get_opt(&name)
                 .await
                 .map(|m| m.filter(valid)),
-            None => Api::<Machine>::all(self.client.clone())
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items.into_iter().find(valid)),
+            None => match self.lookup(|i| i.session.get(&hash).cloned()).await {
+                Some((ns, name)) => Api::<Machine>::namespaced(self.client.clone(), &ns)
+                    .get_opt(&name)
+                    .await
+                    .map(|m| m.filter(valid)),
+                None => Ok(None),
+            },
         };
         match found {
             Ok(Some(m)) => Ok((m, hash)),

@@ -17,6 +17,7 @@
 //! stays `Released` with reason `RecyclePending` for that controller to pick
 //! up.
 
+pub mod index;
 pub mod select;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,9 +28,8 @@ use anneal_api::{
     ClaimPhase, Machine, MachineClaim, MachineClaimStatus, MachineHardware, MachineState,
     ReclaimPolicy, Time,
 };
-use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -37,16 +37,21 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::conditions;
+use crate::controller::{
+    Identity, Indexed, ReconcileError, Scope, drive, indexed, is_conflict, patch_params,
+};
 use crate::metrics::Metrics;
-use crate::watching::{reflected, scoped};
+use index::MachineIndex;
 use select::Skip;
 
 /// Finalizer that holds a claim until its machine is released.
 pub const FINALIZER: &str = "anneal.dev/claim-release";
 const KIND: &str = "MachineClaim";
+/// Field manager of the claim controller's writes.
+pub const FIELD_MANAGER: &str = "anneal-claims";
 
 /// Errors of one claim reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +83,8 @@ impl From<kube::Error> for ClaimError {
 pub struct Context {
     client: Client,
     machines: Store<Machine>,
+    /// Free machines per namespace and the machine of each claim.
+    index: Arc<Indexed<MachineIndex>>,
     hardware: Store<MachineHardware>,
     recorder: Recorder,
     metrics: Arc<Metrics>,
@@ -102,47 +109,41 @@ fn key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
 }
 
-fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
-
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-/// Runs the claim controller until `shutdown` resolves.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    concurrency: u16,
-    metrics: Arc<Metrics>,
-    recorder: Recorder,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let claims: Api<MachineClaim> = scoped(&client, namespace.as_deref());
-    let machines_api: Api<Machine> = scoped(&client, namespace.as_deref());
-    let hardware_api: Api<MachineHardware> = scoped(&client, namespace.as_deref());
+/// The claim controller's identity.
+pub const ID: Identity = Identity {
+    name: "claims",
+    kind: KIND,
+    field_manager: FIELD_MANAGER,
+};
 
-    let (machines, machine_stream) = reflected(machines_api);
-    let (hardware, hardware_stream) = reflected(hardware_api);
+/// Runs the claim controller in `scope` until the scope is cancelled.
+pub async fn controller(scope: Scope, concurrency: u16) {
+    let (machines, index, machine_stream) =
+        indexed::<Machine, MachineIndex>(scope.api::<Machine>());
+    let (hardware, hardware_stream) = scope.reflected::<MachineHardware>();
 
-    let controller = Controller::new(claims, watcher::Config::default())
+    let controller = Controller::new(scope.api::<MachineClaim>(), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let claim_store = controller.store();
     let claim_store2 = claim_store.clone();
     let machines_for_map = machines.clone();
 
     let ctx = Arc::new(Context {
-        client,
+        client: scope.client.clone(),
         machines,
+        index,
         hardware,
-        recorder,
-        metrics: metrics.clone(),
+        recorder: scope.recorder.clone(),
+        metrics: scope.metrics.clone(),
         recent: Mutex::new(HashMap::new()),
         taken: Mutex::new(HashMap::new()),
     });
 
-    controller
+    let controller = controller
         .watches_stream(machine_stream, move |m: Machine| {
             claims_for_machine(&claim_store, &m)
         })
@@ -152,15 +153,8 @@ pub async fn run(
                 Some(m) => claims_for_machine(&claim_store2, &m),
                 None => Vec::new(),
             }
-        })
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                debug!(error = %e, "claim reconcile failed");
-            }
-        })
-        .await;
+        });
+    drive(ID, &scope, controller, reconcile, ctx).await;
 }
 
 /// Claims a Machine event concerns: its bound claim, or, for a machine that
@@ -190,14 +184,34 @@ fn claims_for_machine(claims: &Store<MachineClaim>, m: &Machine) -> Vec<ObjectRe
         .collect()
 }
 
-fn error_policy(_claim: Arc<MachineClaim>, err: &ClaimError, ctx: Arc<Context>) -> Action {
-    ctx.metrics.failed(KIND);
-    warn!(error = %err, "claim reconcile error");
-    Action::requeue(Duration::from_secs(2))
+impl ReconcileError for ClaimError {
+    fn is_conflict(&self) -> bool {
+        match self {
+            Self::Kube(e) => is_conflict(e),
+            Self::ReleaseConflict(_) => true,
+            Self::Finalizer(f) => match f.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_conflict(),
+                kube::runtime::finalizer::Error::AddFinalizer(e)
+                | kube::runtime::finalizer::Error::RemoveFinalizer(e) => is_conflict(e),
+                _ => false,
+            },
+            Self::NoNamespace | Self::NotReady => false,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "api",
+            Self::Finalizer(_) => "finalizer",
+            Self::NoNamespace => "no_namespace",
+            Self::ReleaseConflict(_) => "release_conflict",
+            Self::NotReady => "not_ready",
+        }
+    }
 }
 
 async fn reconcile(claim: Arc<MachineClaim>, ctx: Arc<Context>) -> Result<Action, ClaimError> {
-    ctx.metrics.reconciled(KIND);
     let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
     let api: Api<MachineClaim> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, claim, |event| async {
@@ -248,11 +262,10 @@ async fn bound_machine(
     {
         return Ok(Some(cached));
     }
-    if let Some(found) = ctx
-        .machines
-        .state()
-        .into_iter()
-        .find(|m| m.namespace().as_deref() == Some(ns) && names_us(m))
+    let indexed = ctx.index.read(|i| i.bound_to(ns, &name).cloned());
+    if let Some(m) = indexed
+        && let Some(found) = ctx.machines.get(&ObjectRef::new(&m).within(ns))
+        && names_us(&found)
     {
         return Ok(Some(found));
     }
@@ -430,8 +443,19 @@ async fn bind_selected(
         taken.retain(|_, at| at.elapsed() < Duration::from_secs(2));
         taken.keys().cloned().collect()
     };
+    let mut candidates = free_candidates(claim, ns, &ck, &taken, ctx);
+    if !candidates.is_empty() {
+        for m in candidates {
+            if let Some(bound) = try_bind(&m, claim, ns, ctx).await? {
+                write_bound(claim, &bound, ctx).await?;
+                return Ok(Action::requeue(Duration::from_secs(600)));
+            }
+        }
+        // Every candidate was taken under us: look again shortly.
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    // No free machine fits: scan them all once to say why.
     let mut skips = BTreeMap::new();
-    let mut candidates = Vec::new();
     let mut machines: Vec<Arc<Machine>> = ctx
         .machines
         .state()
@@ -504,6 +528,45 @@ fn describe(skip: Skip) -> &'static str {
     }
 }
 
+/// At most this many candidates are tried per reconcile.
+const MAX_CANDIDATES: usize = 8;
+
+/// Up to [`MAX_CANDIDATES`] free machines of `ns` the claim's selector
+/// accepts, from the index: starting at a stable per-claim position of the
+/// free set (so concurrent claims start at different machines) and
+/// wrapping around. Cost: the free machines skipped, not every Machine.
+fn free_candidates(
+    claim: &MachineClaim,
+    ns: &str,
+    ck: &str,
+    taken: &std::collections::HashSet<String>,
+    ctx: &Context,
+) -> Vec<Arc<Machine>> {
+    ctx.index.read(|i| {
+        let Some(free) = i.free(ns) else {
+            return Vec::new();
+        };
+        let start = select::offset(free.len(), ck);
+        let mut out = Vec::new();
+        for name in free.iter().skip(start).chain(free.iter().take(start)) {
+            if taken.contains(&key(ns, name)) {
+                continue;
+            }
+            let Some(m) = ctx.machines.get(&ObjectRef::new(name).within(ns)) else {
+                continue;
+            };
+            let hw = ctx.hardware.get(&ObjectRef::new(name).within(ns));
+            if select::check_selected(&m, hw.as_deref(), claim).is_ok() {
+                out.push(m);
+                if out.len() == MAX_CANDIDATES {
+                    break;
+                }
+            }
+        }
+        out
+    })
+}
+
 /// The bind: one merge patch of `spec.claimRef` carrying the resourceVersion
 /// we read. `Ok(None)` on 409 Conflict.
 async fn try_bind(
@@ -522,7 +585,7 @@ async fn try_bind(
         "spec": {"claimRef": {"name": claim.name_any(), "namespace": ns}},
     });
     match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
         .await
     {
         Ok(bound) => {
@@ -581,7 +644,7 @@ async fn patch_status(
     match api
         .patch_status(
             &claim.name_any(),
-            &PatchParams::default(),
+            &patch_params(FIELD_MANAGER),
             &Patch::Merge(&patch),
         )
         .await
@@ -817,7 +880,7 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
         "status": status,
     });
     live = match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
         .await
     {
         Ok(m) => m,
@@ -830,7 +893,7 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
         "spec": {"claimRef": null},
     });
     match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
         .await
     {
         Ok(released) => {

@@ -135,11 +135,12 @@ pub fn best_reason(skips: &BTreeMap<String, Skip>) -> Option<Skip> {
     skips.values().copied().max_by_key(rank)
 }
 
-/// A stable per-claim rotation of the candidate list, so concurrent claims
-/// start at different machines instead of all racing for the first one.
-pub fn rotate<T>(candidates: &mut [T], seed: &str) {
-    if candidates.is_empty() {
-        return;
+/// A stable per-claim position in a list of `len` (0 when empty), so
+/// concurrent claims start at different machines instead of all racing for
+/// the first one.
+pub fn offset(len: usize, seed: &str) -> usize {
+    if len == 0 {
+        return 0;
     }
     // FNV-1a: stable across runs and processes.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -147,8 +148,12 @@ pub fn rotate<T>(candidates: &mut [T], seed: &str) {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    let len = candidates.len() as u64;
-    let k = usize::try_from(h % len).unwrap_or(0);
+    usize::try_from(h % len as u64).unwrap_or(0)
+}
+
+/// A stable per-claim rotation of the candidate list (see [`offset`]).
+pub fn rotate<T>(candidates: &mut [T], seed: &str) {
+    let k = offset(candidates.len(), seed);
     candidates.rotate_left(k);
 }
 

@@ -25,17 +25,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anneal_api::{Machine, MachineHardware, Subnet};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Recorder;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::{Identity, ReconcileError, Scope, drive};
 use status::{condition, parse_duration_ms};
 
 /// The field manager of every write of this controller.
@@ -187,8 +187,10 @@ impl std::fmt::Debug for Context {
 }
 
 /// Starts the agent API (which loads or creates its CA first) and runs the
-/// Machine controller until `cancel` fires. This is the one start-up call
-/// of the lifecycle for the manager's run path.
+/// Machine controller until `cancel` fires, without leader election: for
+/// tests and single-replica tools. `manager run` goes through
+/// [`crate::Runtime`], which runs the agent API on every replica and this
+/// controller only on the leader.
 pub async fn start(
     client: kube::Client,
     cfg: LifecycleConfig,
@@ -206,32 +208,44 @@ pub async fn start(
     Ok((server, controller))
 }
 
-/// Runs the Machine controller until `cancel` fires.
+/// Runs the Machine controller (all namespaces, no leader election) until
+/// `cancel` fires.
 pub async fn run(client: kube::Client, cfg: LifecycleConfig, cancel: CancellationToken) {
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: None,
-    };
-    let backoff: Arc<Mutex<HashMap<String, Backoff>>> = Arc::default();
-    let mapper_backoff = backoff.clone();
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client: client.clone(),
-        cfg,
-        bmc_backoff: backoff,
-        dhcp_warned: Mutex::default(),
-    });
-    let machines = Api::<Machine>::all(client.clone());
-    let controller = Controller::new(machines, watcher::Config::default());
+    controller(Scope::standalone(client, cancel), cfg).await;
+}
+
+/// The Machine controller's identity.
+pub const ID: Identity = Identity {
+    name: "lifecycle",
+    kind: "Machine",
+    field_manager: FIELD_MANAGER,
+};
+
+impl Context {
+    fn new(scope: &Scope, cfg: LifecycleConfig) -> Self {
+        Self {
+            client: scope.client.clone(),
+            cfg,
+            recorder: scope.recorder.clone(),
+            bmc_backoff: Arc::default(),
+            dhcp_warned: Mutex::default(),
+        }
+    }
+}
+
+/// Runs the Machine controller in `scope` (its namespace, its token) until
+/// the scope is cancelled. Its in-memory state (BMC back-off, DHCP warnings)
+/// lives and dies with this call.
+pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
+    let ctx = Arc::new(Context::new(&scope, cfg));
+    let mapper_backoff = ctx.bmc_backoff.clone();
+    let controller = Controller::new(scope.api::<Machine>(), watcher::Config::default());
     let store = controller.store();
     let waiting = store.clone();
-    controller
-        .owns(
-            Api::<MachineHardware>::all(client.clone()),
-            watcher::Config::default(),
-        )
+    let controller = controller
+        .owns(scope.api::<MachineHardware>(), watcher::Config::default())
         .watches(
-            Api::<Secret>::all(client.clone()),
+            scope.api::<Secret>(),
             watcher::Config::default(),
             move |secret: Secret| {
                 let ns = secret.namespace().unwrap_or_default();
@@ -266,7 +280,7 @@ pub async fn run(client: kube::Client, cfg: LifecycleConfig, cancel: Cancellatio
         // A Machine held for its DHCP reservation goes on as soon as its
         // lease-mode Subnet changes (reservation written, revision applied).
         .watches(
-            Api::<Subnet>::all(client.clone()),
+            scope.api::<Subnet>(),
             watcher::Config::default(),
             move |subnet: Subnet| {
                 let key = (subnet.namespace().unwrap_or_default(), subnet.name_any());
@@ -283,23 +297,21 @@ pub async fn run(client: kube::Client, cfg: LifecycleConfig, cancel: Cancellatio
                     .map(|m| ObjectRef::from_obj(m.as_ref()))
                     .collect::<Vec<_>>()
             },
-        )
-        .graceful_shutdown_on(cancel.cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                tracing::debug!(error = %e, "reconcile ended with an error");
-            }
-        })
-        .await;
+        );
+    drive(ID, &scope, controller, reconcile, ctx).await;
 }
 
-fn error_policy(m: Arc<Machine>, err: &Error, _ctx: Arc<Context>) -> Action {
-    if err.is_conflict() {
-        Action::requeue(Duration::from_millis(200))
-    } else {
-        tracing::warn!(machine = %m.name_any(), error = %err, "reconcile failed");
-        Action::requeue(Duration::from_secs(5))
+impl ReconcileError for Error {
+    fn is_conflict(&self) -> bool {
+        Error::is_conflict(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "api",
+            Self::Finalizer(_) => "finalizer",
+            _ => "reconcile",
+        }
     }
 }
 
@@ -364,34 +376,48 @@ pub enum StartError {
     AgentApi(#[from] crate::agentapi::AgentApiError),
 }
 
+impl LifecycleArgs {
+    /// The controller's and the agent API's configurations (None when
+    /// `--no-lifecycle`).
+    pub fn configs(
+        &self,
+    ) -> Result<Option<(LifecycleConfig, crate::agentapi::AgentApiConfig)>, StartError> {
+        if self.no_lifecycle {
+            return Ok(None);
+        }
+        let dur = |s: &str| {
+            parse_duration_ms(s)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(Duration::from_millis)
+                .ok_or_else(|| StartError::Duration(s.to_string()))
+        };
+        let cfg = LifecycleConfig {
+            boot_token_lifetime: dur(&self.boot_token_lifetime)?,
+            graceful_shutdown_timeout: dur(&self.graceful_shutdown_timeout)?,
+            prefer_http_boot: self.prefer_http_boot,
+            dhcp_reservation_timeout: dur(&self.dhcp_reservation_timeout)?,
+            ..LifecycleConfig::default()
+        };
+        let api = crate::agentapi::AgentApiConfig {
+            listen: self.agent_api_listen,
+            namespace: self.manager_namespace.clone(),
+            server_names: self.agent_api_names.clone(),
+            ..crate::agentapi::AgentApiConfig::default()
+        };
+        Ok(Some((cfg, api)))
+    }
+}
+
 /// Starts the lifecycle half of the manager from its flags (None when
-/// disabled): the one call `manager run` makes.
+/// disabled) without leader election; `manager run` passes
+/// [`LifecycleArgs::configs`] to [`crate::Runtime`] instead.
 pub async fn start_from_args(
     client: kube::Client,
     args: &LifecycleArgs,
     cancel: CancellationToken,
 ) -> Result<Option<crate::agentapi::RunningAgentApi>, StartError> {
-    if args.no_lifecycle {
+    let Some((cfg, api)) = args.configs()? else {
         return Ok(None);
-    }
-    let dur = |s: &str| {
-        parse_duration_ms(s)
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis)
-            .ok_or_else(|| StartError::Duration(s.to_string()))
-    };
-    let cfg = LifecycleConfig {
-        boot_token_lifetime: dur(&args.boot_token_lifetime)?,
-        graceful_shutdown_timeout: dur(&args.graceful_shutdown_timeout)?,
-        prefer_http_boot: args.prefer_http_boot,
-        dhcp_reservation_timeout: dur(&args.dhcp_reservation_timeout)?,
-        ..LifecycleConfig::default()
-    };
-    let api = crate::agentapi::AgentApiConfig {
-        listen: args.agent_api_listen,
-        namespace: args.manager_namespace.clone(),
-        server_names: args.agent_api_names.clone(),
-        ..crate::agentapi::AgentApiConfig::default()
     };
     let (server, _controller) = start(client, cfg, api, cancel).await?;
     Ok(Some(server))

@@ -8,11 +8,30 @@ use std::time::Duration;
 use base64::prelude::{BASE64_STANDARD, Engine as _};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, USER_AGENT};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+
+/// The `User-Agent` of every BMC request: `anneal-manager/<version>`, plus
+/// ` (<identity>)` once [`set_identity`] ran, so a BMC's access log shows
+/// which manager replica called it.
+static USER_AGENT_VALUE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn user_agent() -> &'static str {
+    USER_AGENT_VALUE.get_or_init(|| format!("anneal-manager/{}", env!("CARGO_PKG_VERSION")))
+}
+
+/// Names this process (the manager replica's identity) in the `User-Agent`
+/// of its BMC requests. Only the first call counts; call it before the
+/// first request.
+pub fn set_identity(identity: &str) {
+    let _ = USER_AGENT_VALUE.set(format!(
+        "anneal-manager/{} ({identity})",
+        env!("CARGO_PKG_VERSION")
+    ));
+}
 
 /// The largest response body read from a BMC.
 pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
@@ -128,6 +147,7 @@ pub async fn exchange_with(
         .method(method)
         .uri(path)
         .header(HOST, addr.as_str())
+        .header(USER_AGENT, user_agent())
         .header(ACCEPT, "application/json");
     if let Some(auth) = authorization {
         builder = builder.header(AUTHORIZATION, auth);

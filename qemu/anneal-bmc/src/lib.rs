@@ -126,6 +126,10 @@ pub struct LogEntry {
     /// `ResetType` of a reset, `Boot=<Enabled>/<Target>` of a boot PATCH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+    /// The request's `User-Agent` (the anneal manager puts its replica
+    /// identity there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_agent: Option<String>,
 }
 
 impl LogEntry {
@@ -334,7 +338,14 @@ impl Shared {
         format!("/redfish/v1/Systems/{}", self.cfg.system_id)
     }
 
-    fn record(&self, method: &Method, path: &str, status: StatusCode, action: Option<String>) {
+    fn record(
+        &self,
+        method: &Method,
+        path: &str,
+        status: StatusCode,
+        action: Option<String>,
+        user_agent: Option<String>,
+    ) {
         let Some(p) = &self.cfg.request_log else {
             return;
         };
@@ -347,6 +358,7 @@ impl Shared {
             path: path.to_string(),
             status: status.as_u16(),
             action,
+            user_agent,
         };
         let _guard = self.log.lock();
         let line = format!("{}\n", serde_json::to_string(&entry).unwrap_or_default());
@@ -507,16 +519,21 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v == shared.auth);
+    let user_agent = req
+        .headers()
+        .get(hyper::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let body = match Limited::new(req.into_body(), 64 << 10).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
             let r = error(StatusCode::PAYLOAD_TOO_LARGE, "body too large");
-            shared.record(&method, &path, r.status(), None);
+            shared.record(&method, &path, r.status(), None, user_agent);
             return r;
         }
     };
     let (resp, action) = route(shared, &method, &path, authorized, &body).await;
-    shared.record(&method, &path, resp.status(), action);
+    shared.record(&method, &path, resp.status(), action, user_agent);
     resp
 }
 
