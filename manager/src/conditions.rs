@@ -77,6 +77,7 @@ pub fn status<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use anneal_api::conditions::{reasons, types};
 
     #[test]
     fn transition_time_kept_when_status_unchanged() {
@@ -98,9 +99,9 @@ mod tests {
         let mut c = Vec::new();
         assert!(set_at(
             &mut c,
-            "BMCReachable",
+            types::BMC_REACHABLE,
             true,
-            "Connected",
+            reasons::CONNECTED,
             "",
             Some(1),
             t0
@@ -109,27 +110,27 @@ mod tests {
         // message and generation changes are changes, at the same time
         assert!(set_at(
             &mut c,
-            "BMCReachable",
+            types::BMC_REACHABLE,
             true,
-            "Connected",
+            reasons::CONNECTED,
             "x",
             Some(1),
             t1
         ));
         assert!(set_at(
             &mut c,
-            "BMCReachable",
+            types::BMC_REACHABLE,
             true,
-            "Connected",
+            reasons::CONNECTED,
             "x",
             Some(2),
             t1
         ));
         assert!(!set_at(
             &mut c,
-            "BMCReachable",
+            types::BMC_REACHABLE,
             true,
-            "Connected",
+            reasons::CONNECTED,
             "x",
             Some(2),
             t1
@@ -137,14 +138,14 @@ mod tests {
         assert_eq!(c[0].last_transition_time, Time(t0));
         assert!(set_at(
             &mut c,
-            "BMCReachable",
+            types::BMC_REACHABLE,
             false,
-            "BMCUnreachable",
+            reasons::BMC_UNREACHABLE,
             "",
             Some(2),
             t1
         ));
         assert_eq!(c[0].last_transition_time, Time(t1));
-        assert_eq!(status(&c, "BMCReachable"), Some("False"));
+        assert_eq!(status(&c, types::BMC_REACHABLE), Some("False"));
     }
 }

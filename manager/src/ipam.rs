@@ -18,6 +18,7 @@
 //! Status writes are merge patches guarded by the Subnet's resourceVersion;
 //! a conflict requeues.
 
+use anneal_api::conditions::{reasons, types};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -44,7 +45,7 @@ const KIND: &str = "SubnetReservations";
 /// Field manager of the reservations controller's writes.
 pub const FIELD_MANAGER: &str = "anneal-ipam";
 /// The condition this controller owns.
-pub const POOL_EXHAUSTED: &str = "DHCPPoolExhausted";
+pub const POOL_EXHAUSTED: &str = types::DHCP_POOL_EXHAUSTED;
 /// How often a Subnet is looked at without any change.
 const RESYNC: Duration = Duration::from_secs(60);
 
@@ -243,7 +244,7 @@ pub fn pool_condition(subnet: &Subnet, plan: &Plan) -> (bool, &'static str, Stri
     if plan.waiting.is_empty() {
         return (
             false,
-            "AddressesAvailable",
+            reasons::ADDRESSES_AVAILABLE,
             format!(
                 "Subnet {key}: {} of {} addresses reserved",
                 plan.reservations.len(),
@@ -259,7 +260,7 @@ pub fn pool_condition(subnet: &Subnet, plan: &Plan) -> (bool, &'static str, Stri
         .map_or("(none)".to_string(), |r| format!("{}-{}", r.start, r.end));
     (
         true,
-        "PoolExhausted",
+        reasons::POOL_EXHAUSTED,
         format!(
             "Subnet {key}: leaseRange {range} has no free address ({} usable, all reserved); {} Machine(s) waiting: {}",
             plan.pool_size,
@@ -417,7 +418,7 @@ async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Ipa
             &mut conds,
             POOL_EXHAUSTED,
             false,
-            "ProxyMode",
+            reasons::PROXY_MODE,
             "proxy mode assigns no addresses",
             generation,
         );
@@ -572,7 +573,7 @@ mod tests {
             machine(
                 "old",
                 "02:00:00:00:00:01",
-                "Provisioned",
+                reasons::PROVISIONED,
                 "2026-01-01T00:00:00Z",
             ),
             machine(
@@ -623,7 +624,7 @@ mod tests {
             machine(
                 "a",
                 "02:00:00:00:00:02",
-                "Provisioned",
+                reasons::PROVISIONED,
                 "2026-01-01T00:00:01Z",
             ),
             machine(
@@ -652,7 +653,7 @@ mod tests {
         assert_eq!(p.waiting, ["c"]);
         let (st, reason, msg) = pool_condition(&s, &p);
         assert!(st);
-        assert_eq!(reason, "PoolExhausted");
+        assert_eq!(reason, reasons::POOL_EXHAUSTED);
         assert!(
             msg.contains("default/lab") && msg.contains("1 Machine(s) waiting: c"),
             "{msg}"

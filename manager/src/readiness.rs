@@ -3,6 +3,7 @@
 //! the taint back whenever a condition stops holding. `BootstrapOnly` never
 //! adds a taint: the creator of the Machine does.
 
+use anneal_api::conditions::{reasons, types};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -225,12 +226,12 @@ async fn reconcile(rule: Arc<ReadinessRule>, ctx: Arc<Context>) -> Result<Action
     let all = ready == selected;
     conditions::set(
         &mut status.conditions,
-        "Ready",
+        types::READY,
         all,
         if all {
-            "AllConditionsHold"
+            reasons::ALL_CONDITIONS_HOLD
         } else {
-            "ConditionsPending"
+            reasons::CONDITIONS_PENDING
         },
         format!("{ready} of {selected} selected machines satisfy the conditions"),
         generation,

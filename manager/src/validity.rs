@@ -4,6 +4,7 @@
 //! `observedGeneration` when absent), under the object's resourceVersion,
 //! so it composes with the controllers that own the other conditions.
 
+use anneal_api::conditions::reasons;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,7 @@ pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
         && !in_cidr(g, cidr)
     {
         return Some((
-            "GatewayOutsideCIDR",
+            reasons::GATEWAY_OUTSIDE_CIDR,
             "spec.dhcp.gateway must lie inside spec.cidr".into(),
         ));
     }
@@ -79,13 +80,13 @@ pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
         };
         if start > end {
             return Some((
-                "LeaseRangeInverted",
+                reasons::LEASE_RANGE_INVERTED,
                 "spec.dhcp.leaseRange.start must not be after spec.dhcp.leaseRange.end".into(),
             ));
         }
         if !in_cidr(start, cidr) || !in_cidr(end, cidr) {
             return Some((
-                "LeaseRangeOutsideCIDR",
+                reasons::LEASE_RANGE_OUTSIDE_CIDR,
                 "spec.dhcp.leaseRange must lie inside spec.cidr".into(),
             ));
         }
@@ -101,7 +102,7 @@ pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
             && (start..=end).contains(&s)
         {
             return Some((
-                "ServerIPInLeaseRange",
+                reasons::SERVER_IP_IN_LEASE_RANGE,
                 "spec.bootd.serverIP must lie outside spec.dhcp.leaseRange".into(),
             ));
         }
@@ -109,7 +110,7 @@ pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
             && (start..=end).contains(&g)
         {
             return Some((
-                "GatewayInLeaseRange",
+                reasons::GATEWAY_IN_LEASE_RANGE,
                 "spec.dhcp.gateway must lie outside spec.dhcp.leaseRange".into(),
             ));
         }
@@ -125,7 +126,7 @@ async fn site_problem(site: &Site, client: &Client) -> Result<Option<Problem>, k
     let api: Api<Subnet> = Api::namespaced(client.clone(), r.namespace_or(&ns));
     let Some(subnet) = api.get_opt(&r.name).await? else {
         return Ok(Some((
-            "SeederSubnetNotFound",
+            reasons::SEEDER_SUBNET_NOT_FOUND,
             format!("spec.seederSubnetRef: Subnet {} does not exist", r.name),
         )));
     };
@@ -133,7 +134,7 @@ async fn site_problem(site: &Site, client: &Client) -> Result<Option<Problem>, k
     let site_ref = &subnet.spec.site_ref;
     if site_ref.name != site.name_any() || site_ref.namespace_or(&subnet_ns) != ns {
         return Ok(Some((
-            "SeederSubnetInOtherSite",
+            reasons::SEEDER_SUBNET_IN_OTHER_SITE,
             format!(
                 "spec.seederSubnetRef: Subnet {} belongs to Site {}",
                 r.name, site_ref.name
@@ -142,7 +143,7 @@ async fn site_problem(site: &Site, client: &Client) -> Result<Option<Problem>, k
     }
     if subnet.spec.seeder_network_ref.is_none() {
         return Ok(Some((
-            "SeederSubnetHasNoDataHalf",
+            reasons::SEEDER_SUBNET_HAS_NO_DATA_HALF,
             format!(
                 "spec.seederSubnetRef: Subnet {} has no spec.seederNetworkRef",
                 r.name
@@ -159,7 +160,7 @@ async fn site_problem(site: &Site, client: &Client) -> Result<Option<Problem>, k
     ) && !in_cidr(tip, cidr)
     {
         return Ok(Some((
-            "TrackerIPOutsideSubnet",
+            reasons::TRACKER_IP_OUTSIDE_SUBNET,
             format!(
                 "spec.tracker.ip must lie inside the seeder Subnet's cidr {}",
                 subnet.spec.cidr
@@ -179,7 +180,7 @@ async fn image_problem(image: &Image, client: &Client) -> Result<Option<Problem>
             .is_some_and(|n| !n.is_empty() && n != ns)
         {
             return Ok(Some((
-                "ContentNamespaceMismatch",
+                reasons::CONTENT_NAMESPACE_MISMATCH,
                 format!(
                     "spec.layout.slots[{i}].contentRef.namespace must equal the Image's namespace {ns}"
                 ),
@@ -187,7 +188,7 @@ async fn image_problem(image: &Image, client: &Client) -> Result<Option<Problem>
         }
         let Some(content) = api.get_opt(&r.name).await? else {
             return Ok(Some((
-                "ContentNotFound",
+                reasons::CONTENT_NOT_FOUND,
                 format!(
                     "spec.layout.slots[{i}].contentRef: PartitionContent {} does not exist",
                     r.name
@@ -198,7 +199,7 @@ async fn image_problem(image: &Image, client: &Client) -> Result<Option<Problem>
             && content.spec.last_extent_end > size
         {
             return Ok(Some((
-                "ContentDoesNotFit",
+                reasons::CONTENT_DOES_NOT_FIT,
                 format!(
                     "spec.layout.slots[{i}].sizeBytes {size} is smaller than PartitionContent {} lastExtentEnd {}",
                     r.name, content.spec.last_extent_end
@@ -228,7 +229,7 @@ async fn posthook_problem(
             });
             if !has_key {
                 return Ok(Some((
-                    "ScriptSourceNotFound",
+                    reasons::SCRIPT_SOURCE_NOT_FOUND,
                     format!(
                         "spec.steps[{i}].script.configMapRef: ConfigMap {} has no key {}",
                         r.name, r.key
@@ -243,7 +244,7 @@ async fn posthook_problem(
                 .is_some_and(|s| s.data.as_ref().is_some_and(|d| d.contains_key(&r.key)));
             if !has_key {
                 return Ok(Some((
-                    "ScriptSourceNotFound",
+                    reasons::SCRIPT_SOURCE_NOT_FOUND,
                     format!(
                         "spec.steps[{i}].script.secretRef: Secret {} has no key {}",
                         r.name, r.key
@@ -267,7 +268,7 @@ async fn posthook_problem(
                 let reserved = ["machineName", "imageName", "targetDisk"].contains(&name.as_str());
                 if !reserved && !hook.spec.params.contains_key(&name) {
                     return Ok(Some((
-                        "UndeclaredParam",
+                        reasons::UNDECLARED_PARAM,
                         format!(
                             "spec.steps[{i}].script.inline uses {{{{{name}}}}}, which spec.params does not declare"
                         ),
@@ -483,11 +484,11 @@ mod tests {
         let reason = |p: serde_json::Value| subnet_problem(&subnet(p)).map(|(r, _)| r);
         assert_eq!(
             reason(json!({"dhcp": {"leaseRange": {"start": "10.77.0.200", "end": "10.77.0.100"}}})),
-            Some("LeaseRangeInverted")
+            Some(reasons::LEASE_RANGE_INVERTED)
         );
         assert_eq!(
             reason(json!({"dhcp": {"leaseRange": {"start": "10.77.0.100", "end": "10.77.1.5"}}})),
-            Some("LeaseRangeOutsideCIDR")
+            Some(reasons::LEASE_RANGE_OUTSIDE_CIDR)
         );
         assert_eq!(
             reason(json!({"dhcp": {"leaseRange": {"start": "10.77.0.100", "end": "10.77.0.255"}}})),
@@ -495,15 +496,15 @@ mod tests {
         );
         assert_eq!(
             reason(json!({"bootd": {"serverIP": "10.77.0.150"}})),
-            Some("ServerIPInLeaseRange")
+            Some(reasons::SERVER_IP_IN_LEASE_RANGE)
         );
         assert_eq!(
             reason(json!({"dhcp": {"gateway": "10.77.0.120"}})),
-            Some("GatewayInLeaseRange")
+            Some(reasons::GATEWAY_IN_LEASE_RANGE)
         );
         assert_eq!(
             reason(json!({"dhcp": {"gateway": "10.99.0.1"}})),
-            Some("GatewayOutsideCIDR")
+            Some(reasons::GATEWAY_OUTSIDE_CIDR)
         );
         assert_eq!(reason(json!({"dhcp": {"gateway": ""}})), None);
     }

@@ -23,6 +23,7 @@
 
 pub mod ca;
 
+use anneal_api::conditions::{reasons, types};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -536,9 +537,9 @@ impl Server {
                 .unwrap_or_default();
             crate::conditions::set(
                 &mut conditions,
-                "AgentCompatible",
+                types::AGENT_COMPATIBLE,
                 true,
-                "SchemaMatches",
+                reasons::SCHEMA_MATCHES,
                 "the agent speaks Anneal-Agent-Schema 1",
                 m.metadata.generation,
             );
@@ -623,9 +624,9 @@ impl Server {
             .unwrap_or_default();
         crate::conditions::set(
             &mut conditions,
-            "AgentCompatible",
+            types::AGENT_COMPATIBLE,
             false,
-            "SchemaMismatch",
+            reasons::SCHEMA_MISMATCH,
             format!(
                 "the agent sent Anneal-Agent-Schema {:?}; this manager speaks 1",
                 schema.unwrap_or("")

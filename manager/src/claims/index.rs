@@ -105,6 +105,7 @@ impl Index<Machine> for MachineIndex {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use anneal_api::conditions::reasons;
     use serde_json::json;
 
     fn machine(name: &str, state: &str, claim: Option<&str>) -> Machine {
@@ -132,7 +133,7 @@ mod tests {
         let free: Vec<_> = i.free("ns").unwrap().iter().cloned().collect();
         assert_eq!(free, ["b"]);
         assert_eq!(i.bound_to("ns", "c1").map(String::as_str), Some("a"));
-        i.upsert(&machine("a", "Released", None));
+        i.upsert(&machine("a", reasons::RELEASED, None));
         assert_eq!(i.bound_to("ns", "c1"), None);
         i.remove(&machine("b", "Available", None));
         assert!(i.free("ns").is_none());

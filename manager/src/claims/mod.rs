@@ -20,6 +20,7 @@
 pub mod index;
 pub mod select;
 
+use anneal_api::conditions::{reasons, types};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -300,7 +301,7 @@ async fn apply(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimError
         // The machine let go of us (claimRef cleared or machine deleted).
         write_pending(
             claim,
-            "MachineReleased",
+            reasons::MACHINE_RELEASED,
             "the bound machine no longer names this claim",
             ctx,
         )
@@ -337,7 +338,7 @@ fn invalid(claim: &MachineClaim) -> Option<(&'static str, String)> {
         for (b_name, b) in hints.iter().skip(i + 1) {
             if a == b {
                 return Some((
-                    "DuplicateDiskHints",
+                    reasons::DUPLICATE_DISK_HINTS,
                     format!(
                         "{a_name} and {b_name} are identical hints: the disks of a claim must differ"
                     ),
@@ -366,7 +367,7 @@ async fn image_problem(
         && !image.spec.bootable
     {
         return Ok(Some((
-            "ImageNotBootable",
+            reasons::IMAGE_NOT_BOOTABLE,
             format!(
                 "spec.imageRef: Image {} is not bootable; deploy it as a data image",
                 r.name
@@ -378,7 +379,7 @@ async fn image_problem(
             && image.spec.bootable
         {
             return Ok(Some((
-                "DataImageBootable",
+                reasons::DATA_IMAGE_BOOTABLE,
                 format!(
                     "spec.dataImages[{i}].imageRef: Image {} is bootable; name it in spec.imageRef",
                     d.image_ref.name
@@ -482,7 +483,7 @@ async fn bind_selected(
                 // Machines are in flux: look again soon.
                 write_pending(
                     claim,
-                    "NoMatchingMachine",
+                    reasons::NO_MATCHING_MACHINE,
                     "every matching machine is bound",
                     ctx,
                 )
@@ -490,14 +491,14 @@ async fn bind_selected(
                 return Ok(Action::requeue(Duration::from_millis(500)));
             }
             Some(skip) => (
-                "NoMatchingMachine",
+                reasons::NO_MATCHING_MACHINE,
                 format!(
                     "no machine matches the selector; closest: {}",
                     describe(skip)
                 ),
             ),
             None => (
-                "NoMatchingMachine",
+                reasons::NO_MATCHING_MACHINE,
                 "no machines in the namespace".to_string(),
             ),
         };
@@ -716,15 +717,19 @@ async fn write_bound(
     let (ready, reason, message) = match state {
         Some(MachineState::Provisioned) => (
             true,
-            "Provisioned",
+            reasons::PROVISIONED,
             "the machine is provisioned".to_string(),
         ),
-        Some(s) => (false, "NotProvisioned", format!("machine is {s:?}")),
-        None => (false, "NotProvisioned", "machine state unknown".to_string()),
+        Some(s) => (false, reasons::NOT_PROVISIONED, format!("machine is {s:?}")),
+        None => (
+            false,
+            reasons::NOT_PROVISIONED,
+            "machine state unknown".to_string(),
+        ),
     };
     conditions::set(
         &mut status.conditions,
-        "Ready",
+        types::READY,
         ready,
         reason,
         message,
@@ -759,7 +764,7 @@ async fn write_pending(
     status.observed_generation = generation;
     let valid = !matches!(
         reason,
-        "DuplicateDiskHints" | "ImageNotBootable" | "DataImageBootable"
+        reasons::DUPLICATE_DISK_HINTS | reasons::IMAGE_NOT_BOOTABLE | reasons::DATA_IMAGE_BOOTABLE
     );
     conditions::set(
         &mut status.conditions,
@@ -784,9 +789,9 @@ async fn write_pending(
     );
     conditions::set(
         &mut status.conditions,
-        "Ready",
+        types::READY,
         false,
-        "NotBound",
+        reasons::NOT_BOUND,
         "the claim is not bound",
         generation,
     );
@@ -813,20 +818,27 @@ async fn write_failed(claim: &MachineClaim, name: &str, ctx: &Context) -> Result
         &mut status.conditions,
         "Bound",
         false,
-        "MachineNotFound",
+        reasons::MACHINE_NOT_FOUND,
         &message,
         generation,
     );
     conditions::set(
         &mut status.conditions,
-        "Ready",
+        types::READY,
         false,
-        "NotBound",
+        reasons::NOT_BOUND,
         "the claim is not bound",
         generation,
     );
     patch_status(claim, &status, ctx).await?;
-    event(ctx, claim, EventType::Warning, "MachineNotFound", message).await;
+    event(
+        ctx,
+        claim,
+        EventType::Warning,
+        reasons::MACHINE_NOT_FOUND,
+        message,
+    )
+    .await;
     Ok(())
 }
 
@@ -853,13 +865,13 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
     }
     let (reason, message) = match live.spec.reclaim_policy {
         ReclaimPolicy::Retain => (
-            "Released",
+            reasons::RELEASED,
             format!(
                 "claim {claim_name} was deleted; reclaimPolicy Retain keeps the disks until re-inspection"
             ),
         ),
         ReclaimPolicy::Recycle => (
-            "RecyclePending",
+            reasons::RECYCLE_PENDING,
             format!("claim {claim_name} was deleted; reclaimPolicy Recycle waits for the wipe"),
         ),
     };
@@ -869,7 +881,7 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
     let generation = live.metadata.generation;
     conditions::set(
         &mut status.conditions,
-        "Ready",
+        types::READY,
         false,
         reason,
         &message,

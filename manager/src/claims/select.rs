@@ -161,6 +161,7 @@ pub fn rotate<T>(candidates: &mut [T], seed: &str) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use anneal_api::conditions::reasons;
     use serde_json::json;
 
     fn machine(spec: serde_json::Value, state: &str, labels: serde_json::Value) -> Machine {
@@ -250,7 +251,7 @@ mod tests {
             Ok(())
         );
         assert_eq!(
-            check_named(&machine(base, "Released", json!({})), &c),
+            check_named(&machine(base, reasons::RELEASED, json!({})), &c),
             Err(Skip::NotAvailable)
         );
     }

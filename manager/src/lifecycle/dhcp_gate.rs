@@ -3,17 +3,18 @@
 //! `status.dhcp.reservations` holds the Machine (name and boot MAC) and
 //! `status.dhcp.appliedRevision == status.dhcp.revision`. Pure.
 
+use anneal_api::conditions::{reasons, types};
 use anneal_api::{DhcpMode, Machine, Subnet};
 use kube::ResourceExt;
 
 use crate::ipam::canonical_mac;
 
 /// The Machine condition the gate writes.
-pub const CONDITION: &str = "DHCPReservationReady";
+pub const CONDITION: &str = types::DHCP_RESERVATION_READY;
 /// Its reason while the Machine waits.
-pub const WAITING: &str = "WaitingForDHCPReservation";
+pub const WAITING: &str = reasons::WAITING_FOR_DHCP_RESERVATION;
 /// Its reason once the reservation is live.
-pub const LIVE: &str = "ReservationLive";
+pub const LIVE: &str = reasons::RESERVATION_LIVE;
 /// The Warning Event when the wait exceeds its bound.
 pub const OVERDUE_EVENT: &str = "DHCPReservationOverdue";
 

@@ -6,6 +6,7 @@
 //! resourceVersion read as a precondition, under [`FIELD_MANAGER`], then
 //! the consumed annotations and the Events.
 
+use anneal_api::conditions::reasons;
 use std::collections::BTreeMap;
 
 use anneal_api::agent::Token;
@@ -255,7 +256,7 @@ fn log(m: &Machine, decision: &Decision) {
         let note = e.note.as_str();
         match e.reason {
             "StateChanged" => tracing::info!(note, "machine state changed"),
-            "InspectionTimedOut" | "BootRetryExhausted" => {
+            "InspectionTimedOut" | reasons::BOOT_RETRY_EXHAUSTED => {
                 tracing::warn!(reason = e.reason, note, "inspection deadline passed");
             }
             dhcp_gate::LIVE => tracing::info!(note, "dhcp reservation live; powering on"),

@@ -8,6 +8,7 @@
 //! decides whether the Subnet is read): the driver gathers the snapshot,
 //! carries out the decision and logs it.
 
+use anneal_api::conditions::{reasons, types};
 use std::time::Duration;
 
 use anneal_api::{
@@ -442,16 +443,21 @@ impl<'s, 'a> Pass<'s, 'a> {
 
     fn bmc_ok(&mut self, powered_on: bool) {
         self.backoff = BackoffOp::Clear;
-        let was_down = condition(&self.d.status.conditions, "BMCReachable")
+        let was_down = condition(&self.d.status.conditions, types::BMC_REACHABLE)
             .is_some_and(|c| c.status == "False");
         if was_down {
             self.event(
                 EventType::Normal,
-                "BMCReachable",
+                types::BMC_REACHABLE,
                 "the bmc answers again".into(),
             );
         }
-        self.cond("BMCReachable", true, "Connected", "the bmc answers");
+        self.cond(
+            types::BMC_REACHABLE,
+            true,
+            reasons::CONNECTED,
+            "the bmc answers",
+        );
         let st = &mut self.d.status;
         if st.error_type == Some(ErrorType::Transient) {
             st.error_type = None;
@@ -481,7 +487,7 @@ impl<'s, 'a> Pass<'s, 'a> {
 pub fn bmc_failed(d: &mut Draft, f: &BmcFailure, attempts: u32, snap: &Snapshot<'_>) -> Duration {
     let attempt = attempts.saturating_add(1);
     let reason = f.reason.as_str();
-    let was = condition(&d.status.conditions, "BMCReachable")
+    let was = condition(&d.status.conditions, types::BMC_REACHABLE)
         .map(|c| (c.status.clone(), c.reason.clone()));
     if was != Some(("False".into(), reason.into())) {
         d.events.push(Event {
@@ -493,7 +499,7 @@ pub fn bmc_failed(d: &mut Draft, f: &BmcFailure, attempts: u32, snap: &Snapshot<
     }
     crate::conditions::set_at(
         &mut d.status.conditions,
-        "BMCReachable",
+        types::BMC_REACHABLE,
         false,
         reason,
         &f.message,
@@ -567,16 +573,16 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
     if retry_held(&mut p) {
         return p.finish(
             Outcome::Held {
-                reason: "BootRetryExhausted",
+                reason: reasons::BOOT_RETRY_EXHAUSTED,
             },
             true,
         );
     }
     if session_of(snap.machine).is_some() {
         p.cond(
-            "AgentRegistered",
+            types::AGENT_REGISTERED,
             true,
-            "Registered",
+            reasons::REGISTERED,
             "the agent registered",
         );
     }
@@ -675,11 +681,11 @@ fn clear_error(p: &mut Pass<'_, '_>) {
     st.error_message = None;
     st.operational_status = Some(OperationalStatus::Ok);
     st.net_boot = None;
-    if condition(&p.d.status.conditions, "RetryHeld").is_some() {
+    if condition(&p.d.status.conditions, types::RETRY_HELD).is_some() {
         p.cond(
-            "RetryHeld",
+            types::RETRY_HELD,
             false,
-            "Cleared",
+            reasons::CLEARED,
             "clear-error annotation applied",
         );
     }
@@ -698,7 +704,12 @@ fn retry_held(p: &mut Pass<'_, '_>) -> bool {
         return false;
     }
     let message = retry_held_message(p.cfg().max_restarts);
-    p.cond("RetryHeld", true, "BootRetryExhausted", &message);
+    p.cond(
+        types::RETRY_HELD,
+        true,
+        reasons::BOOT_RETRY_EXHAUSTED,
+        &message,
+    );
     p.d.status.operational_status = Some(OperationalStatus::Error);
     true
 }
@@ -828,19 +839,19 @@ fn inspecting(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
             let max = p.cfg().max_restarts;
             if restarts >= max {
                 p.cond(
-                    "RetryHeld",
+                    types::RETRY_HELD,
                     true,
-                    "BootRetryExhausted",
+                    reasons::BOOT_RETRY_EXHAUSTED,
                     &retry_held_message(max),
                 );
                 p.event(
                     EventType::Warning,
-                    "BootRetryExhausted",
+                    reasons::BOOT_RETRY_EXHAUSTED,
                     format!("{restarts} consecutive boots without registration; holding"),
                 );
                 p.token = TokenOp::Delete;
                 return Outcome::Held {
-                    reason: "BootRetryExhausted",
+                    reason: reasons::BOOT_RETRY_EXHAUSTED,
                 };
             }
             p.event(
@@ -924,9 +935,9 @@ fn arm(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
     });
     p.d.status.agent = None;
     p.cond(
-        "AgentRegistered",
+        types::AGENT_REGISTERED,
         false,
-        "WaitingForAgent",
+        reasons::WAITING_FOR_AGENT,
         "waiting for the agent to register",
     );
     let wait = Duration::from_millis(u64::try_from(lifetime).unwrap_or(0) + 200);
@@ -1197,8 +1208,8 @@ mod tests {
         assert_eq!(nb.expires_at.unwrap().0.as_millisecond(), T0 + 600_000);
         assert_eq!(d.draft.status.powered_on, Some(true));
         assert_eq!(reasons(&d), vec!["StateChanged", "NetBootArmed"]);
-        assert_eq!(cond(&d, "AgentRegistered").unwrap().status, "False");
-        assert_eq!(cond(&d, "BMCReachable").unwrap().status, "True");
+        assert_eq!(cond(&d, types::AGENT_REGISTERED).unwrap().status, "False");
+        assert_eq!(cond(&d, types::BMC_REACHABLE).unwrap().status, "True");
         assert_eq!(d.backoff, BackoffOp::Clear);
         // the fallback of the power-on holds no token
         assert_eq!(d.actions[0].fallback.status.net_boot, None);
@@ -1309,13 +1320,16 @@ mod tests {
         assert_eq!(d.draft.status.net_boot, None);
         assert_eq!(d.token, TokenOp::Delete);
         assert!(d.actions.is_empty());
-        assert_eq!(cond(&d, "AgentRegistered").unwrap().status, "True");
+        assert_eq!(cond(&d, types::AGENT_REGISTERED).unwrap().status, "True");
         // the report of another boot does not count
         s.hardware_session = Some("old".into());
         s.bmc = answer(true);
         let d = apply(&s);
         assert_eq!(state(&d), MachineState::Inspecting);
-        assert_eq!(cond(&d, "AgentRegistered").unwrap().reason, "Registered");
+        assert_eq!(
+            cond(&d, types::AGENT_REGISTERED).unwrap().reason,
+            reasons::REGISTERED
+        );
     }
 
     #[test]
@@ -1355,24 +1369,24 @@ mod tests {
         assert_eq!(
             d.outcome,
             Outcome::Held {
-                reason: "BootRetryExhausted"
+                reason: reasons::BOOT_RETRY_EXHAUSTED
             }
         );
         assert_eq!(d.draft.status.restart_count, Some(3));
         assert!(d.actions.is_empty(), "no BMC call when it holds");
         assert_eq!(d.token, TokenOp::Delete);
         assert_eq!(d.draft.status.net_boot, None);
-        let held = cond(&d, "RetryHeld").unwrap();
+        let held = cond(&d, types::RETRY_HELD).unwrap();
         assert_eq!(
             (held.status.as_str(), held.reason.as_str()),
-            ("True", "BootRetryExhausted")
+            ("True", reasons::BOOT_RETRY_EXHAUSTED)
         );
         assert!(
             held.message.starts_with("3 consecutive restart failures"),
             "{}",
             held.message
         );
-        assert!(reasons(&d).contains(&"BootRetryExhausted"));
+        assert!(reasons(&d).contains(&reasons::BOOT_RETRY_EXHAUSTED));
         assert_eq!(
             state(&d),
             MachineState::Inspecting,
@@ -1389,7 +1403,7 @@ mod tests {
         }));
         let m = machine(json!({}), json!({}), st);
         let d = apply(&snap(&m, &cfg, answer(true)));
-        let held = cond(&d, "RetryHeld").unwrap();
+        let held = cond(&d, types::RETRY_HELD).unwrap();
         assert!(
             held.message.starts_with("5 consecutive"),
             "{}",
@@ -1407,7 +1421,7 @@ mod tests {
     fn held_status() -> Value {
         json!({"state": "Inspecting", "restartCount": 3, "errorCount": 3,
                "errorType": "Restart", "operationalStatus": "error",
-               "conditions": [{"type": "RetryHeld", "status": "True", "reason": "BootRetryExhausted",
+               "conditions": [{"type": types::RETRY_HELD, "status": "True", "reason": reasons::BOOT_RETRY_EXHAUSTED,
                                "message": "3 consecutive restart failures; set anneal.dev/clear-error to retry",
                                "observedGeneration": 2,
                                "lastTransitionTime": at(-60_000)}]})
@@ -1423,7 +1437,7 @@ mod tests {
         assert_eq!(
             d.outcome,
             Outcome::Held {
-                reason: "BootRetryExhausted"
+                reason: reasons::BOOT_RETRY_EXHAUSTED
             }
         );
         assert!(d.actions.is_empty());
@@ -1434,7 +1448,7 @@ mod tests {
         want.conditions = d.draft.status.conditions.clone();
         assert_eq!(d.draft.status, want);
         assert_eq!(
-            cond(&d, "RetryHeld")
+            cond(&d, types::RETRY_HELD)
                 .unwrap()
                 .last_transition_time
                 .0
@@ -1454,10 +1468,10 @@ mod tests {
         let s = snap(&m, &cfg, answer(false));
         assert!(wants_bmc(&s));
         let d = apply(&s);
-        let held = cond(&d, "RetryHeld").unwrap();
+        let held = cond(&d, types::RETRY_HELD).unwrap();
         assert_eq!(
             (held.status.as_str(), held.reason.as_str()),
-            ("False", "Cleared")
+            ("False", reasons::CLEARED)
         );
         assert_eq!(held.last_transition_time.0, now());
         assert_eq!(d.draft.status.restart_count, None);
@@ -1490,14 +1504,14 @@ mod tests {
         let d = apply(&snap(&m, &cfg, answer(false)));
         assert!(d.actions.is_empty());
         // Released is not shut down
-        let rel = machine(json!({}), json!({}), json!({"state": "Released"}));
+        let rel = machine(json!({}), json!({}), json!({"state": reasons::RELEASED}));
         assert!(apply(&snap(&rel, &cfg, answer(true))).actions.is_empty());
     }
 
     #[test]
     fn re_inspect_from_available_and_released() {
         let cfg = cfg();
-        for from in ["Available", "Released"] {
+        for from in ["Available", reasons::RELEASED] {
             let m = machine(
                 json!({"anneal.dev/re-inspect": ""}),
                 json!({}),
@@ -1523,7 +1537,7 @@ mod tests {
     fn park_from_available_and_provisioned_elsewhere_it_waits() {
         let cfg = cfg();
         let park = json!({"anneal.dev/operation": "park"});
-        for from in ["Available", "Provisioned"] {
+        for from in ["Available", reasons::PROVISIONED] {
             let m = machine(
                 park.clone(),
                 json!({}),
@@ -1636,7 +1650,7 @@ mod tests {
             let m = machine(
                 json!({"anneal.dev/reboot": mode}),
                 json!({"claimRef": {"name": "c"}}),
-                json!({"state": "Provisioned", "poweredOn": true}),
+                json!({"state": reasons::PROVISIONED, "poweredOn": true}),
             );
             let s = snap(&m, &cfg, answer(true));
             let d = apply(&s);
@@ -1845,7 +1859,7 @@ mod tests {
                     attempt: attempts + 1
                 }
             );
-            let c = cond(&d, "BMCReachable").unwrap();
+            let c = cond(&d, types::BMC_REACHABLE).unwrap();
             assert_eq!(
                 (c.status.as_str(), c.reason.as_str()),
                 ("False", reason.as_str())
@@ -1861,7 +1875,7 @@ mod tests {
         }
         // the same reason again: no new Event, no new count
         let st = json!({"state": "Available", "errorCount": 1, "errorType": "Transient",
-            "conditions": [{"type": "BMCReachable", "status": "False", "reason": "BMCUnreachable",
+            "conditions": [{"type": types::BMC_REACHABLE, "status": "False", "reason": reasons::BMC_UNREACHABLE,
                             "message": "connection refused", "lastTransitionTime": at(-1000)}]});
         let m = machine(json!({}), json!({}), st);
         let d = apply(&snap(&m, &cfg, failed(BmcReason::BmcUnreachable)));
@@ -1876,11 +1890,11 @@ mod tests {
         assert!(d.actions.is_empty());
         // recovery: Connected, the transient error cleared, backoff forgotten
         let d = apply(&snap(&m, &cfg, answer(false)));
-        assert_eq!(cond(&d, "BMCReachable").unwrap().status, "True");
+        assert_eq!(cond(&d, types::BMC_REACHABLE).unwrap().status, "True");
         assert_eq!(d.draft.status.error_type, None);
         assert_eq!(d.draft.status.error_count, None);
         assert_eq!(d.backoff, BackoffOp::Clear);
-        assert_eq!(reasons(&d), vec!["BMCReachable"]);
+        assert_eq!(reasons(&d), vec![types::BMC_REACHABLE]);
     }
 
     #[test]
