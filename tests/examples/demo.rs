@@ -7,8 +7,7 @@
 //! (`tests/tests/e2e/`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/e2e/mod.rs"]
-mod e2e;
+use anneal_tests::e2e;
 
 use std::io::Write;
 use std::time::Duration;

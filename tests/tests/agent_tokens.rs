@@ -28,8 +28,7 @@
 //! it, so it still registers afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
-mod lifecycle_support;
+use anneal_tests::{agent_vm, artifacts};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,7 +44,9 @@ use anneal_manager::lifecycle::status::{time_in, token_hash};
 use anneal_testinfra::{ControlPlane, Netns, Vm, debian_kernel, process_alive};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 
 /// One boot: the Machine it speaks for and what its console must say.
 struct Case {
@@ -120,10 +121,10 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
         let dir = dir.clone();
         let modules = kernel.modules.clone();
         move || {
-            let agent = agent_common::agent_musl();
-            let tool = agent_common::initramfs_tool();
+            let agent = artifacts::agent_musl();
+            let tool = artifacts::initramfs_tool();
             let initrd = dir.join("agent.cpio.zst");
-            agent_common::build_initramfs(&tool, &agent, &modules, &initrd);
+            artifacts::build_initramfs(&tool, &agent, &modules, &initrd);
             initrd
         }
     });
@@ -150,7 +151,7 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
     let _forward = ns
         .forward_tcp(SocketAddr::from(([10, 77, 0, 1], 8443)), manager.api_addr)
         .unwrap();
-    let _dhcp = agent_common::dnsmasq(&ns);
+    let _dhcp = agent_vm::dnsmasq(&ns);
     let pin = manager.ca_sha256.clone();
     // `sha256sum ca.crt` of the PEM file: the digest of the wrong bytes.
     let wrong_pin = token_hash(&manager.ca_pem);
@@ -263,10 +264,10 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
             "console=ttyS0 panic=-1 quiet anneal.api=https://10.77.0.1:8443 anneal.ca={ca} \
              anneal.token={token} anneal.machine=default/{} BOOTIF={}",
             case.machine,
-            agent_common::bootif(case.mac)
+            agent_vm::bootif(case.mac)
         );
         let mut vm =
-            agent_common::launch_agent_vm(&ns, &kernel.vmlinuz, &initrd, case.mac, 1, 512, append);
+            agent_vm::launch_agent_vm(&ns, &kernel.vmlinuz, &initrd, case.mac, 1, 512, append);
         running.push(tokio::spawn(async move {
             let stopped = vm
                 .wait_for_line(r"anneal: rebooting in \d+ s", Duration::from_secs(300))

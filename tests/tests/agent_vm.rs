@@ -6,7 +6,7 @@
 //! namespace, sends the inventory and powers off when told.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
+use anneal_tests::{agent_vm, artifacts};
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -22,14 +22,14 @@ const TOKEN: &str = "dGhpcy1pcy1hLXRlc3QtYm9vdC10b2tlbi0wMDAx";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_boots_registers_and_reports() {
     let kernel = debian_kernel().unwrap();
-    let agent = agent_common::agent_musl();
-    let tool = agent_common::initramfs_tool();
-    let fake = agent_common::fake_manager();
+    let agent = artifacts::agent_musl();
+    let tool = artifacts::initramfs_tool();
+    let fake = artifacts::fake_manager();
 
     let ns = Netns::create("agvm").unwrap();
     let dir = ns.dir();
     let initrd = dir.join("agent.cpio.zst");
-    agent_common::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
+    artifacts::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
 
     // DHCP from dnsmasq (addresses only), no ping delay.
     let leases = dir.join("dnsmasq.leases");

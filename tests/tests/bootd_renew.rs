@@ -20,8 +20,8 @@
 //!   VM's renewal ACKed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
-mod dhcp_probe;
+use anneal_tests::{agent_vm, artifacts};
+use anneal_tests::dhcp_probe;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -49,7 +49,7 @@ const OTHER_MAC: &str = "52:54:00:b3:00:77";
 
 fn bootd_bin() -> PathBuf {
     let out = Command::new("cargo")
-        .current_dir(agent_common::root())
+        .current_dir(artifacts::root())
         .args(["build", "--quiet", "-p", "anneal-bootd", "--bin", "bootd"])
         .output()
         .expect("cargo runs");
@@ -58,7 +58,7 @@ fn bootd_bin() -> PathBuf {
         "building bootd failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    agent_common::target_dir().join("debug/bootd")
+    artifacts::target_dir().join("debug/bootd")
 }
 
 /// Kernel, bootd binary, agent initramfs: built once for both cases.
@@ -72,13 +72,13 @@ fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
         let kernel = debian_kernel().unwrap();
-        let agent = agent_common::agent_musl();
-        let tool = agent_common::initramfs_tool();
+        let agent = artifacts::agent_musl();
+        let tool = artifacts::initramfs_tool();
         let bootd = bootd_bin();
-        let dir = agent_common::target_dir().join("bootd-renew");
+        let dir = artifacts::target_dir().join("bootd-renew");
         std::fs::create_dir_all(&dir).unwrap();
         let initrd = dir.join("agent.cpio.zst");
-        agent_common::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
+        artifacts::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
         Artifacts {
             kernel,
             bootd,

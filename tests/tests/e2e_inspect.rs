@@ -12,7 +12,7 @@
 //! (shared with the demo).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod e2e;
+use anneal_tests::e2e;
 
 use std::time::Duration;
 

@@ -10,7 +10,6 @@
 //!   a missing Secret → CredentialsMissing; `ipmi://` refused clearly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod lifecycle_support;
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,9 @@ use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::{ControlPlane, Netns};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {

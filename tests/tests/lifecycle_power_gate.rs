@@ -7,7 +7,6 @@
 //! (`appliedRevision = revision`) and the power-on follows promptly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod lifecycle_support;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -18,7 +17,9 @@ use anneal_manager::redfish::{PowerState, TlsPolicy};
 use anneal_testinfra::{ControlPlane, Netns};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 
 const MAC: &str = "52:54:00:7f:20:01";
 const STALE: &str = "0000000000000000";
@@ -231,7 +232,7 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
     assert!(msg.contains("overdue"), "{msg}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_no_power_call(&bmcvm, "overdue");
-    let rf = lifecycle_support::client(&bmcvm.address(), BMC_PASSWORD, TlsPolicy::SystemRoots);
+    let rf = anneal_tests::bmc::client(&bmcvm.address(), BMC_PASSWORD, TlsPolicy::SystemRoots);
     assert_eq!(rf.power_state().await.unwrap(), PowerState::Off);
 
     // 3. bootd's part: the table is live. The power-on follows promptly.

@@ -6,7 +6,6 @@
 //! Redfish. The boot token never shows in logs or in any status.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod lifecycle_support;
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,9 @@ use anneal_testinfra::{ControlPlane, Netns};
 use hyper::Method;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 
 fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
     (

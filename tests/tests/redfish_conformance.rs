@@ -4,7 +4,6 @@
 //! (wrong password, closed port, TLS trust, ipmi://) and BMC persistence.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod lifecycle_support;
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,9 @@ use anneal_manager::redfish::{
     TlsPolicy,
 };
 use anneal_testinfra::Netns;
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 
 /// The sequence the Machine controller relies on.
 async fn conformance(c: &RedfishClient, what: &str) {
