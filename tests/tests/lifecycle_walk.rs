@@ -63,9 +63,11 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .await
         .unwrap();
 
-    let port = anneal_testinfra::free_port().unwrap();
-    let (lc, api_cfg) = configs(port);
+    // port 0: the kernel picks; the restarted manager reuses that port
+    let (lc, mut api_cfg) = configs(0);
     let mut manager = Manager::start(cp.kubeconfig_path(), lc.clone(), api_cfg.clone());
+    let port = manager.api_addr.port();
+    api_cfg.listen.set_port(port);
     let ca_pem = manager.ca_pem.clone();
 
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
@@ -245,11 +247,12 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     // --- the manager dies between power-on and registration --------------
     manager.kill();
     // the killed listener is gone once its port binds again
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "agent api port still bound");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("the killed agent API's port {port} free"),
+        Duration::from_secs(30),
+        || async { std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() },
+    )
+    .await;
     let mut manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
     assert_eq!(manager.ca_pem, ca_pem, "the CA survives in its Secret");
     let agent = AgentClient::new(manager.api_addr, &ca_pem);
@@ -405,15 +408,16 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     annotate("walk-a", "anneal.dev/paused", Some("")).await;
     let calls = bmcvm.requests().len();
     annotate("walk-a", "anneal.dev/reboot", Some(r#"{"mode":"hard"}"#)).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(bmcvm.requests().len(), calls, "bmc called while paused");
     let m = machine_json(&machines, "walk-a").await;
     assert!(
         m["metadata"]["annotations"]
             .get("anneal.dev/reboot")
             .is_some()
     );
-    // unpaused: the reboot is sent and consumed
+    // unpaused: the reboot is sent and consumed. No sleep to "see nothing
+    // happen" while paused: every BMC call logged since the pause must come
+    // after the unpause (the request log's timestamps are the BMC's clock).
+    let unpaused_at = now_ms();
     annotate("walk-a", "anneal.dev/paused", None).await;
     eventually("reboot sent", Duration::from_secs(30), || async {
         bmcvm
@@ -423,6 +427,12 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
             .then_some(())
     })
     .await;
+    let while_paused: Vec<_> = bmcvm.requests()[calls..]
+        .iter()
+        .filter(|e| e.ts_ms < unpaused_at)
+        .cloned()
+        .collect();
+    assert!(while_paused.is_empty(), "bmc called while paused: {while_paused:?}");
     // re-inspect: a new boot with a new token
     annotate("walk-a", "anneal.dev/re-inspect", Some("")).await;
     let m = state_is("walk-a", "Inspecting").await;

@@ -139,10 +139,13 @@ async fn redfish_client_conforms_on_qemu_bmc_and_sushy() {
     let wrong = client(&bmcvm.address(), "wrong-password", TlsPolicy::SystemRoots);
     let e = wrong.system().await.unwrap_err();
     assert_eq!(e.reason(), BmcReason::CredentialsRejected, "{e}");
+    // a port bound (so nobody else takes it) but not listening: refused
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind(([127, 0, 0, 1], 0).into()).unwrap();
     let closed = client(
         &format!(
             "redfish+http://127.0.0.1:{}",
-            anneal_testinfra::free_port().unwrap()
+            held.local_addr().unwrap().port()
         ),
         "x",
         TlsPolicy::SystemRoots,
