@@ -265,3 +265,46 @@ pub async fn create_namespace(client: &kube::Client, name: &str) {
         serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
     let _ = api.create(&Default::default(), &ns).await;
 }
+
+/// A started control plane made ready for the manager's lifecycle half:
+/// the CRDs, the `anneal-system` namespace, and a BMC credentials Secret
+/// (`BMC_USER` and a password) per `(name, password)`. Returns its client.
+pub async fn prepare(
+    cp: &anneal_testinfra::ControlPlane,
+    secrets: &[(&str, &str)],
+) -> kube::Client {
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    create_namespace(&client, "anneal-system").await;
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
+    for (name, password) in secrets {
+        api.create(
+            &kube::api::PostParams::default(),
+            &credentials_secret(name, password),
+        )
+        .await
+        .unwrap();
+    }
+    client
+}
+
+/// Waits for an Event in `default` matching `f` (what: for the message).
+pub async fn event(
+    client: &kube::Client,
+    what: &str,
+    deadline: std::time::Duration,
+    f: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
+) -> k8s_openapi::api::events::v1::Event {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    crate::eventually(what, deadline, || async {
+        events
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| f(e))
+    })
+    .await
+}

@@ -85,3 +85,20 @@ pub fn eventually_blocking<A: Attempt>(
         std::thread::sleep(POLL);
     }
 }
+
+/// Waits (blocking) until the file at `path` contains `needle`: a process's
+/// "ready" line in its log. Returns the file's text.
+pub fn file_contains(path: &std::path::Path, needle: &str, deadline: Duration) -> String {
+    eventually_blocking(
+        &format!("{needle:?} in {}", path.display()),
+        deadline,
+        || {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if text.contains(needle) { Ok(text) } else { Err(text) }
+        },
+    )
+}
+
+/// dhcrelay's last start-up line (ISC dhcrelay 4.4, `-d`): its interfaces
+/// and fallback socket are open.
+pub const DHCRELAY_READY: &str = "Sending on   Socket/fallback";

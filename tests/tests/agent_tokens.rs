@@ -131,9 +131,7 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
 
     // The real manager: Machine controller + agent API, on a real API server.
     let cp = ControlPlane::start().await.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[]).await;
     let manager = Manager::start(
         cp.kubeconfig_path(),
         LifecycleConfig {

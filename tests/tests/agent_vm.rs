@@ -32,25 +32,7 @@ async fn agent_boots_registers_and_reports() {
     artifacts::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
 
     // DHCP from dnsmasq (addresses only), no ping delay.
-    let leases = dir.join("dnsmasq.leases");
-    let _dnsmasq = ChildGroup::spawn(
-        "dnsmasq",
-        ns.exec("dnsmasq")
-            .args([
-                "--no-daemon",
-                "--conf-file=/dev/null",
-                "--port=0",
-                "--interface=br0",
-                "--bind-interfaces",
-                "--no-ping",
-                "--dhcp-range=10.77.0.100,10.77.0.150,255.255.255.0,10m",
-                "--dhcp-option=option:router,10.77.0.1",
-            ])
-            .arg(format!("--dhcp-leasefile={}", leases.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("dnsmasq.log")).unwrap()),
-    )
-    .unwrap();
+    let _dnsmasq = agent_vm::dnsmasq(&ns);
 
     // The agent API stand-in, inside the namespace on the bridge address.
     let out = dir.join("manager");
@@ -94,7 +76,7 @@ async fn agent_boots_registers_and_reports() {
     let mut nic = NicConfig::virtio(&tap, MAC);
     nic.option_rom = false;
     nic.bootindex = None;
-    let bootif = format!("01-{}", MAC.replace(':', "-"));
+    let bootif = agent_vm::bootif(MAC);
     let cfg = VmConfig {
         firmware: Firmware::Ovmf,
         memory_mib: 1024,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig, in_netns};
 use anneal_testinfra::Netns;
 use anneal_tests::eventually_blocking;
+use anneal_tests::wait::{DHCRELAY_READY, file_contains};
 
 const ENROLLED: &str = "52:54:00:00:00:01";
 const STRANGER: &str = "52:54:00:00:00:99";
@@ -500,11 +501,7 @@ fn relayed_segment_through_dhcrelay() {
         .stderr(std::fs::File::create(&relay_log).unwrap())
         .spawn()
         .unwrap();
-    // its last start-up line: both interfaces and the fallback socket open
-    eventually_blocking("dhcrelay ready (\"Sending on   Socket/fallback\")", SETTLE, || {
-        let t = std::fs::read_to_string(&relay_log).unwrap_or_default();
-        if t.contains("Socket/fallback") { Ok(()) } else { Err(t) }
-    });
+    file_contains(&relay_log, DHCRELAY_READY, SETTLE);
     let o = udhcpc(&client, "c0", &[]);
     let _ = relay_proc.kill();
     let _ = relay_proc.wait();

@@ -24,9 +24,7 @@ use anneal_tests::lifecycle::*;
 async fn lifecycle_real_agent_client_registers_reports_and_powers_off() {
     let logs = capture_logs();
     let cp = ControlPlane::start().await.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[]).await;
     let manager = Manager::start(
         cp.kubeconfig_path(),
         LifecycleConfig {

@@ -32,17 +32,9 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         BmcVm::launch(&ns, "52:54:00:7f:20:02", None)
     );
     let cp = cp.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[("bmc-t", BMC_PASSWORD), ("bmc-u", BMC_PASSWORD)]).await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "default");
-    for (name, pw) in [("bmc-t", BMC_PASSWORD), ("bmc-u", BMC_PASSWORD)] {
-        secrets
-            .create(&PostParams::default(), &credentials_secret(name, pw))
-            .await
-            .unwrap();
-    }
     let lc = LifecycleConfig {
         boot_token_lifetime: Duration::from_secs(4),
         graceful_shutdown_timeout: Duration::from_secs(2),
@@ -157,20 +149,11 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         .collect();
     // three boots: power-on, then two restarts
     assert_eq!(resets_at_hold.len(), 3, "{resets_at_hold:?}");
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), "default");
-    let ev = eventually(
-        "BootRetryExhausted event",
-        Duration::from_secs(10),
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("BootRetryExhausted"))
-        },
+    let ev = event(
+        &client,
+        "the BootRetryExhausted Event",
+        Duration::from_secs(60),
+        |e| e.reason.as_deref() == Some("BootRetryExhausted"),
     )
     .await;
     assert_eq!(ev.type_.as_deref(), Some("Warning"));

@@ -51,18 +51,7 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
     let ns = Netns::create("anlpg").unwrap();
     let (cp, bmcvm) = tokio::join!(ControlPlane::start(), BmcVm::launch(&ns, MAC, None));
     let cp = cp.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(client.clone(), "default");
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials_secret("bmc-g", BMC_PASSWORD),
-        )
-        .await
-        .unwrap();
+    let client = prepare(&cp, &[("bmc-g", BMC_PASSWORD)]).await;
 
     // A lease-mode Subnet; bootd last applied an older (empty) table.
     let subnets: Api<Subnet> = Api::namespaced(client.clone(), "default");
@@ -182,26 +171,20 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
 
     // 2. Past the bound: a Warning Event naming the Subnet and what to
     //    check; still no power-on.
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let note = eventually(
-        "the overdue Warning Event",
-        timeout + Duration::from_secs(30),
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gate-a")
-                        && e.reason.as_deref() == Some("DHCPReservationOverdue")
-                        && e.type_.as_deref() == Some("Warning")
-                })
-                .and_then(|e| e.note)
+    let note = event(
+        &client,
+        "the overdue Warning Event about gate-a",
+        timeout + Duration::from_secs(60),
+        |e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gate-a")
+                && e.reason.as_deref() == Some("DHCPReservationOverdue")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.is_some()
         },
     )
-    .await;
+    .await
+    .note
+    .unwrap_or_default();
     println!(
         "warning after {:.1} s: {note}",
         created.elapsed().as_secs_f64()

@@ -50,18 +50,9 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         BmcVm::launch(&ns, "52:54:00:7f:10:01", None)
     );
     let cp = cp.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[("bmc-a", BMC_PASSWORD)]).await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "default");
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials_secret("bmc-a", BMC_PASSWORD),
-        )
-        .await
-        .unwrap();
 
     // port 0: the kernel picks; the restarted manager reuses that port
     let (lc, mut api_cfg) = configs(0);
