@@ -4,7 +4,7 @@
 //! initramfs) and the agent inspects it. The serial console is shown as it
 //! grows, `kubectl get machines` at each state change, and the
 //! MachineHardware summary at the end. Same set-up as the e2e_inspect test
-//! (`tests/tests/e2e/`).
+//! (`anneal_tests::e2e`, `tests/src/e2e.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anneal_tests::e2e;
