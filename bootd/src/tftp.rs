@@ -976,7 +976,10 @@ mod tests {
         // The ERROR ends the transfer at once (well before a 1 s retransmit
         // would); the bound only stops a hung test.
         while !srv.active.lock().unwrap().is_empty() {
-            assert!(t.elapsed() < Duration::from_secs(30), "transfer still running");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "transfer still running"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         // nothing more is sent

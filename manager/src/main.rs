@@ -20,6 +20,10 @@ enum Command {
         /// Write `<name>.yaml` files into this directory instead of printing.
         #[arg(long)]
         out_dir: Option<PathBuf>,
+        /// Also write the Markdown CRD reference (`README.md` and one page per
+        /// kind) into this directory: `--reference-dir docs/reference`.
+        #[arg(long)]
+        reference_dir: Option<PathBuf>,
     },
     /// Run the controllers (claims, readiness rules) against the cluster of
     /// the ambient kubeconfig (KUBECONFIG or in-cluster).
@@ -106,15 +110,43 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd { out_dir: None } => {
-            print!("{}", anneal_manager::crdgen::render_all()?);
-        }
-        Command::Crd { out_dir: Some(dir) } => {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            for crd in anneal_api::crds() {
-                let path = dir.join(anneal_manager::crdgen::file_name(&crd));
-                std::fs::write(&path, anneal_manager::crdgen::render(&crd)?)
-                    .with_context(|| format!("writing {}", path.display()))?;
+        Command::Crd {
+            out_dir,
+            reference_dir,
+        } => {
+            let write = |path: PathBuf, text: String| {
+                std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+            };
+            let crds = anneal_api::crds();
+            match &out_dir {
+                None if reference_dir.is_none() => {
+                    print!("{}", anneal_manager::crdgen::render_all()?);
+                }
+                None => {}
+                Some(dir) => {
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    for crd in &crds {
+                        write(
+                            dir.join(anneal_manager::crdgen::file_name(crd)),
+                            anneal_manager::crdgen::render(crd)?,
+                        )?;
+                    }
+                }
+            }
+            if let Some(dir) = &reference_dir {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                write(
+                    dir.join("README.md"),
+                    anneal_manager::crdgen::reference_index(&crds),
+                )?;
+                for crd in &crds {
+                    write(
+                        dir.join(anneal_manager::crdgen::reference_file_name(crd)),
+                        anneal_manager::crdgen::reference(crd),
+                    )?;
+                }
             }
         }
         Command::Run(args) => {

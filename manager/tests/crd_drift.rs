@@ -1,6 +1,7 @@
 //! The committed CRD YAML under `manager/crds/` must equal what the types
 //! generate. Regenerate with:
-//! `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds`
+//! `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds --reference-dir docs/reference`
+//! (the Markdown CRD reference under `docs/reference/` is checked the same way).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -31,6 +32,43 @@ fn committed_crds_match_types() {
         present, expected_files,
         "stale or missing files in manager/crds/"
     );
+}
+
+#[test]
+fn committed_reference_matches_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference");
+    let crds = anneal_api::crds();
+    let mut expected = vec![(
+        "README.md".to_string(),
+        anneal_manager::crdgen::reference_index(&crds),
+    )];
+    for crd in &crds {
+        expected.push((
+            anneal_manager::crdgen::reference_file_name(crd),
+            anneal_manager::crdgen::reference(crd),
+        ));
+    }
+    for (name, want) in &expected {
+        let got = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        assert!(
+            &got == want,
+            "docs/reference/{name} drifted from the types; regenerate with \
+             `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds \
+             --reference-dir docs/reference`"
+        );
+    }
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    present.sort();
+    let mut names: Vec<String> = expected.into_iter().map(|(n, _)| n).collect();
+    names.sort();
+    assert_eq!(present, names, "stale or missing files in docs/reference/");
+    // every field of Machine's spec is documented with its description
+    let machine = std::fs::read_to_string(dir.join("machine.md")).unwrap();
+    assert!(machine.contains("| `spec.bmc.address` |"), "{machine}");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! Run as root: `cargo run --release -p anneal-bench --bin bootd-bench [-- --quick]`
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
