@@ -1019,7 +1019,10 @@ mod tests {
         // the transfer ends after its ERROR is sent: wait for that state
         let t = Instant::now();
         while !srv.active.lock().unwrap().is_empty() {
-            assert!(t.elapsed() < Duration::from_secs(30), "transfer still running");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "transfer still running"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }

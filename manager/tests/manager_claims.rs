@@ -253,7 +253,11 @@ async fn race_round(client: &Client, port: u16, round: usize) {
         Duration::from_secs(60),
         || async {
             let b = metric(port, "anneal_manager_binds").await;
-            if b >= want { Ok(b) } else { Err(format!("binds {b}")) }
+            if b >= want {
+                Ok(b)
+            } else {
+                Err(format!("binds {b}"))
+            }
         },
     )
     .await;
@@ -425,7 +429,11 @@ async fn claims_bind_atomically_by_selector_and_release() {
         Duration::from_secs(30),
         || async {
             let b = metric(port, "anneal_manager_binds").await;
-            if b >= 202.0 { Ok(b) } else { Err(format!("binds {b}")) }
+            if b >= 202.0 {
+                Ok(b)
+            } else {
+                Err(format!("binds {b}"))
+            }
         },
     )
     .await;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Reservation, Subnet, reservations_revision};
 use anneal_testinfra::ControlPlane;
-use k8s_openapi::api::events::v1::Event;
 use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };

@@ -53,9 +53,11 @@ impl BmcVm {
             ..VmConfig::default()
         };
         let vm = Vm::launch(&cfg, Some(ns)).unwrap();
-        crate::eventually("the QMP socket of the BMC's VM", Duration::from_secs(30), || async {
-            vm.qmp_path().exists()
-        })
+        crate::eventually(
+            "the QMP socket of the BMC's VM",
+            Duration::from_secs(30),
+            || async { vm.qmp_path().exists() },
+        )
         .await;
         let mut me = Self {
             vm,
@@ -180,7 +182,6 @@ pub fn test_pki() -> (String, String, String) {
     let cert = leaf.signed_by(&key, &issuer).unwrap();
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
-
 
 /// The wall clock in milliseconds since the epoch, as the BMC stamps its
 /// request log ([`LogEntry::ts_ms`]).

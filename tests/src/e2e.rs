@@ -97,8 +97,8 @@ impl Drop for Lab {
 /// Builds (or reuses) the static agent and the initramfs; returns its path.
 /// `ANNEAL_AGENT_BIN` names an already built static agent instead.
 fn build_artifacts(dir: PathBuf, modules: PathBuf) -> PathBuf {
-    let agent =
-        std::env::var_os("ANNEAL_AGENT_BIN").map_or_else(crate::artifacts::agent_musl, PathBuf::from);
+    let agent = std::env::var_os("ANNEAL_AGENT_BIN")
+        .map_or_else(crate::artifacts::agent_musl, PathBuf::from);
     let tool = crate::artifacts::initramfs_tool();
     let initrd = dir.join("agent.cpio.zst");
     crate::artifacts::build_initramfs(&tool, &agent, &modules, &initrd);
@@ -460,6 +460,7 @@ impl Lab {
 }
 
 /// What [`Lab::wait_available`] reports.
+#[derive(Debug)]
 pub enum Progress<'a> {
     /// New console text.
     Console(&'a str),

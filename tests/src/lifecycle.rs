@@ -2,12 +2,17 @@
 //! process), a log capture, the agent side of the protocol over HTTPS, and
 //! the Machine/Secret/Namespace fixtures of the lifecycle tests.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anneal_api::Machine;
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
+use anneal_manager::redfish::TlsPolicy;
 use kube::api::Api;
+
+use crate::bmc::BMC_USER;
 
 /// Everything the process logs (all tracing output, debug level).
 #[derive(Clone, Debug, Default)]

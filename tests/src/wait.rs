@@ -94,7 +94,11 @@ pub fn file_contains(path: &std::path::Path, needle: &str, deadline: Duration) -
         deadline,
         || {
             let text = std::fs::read_to_string(path).unwrap_or_default();
-            if text.contains(needle) { Ok(text) } else { Err(text) }
+            if text.contains(needle) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
         },
     )
 }

@@ -5,7 +5,7 @@
 //! and a module index restricted to them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use anneal_tests::{agent_vm, artifacts};
+use anneal_tests::artifacts;
 
 use std::process::Command;
 

@@ -42,11 +42,10 @@ use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_manager::lifecycle::status::{time_in, token_hash};
 use anneal_testinfra::{ControlPlane, Netns, Vm, debian_kernel, process_alive};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use anneal_tests::bmc::*;
 use anneal_tests::eventually;
 use anneal_tests::lifecycle::*;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 /// One boot: the Machine it speaks for and what its console must say.
 struct Case {
@@ -243,7 +242,11 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
         || async {
             for (name, _) in all {
                 let m = machine_json(&machines, name).await;
-                let want = if name == REUSED.machine { "True" } else { "False" };
+                let want = if name == REUSED.machine {
+                    "True"
+                } else {
+                    "False"
+                };
                 let registered = cond(&m, "AgentRegistered").map(|c| c.0);
                 if !m["status"]["netBoot"]["tokenHash"].is_string()
                     || registered.as_deref() != Some(want)

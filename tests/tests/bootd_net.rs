@@ -387,7 +387,11 @@ fn capture_replies<T>(
     // live once it says so on stderr
     eventually_blocking("tcpdump listening on c0", SETTLE, || {
         let e = std::fs::read_to_string(&err).unwrap_or_default();
-        if e.contains("listening") { Ok(()) } else { Err(e) }
+        if e.contains("listening") {
+            Ok(())
+        } else {
+            Err(e)
+        }
     });
     let r = f();
     let count = |text: &str, mac: &str| {
@@ -399,7 +403,11 @@ fn capture_replies<T>(
         SETTLE,
         || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if count(&text, barrier) >= want { Ok(text) } else { Err(text) }
+            if count(&text, barrier) >= want {
+                Ok(text)
+            } else {
+                Err(text)
+            }
         },
     );
     let _ = Command::new("kill")

@@ -20,7 +20,7 @@
 //!   VM's renewal ACKed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use anneal_tests::{agent_vm, artifacts};
+use anneal_tests::artifacts;
 use anneal_tests::dhcp_probe;
 
 use std::net::Ipv4Addr;

@@ -47,7 +47,11 @@ async fn machines_open_and_close_the_gate_and_applied_revision_follows() {
     machines.create(&PostParams::default(), &m).await.unwrap();
     eventually("the gate open for m1 (NoReservation)", WATCH, || async {
         let d = watcher.answer(MAC_BYTES);
-        if dropped(&d, DropReason::NoReservation) { Ok(()) } else { Err(d) }
+        if dropped(&d, DropReason::NoReservation) {
+            Ok(())
+        } else {
+            Err(d)
+        }
     })
     .await;
     println!(
@@ -98,7 +102,11 @@ async fn machines_open_and_close_the_gate_and_applied_revision_follows() {
         .unwrap();
     eventually("the gate closed for m1 (NotEnrolled)", WATCH, || async {
         let d = watcher.answer(MAC_BYTES);
-        if dropped(&d, DropReason::NotEnrolled) { Ok(()) } else { Err(d) }
+        if dropped(&d, DropReason::NotEnrolled) {
+            Ok(())
+        } else {
+            Err(d)
+        }
     })
     .await;
     println!(

@@ -5,7 +5,6 @@
 //! Machine reaches Available with the MachineHardware the agent collected.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::time::Duration;
 
 use anneal_agent::client::{AgentClient as RealAgent, ClientError};
@@ -15,10 +14,9 @@ use anneal_api::{Machine, MachineHardware};
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::ControlPlane;
-use kube::api::{Api, PostParams};
-use anneal_tests::bmc::*;
 use anneal_tests::eventually;
 use anneal_tests::lifecycle::*;
+use kube::api::{Api, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_real_agent_client_registers_reports_and_powers_off() {

@@ -10,17 +10,16 @@
 //!   a missing Secret → CredentialsMissing; `ipmi://` refused clearly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::time::{Duration, Instant};
 
 use anneal_api::Machine;
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::{ControlPlane, Netns};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use anneal_tests::bmc::*;
 use anneal_tests::eventually;
 use anneal_tests::lifecycle::*;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
@@ -111,9 +110,11 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         .unwrap();
     // Waits for the wall clock (the manager's: same host) to pass the
     // token's `expiresAt`, the deadline the manager checks: not a guess.
-    eventually("the wall clock past expiry-e's expiresAt", Duration::from_secs(30), || async {
-        k8s_openapi::jiff::Timestamp::now() > exp
-    })
+    eventually(
+        "the wall clock past expiry-e's expiresAt",
+        Duration::from_secs(30),
+        || async { k8s_openapi::jiff::Timestamp::now() > exp },
+    )
     .await;
     let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
     let (code, body) = agent.register(&token_e, Some("default/expiry-e")).await;

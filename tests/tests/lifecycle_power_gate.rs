@@ -7,7 +7,6 @@
 //! (`appliedRevision = revision`) and the power-on follows promptly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-
 use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Subnet};
@@ -15,11 +14,10 @@ use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_manager::redfish::{PowerState, TlsPolicy};
 use anneal_testinfra::{ControlPlane, Netns};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use anneal_tests::bmc::*;
 use anneal_tests::eventually;
 use anneal_tests::lifecycle::*;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 const MAC: &str = "52:54:00:7f:20:01";
 const STALE: &str = "0000000000000000";

@@ -6,7 +6,6 @@
 //! Redfish. The boot token never shows in logs or in any status.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, MachineHardware};
@@ -14,12 +13,12 @@ use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_manager::redfish::{PowerState, TlsPolicy};
 use anneal_testinfra::{ControlPlane, Netns};
-use hyper::Method;
-use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use anneal_tests::bmc::*;
 use anneal_tests::eventually;
 use anneal_tests::lifecycle::*;
+use hyper::Method;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
     (
@@ -423,7 +422,10 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .filter(|e| e.ts_ms < unpaused_at)
         .cloned()
         .collect();
-    assert!(while_paused.is_empty(), "bmc called while paused: {while_paused:?}");
+    assert!(
+        while_paused.is_empty(),
+        "bmc called while paused: {while_paused:?}"
+    );
     // re-inspect: a new boot with a new token
     annotate("walk-a", "anneal.dev/re-inspect", Some("")).await;
     let m = state_is("walk-a", "Inspecting").await;

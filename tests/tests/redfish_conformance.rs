@@ -4,7 +4,6 @@
 //! (wrong password, closed port, TLS trust, ipmi://) and BMC persistence.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::time::{Duration, Instant};
 
 use anneal_manager::redfish::{
@@ -13,8 +12,6 @@ use anneal_manager::redfish::{
 };
 use anneal_testinfra::Netns;
 use anneal_tests::bmc::*;
-use anneal_tests::eventually;
-use anneal_tests::lifecycle::*;
 
 /// The sequence the Machine controller relies on.
 async fn conformance(c: &RedfishClient, what: &str) {
