@@ -320,10 +320,19 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .filter_map(|e| e.action.clone())
         .collect();
     assert_eq!(resets, ["On", "GracefulShutdown", "ForceOff"], "{log:?}");
-    let m = machine_json(&machines, "walk-a").await;
+    // The BMC is off; the Machine's status follows at the controller's next
+    // look at the BMC: wait for that state, do not read it once.
+    let m = eventually("walk-a status.poweredOn false", Duration::from_secs(60), || async {
+        let m = machine_json(&machines, "walk-a").await;
+        if m["status"]["poweredOn"] == false {
+            Ok(m)
+        } else {
+            Err(m["status"].clone())
+        }
+    })
+    .await;
     assert_eq!(cond(&m, "BMCReachable").unwrap().0, "True", "{m}");
     assert_eq!(cond(&m, "AgentRegistered").unwrap().0, "True", "{m}");
-    assert_eq!(m["status"]["poweredOn"], false);
     println!(
         "walk-a Available and off after {:.1} s",
         t0.elapsed().as_secs_f64()
