@@ -322,14 +322,18 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     assert_eq!(resets, ["On", "GracefulShutdown", "ForceOff"], "{log:?}");
     // The BMC is off; the Machine's status follows at the controller's next
     // look at the BMC: wait for that state, do not read it once.
-    let m = eventually("walk-a status.poweredOn false", Duration::from_secs(60), || async {
-        let m = machine_json(&machines, "walk-a").await;
-        if m["status"]["poweredOn"] == false {
-            Ok(m)
-        } else {
-            Err(m["status"].clone())
-        }
-    })
+    let m = eventually(
+        "walk-a status.poweredOn false",
+        Duration::from_secs(60),
+        || async {
+            let m = machine_json(&machines, "walk-a").await;
+            if m["status"]["poweredOn"] == false {
+                Ok(m)
+            } else {
+                Err(m["status"].clone())
+            }
+        },
+    )
     .await;
     assert_eq!(cond(&m, "BMCReachable").unwrap().0, "True", "{m}");
     assert_eq!(cond(&m, "AgentRegistered").unwrap().0, "True", "{m}");
