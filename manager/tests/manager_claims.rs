@@ -567,13 +567,8 @@ async fn claims_bind_atomically_by_selector_and_release() {
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!(ready.reason, "Released");
     // A Released machine is not taken by the waiting huge claim nor anyone:
-    // checked once it is Released (no sleep), and the binds counter has not
-    // moved since.
-    assert_eq!(
-        metric(port, "anneal_manager_binds").await,
-        binds_sel,
-        "a bind after the release"
-    );
+    // checked once it is Released (no sleep; a claim freed by the release
+    // may bind another machine, so the binds counter is not the measure).
     assert!(
         get_machine(&client, ns, "big")
             .await
