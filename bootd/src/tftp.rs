@@ -413,8 +413,7 @@ impl TftpServer {
         let spawned = std::thread::Builder::new()
             .name("bootd-tftp".into())
             .spawn(move || {
-                let _guard = guard;
-                transfer(&shared, &cache, &sock, peer, &req, &stop);
+                transfer(&shared, &cache, &sock, peer, &req, &stop, guard);
             });
         if let Err(e) = spawned {
             tracing::warn!(client = %peer, error = %e, "tftp transfer thread");
@@ -444,6 +443,10 @@ fn transfer(
     peer: SocketAddr,
     req: &ReadRequest,
     stop: &AtomicBool,
+    // Held while the transfer runs; released before a refusal is sent, so
+    // that the client's next request from the same port (right after the
+    // ERROR) is a new request, not a retransmission of a running one.
+    guard: ActiveGuard,
 ) {
     let name = req.filename.trim_start_matches('/');
     let snap = shared.snapshot();
@@ -455,6 +458,7 @@ fn transfer(
         };
         count(shared, "refused");
         tracing::info!(client = %peer, file = %name, why, "tftp read refused");
+        drop(guard);
         let _ = sock.send(&error_packet(1, "File not found"));
         return;
     };
@@ -463,6 +467,7 @@ fn transfer(
         Err(e) => {
             count(shared, "error");
             tracing::warn!(client = %peer, file = %name, error = %e, "tftp file unreadable");
+            drop(guard);
             let _ = sock.send(&error_packet(1, "File not found"));
             return;
         }
