@@ -104,7 +104,23 @@ fn dhcp_lease_then_address_and_route_over_netlink() {
             .spawn()
             .expect("dnsmasq (dnsmasq-base) is installed"),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // dnsmasq is ready once its DHCP socket (UDP 67) is bound in the
+    // namespace: wait for that state, not for time.
+    let t = std::time::Instant::now();
+    loop {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &name, "ss", "-Hlun", "sport = :67"])
+            .output()
+            .expect("ss (iproute2) runs");
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "dnsmasq in {name} did not bind UDP port 67 within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let ns_path = format!("/run/netns/{client}");
     let handle = std::thread::spawn(move || {

@@ -415,8 +415,7 @@ impl TftpServer {
         let spawned = std::thread::Builder::new()
             .name("bootd-tftp".into())
             .spawn(move || {
-                let _guard = guard;
-                transfer(&shared, &cache, &sock, peer, &req, &stop);
+                transfer(&shared, &cache, &sock, peer, &req, &stop, guard);
             });
         if let Err(e) = spawned {
             tracing::warn!(client = %peer, error = %error_chain(&e), "tftp transfer thread");
@@ -446,6 +445,10 @@ fn transfer(
     peer: SocketAddr,
     req: &ReadRequest,
     stop: &AtomicBool,
+    // Held while the transfer runs; released before a refusal is sent, so
+    // that the client's next request from the same port (right after the
+    // ERROR) is a new request, not a retransmission of a running one.
+    guard: ActiveGuard,
 ) {
     let name = req.filename.trim_start_matches('/');
     let snap = shared.snapshot();
@@ -457,6 +460,7 @@ fn transfer(
         };
         count(shared, "refused");
         tracing::info!(client = %peer, file = %name, why, "tftp read refused");
+        drop(guard);
         let _ = sock.send(&error_packet(1, "File not found"));
         return;
     };
@@ -465,6 +469,7 @@ fn transfer(
         Err(e) => {
             count(shared, "error");
             tracing::warn!(client = %peer, file = %name, error = %error_chain(&e), "tftp file unreadable");
+            drop(guard);
             let _ = sock.send(&error_packet(1, "File not found"));
             return;
         }
@@ -1001,9 +1006,10 @@ mod tests {
         let (p, from) = recv(&c);
         assert_eq!(p, b"\0\x06timeout\x001\0".to_vec());
         // the second request started nothing: only OACK retransmissions
-        // (one a second) arrive from the same transfer port
-        c.set_read_timeout(Some(Duration::from_millis(1500)))
-            .unwrap();
+        // (one a second) arrive from the same transfer port (a second
+        // transfer's OACK would come first, from another port). The read
+        // timeout only stops a hung test: a loaded machine may be late.
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let (p2, from2) = recv(&c);
         assert_eq!((p2, from2), (p, from));
         assert_eq!(metric(&srv, "served"), 1);
@@ -1017,6 +1023,14 @@ mod tests {
             }
             assert_eq!(p[1], 6, "{p:?}");
         }
-        assert!(srv.active.lock().unwrap().is_empty());
+        // the transfer ends after its ERROR is sent: wait for that state
+        let t = Instant::now();
+        while !srv.active.lock().unwrap().is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "transfer still running"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

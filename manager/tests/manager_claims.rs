@@ -136,7 +136,7 @@ async fn wait_claim(
 
 /// One race round: returns the number of 409s seen so far is not needed;
 /// asserts the invariants.
-async fn race_round(client: &Client, round: usize) {
+async fn race_round(client: &Client, port: u16, round: usize) {
     let ns = format!("race-{round}");
     namespace(client, &ns).await;
     let mut creates = Vec::new();
@@ -244,8 +244,24 @@ async fn race_round(client: &Client, round: usize) {
         check,
     )
     .await;
-    // Still exactly 10 a moment later: no late second binding.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No late second binding: the binds counter (bumped after each bind's
+    // write returns, so awaited, not read once) reaches exactly 10 per
+    // round; a late extra bind makes it overshoot here or in a later round.
+    let want = 10.0 * (round as f64 + 1.0);
+    let binds = eventually(
+        &format!("race round {round}: the binds counter at {want}"),
+        Duration::from_secs(60),
+        || async {
+            let b = metric(port, "anneal_manager_binds").await;
+            if b >= want {
+                Ok(b)
+            } else {
+                Err(format!("binds {b}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(binds, want, "round {round}: binds beyond 10 a round");
     check().await.unwrap();
 }
 
@@ -282,13 +298,14 @@ async fn claims_bind_atomically_by_selector_and_release() {
     // 1. The race, 20 rounds.
     let started = Instant::now();
     for round in 0..20 {
-        race_round(&client, round).await;
+        race_round(&client, port, round).await;
     }
     println!(
         "race: 20 rounds of 50 claims / 10 machines in {:.1} s, {} bind conflicts (409) resolved",
         started.elapsed().as_secs_f64(),
         metric(port, "anneal_manager_bind_conflicts").await
     );
+    // (each round awaited its binds; none came late)
     assert_eq!(
         metric(port, "anneal_manager_binds").await,
         200.0,
@@ -402,8 +419,25 @@ async fn claims_bind_atomically_by_selector_and_release() {
     )
     .await;
     wait_claim(&client, ns, "c-ghost", ClaimPhase::Failed, None).await;
-    // Nothing else moved: small, nohw, other, inspecting and cordoned stay free.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing else moved: small, nohw, other, inspecting and cordoned stay
+    // free. No sleep: a claim's status is written after its bind decision
+    // in the same reconcile, so Pending/Failed above means it bound
+    // nothing; and the binds counter did not move (awaited: it is bumped
+    // after the write returns, so a bind would show up below as an extra).
+    let binds_sel = eventually(
+        "the binds counter at 202 (the race, c-big, c-gpu)",
+        Duration::from_secs(30),
+        || async {
+            let b = metric(port, "anneal_manager_binds").await;
+            if b >= 202.0 {
+                Ok(b)
+            } else {
+                Err(format!("binds {b}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(binds_sel, 202.0, "binds beyond c-big and c-gpu");
     for free in [
         "small",
         "big-cordoned",
@@ -532,8 +566,9 @@ async fn claims_bind_atomically_by_selector_and_release() {
     assert_eq!(st.state, Some(MachineState::Released));
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!(ready.reason, "Released");
-    // A Released machine is not taken by the waiting huge claim nor anyone.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A Released machine is not taken by the waiting huge claim nor anyone:
+    // checked once it is Released (no sleep; a claim freed by the release
+    // may bind another machine, so the binds counter is not the measure).
     assert!(
         get_machine(&client, ns, "big")
             .await

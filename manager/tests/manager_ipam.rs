@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Reservation, Subnet, reservations_revision};
 use anneal_testinfra::ControlPlane;
+use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -119,8 +122,8 @@ async fn until(
             return (s, t.elapsed());
         }
         assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "{what} not within 15 s; status: {}",
+            t.elapsed() < Duration::from_secs(60),
+            "{what} not within 60 s; status: {}",
             serde_json::to_string_pretty(&s.status).unwrap()
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -154,8 +157,8 @@ async fn eventually_events(client: &Client, reason: &str, about: &str) -> Event 
             return e;
         }
         assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no {reason} event about {about}"
+            t.elapsed() < Duration::from_secs(60),
+            "no {reason} event about {about} within 60 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -267,18 +270,21 @@ async fn reservations_allocate_stay_release_and_exhaust() {
     eventually_events(&client, "DHCPPoolExhausted", "lab").await;
 
     // 3. A manager restart changes nothing: same table (same `since`), no
-    // write at all (the resourceVersion stays).
+    // write at all. Proven without a sleep: a watch from the Subnet's
+    // version before the restart sees, as its first change, the release of
+    // step 4 (m1 gone); a rewrite by the restarted manager would come
+    // first, with m1 still in it.
     let before = subnets.get("lab").await.unwrap();
+    let mut changes = subnets
+        .watch(
+            &WatchParams::default().fields("metadata.name=lab"),
+            &before.resource_version().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
     manager.stop().await;
     let manager = start_manager(&client);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = subnets.get("lab").await.unwrap();
-    assert_eq!(reservations(&after), reservations(&before));
-    assert_eq!(
-        after.resource_version(),
-        before.resource_version(),
-        "the restarted manager rewrote the Subnet"
-    );
 
     // 4. Release on delete: m1's address goes to the waiting Machine.
     let t = Instant::now();
@@ -296,6 +302,26 @@ async fn reservations_allocate_stay_release_and_exhaust() {
         t.elapsed().as_secs_f64() * 1e3
     );
     assert_eq!(exhausted(&s).unwrap().0, "False");
+    let first = loop {
+        match changes.next().await {
+            Some(Ok(WatchEvent::Modified(s))) => break s,
+            Some(Ok(WatchEvent::Bookmark(_))) => {}
+            other => panic!("watch of Subnet lab: {other:?}"),
+        }
+    };
+    assert!(
+        !table(&first).values().any(|m| m == "m1"),
+        "the restarted manager rewrote the Subnet before m1's release: {:?}",
+        first.status
+    );
+    // m3's entry kept its `since` across the restart and the release
+    let keep = |s: &Subnet| {
+        reservations(s)
+            .into_iter()
+            .filter(|r| r.machine == "m3")
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keep(&s), keep(&before));
     let ev = eventually_events(&client, "AddressReleased", "lab").await;
     assert!(ev.note.as_deref().unwrap_or("").contains("m1"), "{ev:?}");
     let rev_two = s

@@ -4,11 +4,10 @@
 //! initramfs) and the agent inspects it. The serial console is shown as it
 //! grows, `kubectl get machines` at each state change, and the
 //! MachineHardware summary at the end. Same set-up as the e2e_inspect test
-//! (`tests/tests/e2e/`).
+//! (`anneal_tests::e2e`, `tests/src/e2e.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/e2e/mod.rs"]
-mod e2e;
+use anneal_tests::e2e;
 
 use std::io::Write;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! and a module index restricted to them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
+use anneal_tests::artifacts;
 
 use std::process::Command;
 
@@ -13,7 +13,7 @@ use anneal_testinfra::debian_kernel;
 
 #[test]
 fn static_agent_and_reproducible_initramfs() {
-    let agent = agent_common::agent_musl();
+    let agent = artifacts::agent_musl();
     let file = Command::new("file").arg(&agent).output().unwrap();
     let file = String::from_utf8_lossy(&file.stdout);
     assert!(file.contains("statically linked"), "{file}");
@@ -22,12 +22,12 @@ fn static_agent_and_reproducible_initramfs() {
     assert!(agent_size <= 12 << 20, "agent is {agent_size} bytes");
 
     let kernel = debian_kernel().unwrap();
-    let tool = agent_common::initramfs_tool();
+    let tool = artifacts::initramfs_tool();
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.cpio.zst");
     let b = dir.path().join("b.cpio.zst");
-    let ra = agent_common::build_initramfs(&tool, &agent, &kernel.modules, &a);
-    let rb = agent_common::build_initramfs(&tool, &agent, &kernel.modules, &b);
+    let ra = artifacts::build_initramfs(&tool, &agent, &kernel.modules, &a);
+    let rb = artifacts::build_initramfs(&tool, &agent, &kernel.modules, &b);
     assert_eq!(ra["sha256"], rb["sha256"], "two builds differ");
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
     let size = std::fs::metadata(&a).unwrap().len();

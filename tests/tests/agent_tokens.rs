@@ -28,8 +28,7 @@
 //! it, so it still registers afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
-mod lifecycle_support;
+use anneal_tests::{agent_vm, artifacts};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -43,9 +42,10 @@ use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_manager::lifecycle::status::{time_in, token_hash};
 use anneal_testinfra::{ControlPlane, Netns, Vm, debian_kernel, process_alive};
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
 
 /// One boot: the Machine it speaks for and what its console must say.
 struct Case {
@@ -120,19 +120,17 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
         let dir = dir.clone();
         let modules = kernel.modules.clone();
         move || {
-            let agent = agent_common::agent_musl();
-            let tool = agent_common::initramfs_tool();
+            let agent = artifacts::agent_musl();
+            let tool = artifacts::initramfs_tool();
             let initrd = dir.join("agent.cpio.zst");
-            agent_common::build_initramfs(&tool, &agent, &modules, &initrd);
+            artifacts::build_initramfs(&tool, &agent, &modules, &initrd);
             initrd
         }
     });
 
     // The real manager: Machine controller + agent API, on a real API server.
     let cp = ControlPlane::start().await.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[]).await;
     let manager = Manager::start(
         cp.kubeconfig_path(),
         LifecycleConfig {
@@ -150,7 +148,7 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
     let _forward = ns
         .forward_tcp(SocketAddr::from(([10, 77, 0, 1], 8443)), manager.api_addr)
         .unwrap();
-    let _dhcp = agent_common::dnsmasq(&ns);
+    let _dhcp = agent_vm::dnsmasq(&ns);
     let pin = manager.ca_sha256.clone();
     // `sha256sum ca.crt` of the PEM file: the digest of the wrong bytes.
     let wrong_pin = token_hash(&manager.ca_pem);
@@ -235,8 +233,31 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
         },
     )
     .await;
-    // Let the controller's last reaction to those writes land.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The state the controller converges to before the boots: every Machine
+    // armed (token hash in status), tok-reused registered, the others
+    // waiting for their agent.
+    eventually(
+        "all five Machines armed, tok-reused registered",
+        Duration::from_secs(30),
+        || async {
+            for (name, _) in all {
+                let m = machine_json(&machines, name).await;
+                let want = if name == REUSED.machine {
+                    "True"
+                } else {
+                    "False"
+                };
+                let registered = cond(&m, "AgentRegistered").map(|c| c.0);
+                if !m["status"]["netBoot"]["tokenHash"].is_string()
+                    || registered.as_deref() != Some(want)
+                {
+                    return Err(format!("{name}: {}", m["status"]));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
 
     let mut before = BTreeMap::new();
     for (name, _) in all {
@@ -263,10 +284,10 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
             "console=ttyS0 panic=-1 quiet anneal.api=https://10.77.0.1:8443 anneal.ca={ca} \
              anneal.token={token} anneal.machine=default/{} BOOTIF={}",
             case.machine,
-            agent_common::bootif(case.mac)
+            agent_vm::bootif(case.mac)
         );
         let mut vm =
-            agent_common::launch_agent_vm(&ns, &kernel.vmlinuz, &initrd, case.mac, 1, 512, append);
+            agent_vm::launch_agent_vm(&ns, &kernel.vmlinuz, &initrd, case.mac, 1, 512, append);
         running.push(tokio::spawn(async move {
             let stopped = vm
                 .wait_for_line(r"anneal: rebooting in \d+ s", Duration::from_secs(300))

@@ -6,7 +6,7 @@
 //! namespace, sends the inventory and powers off when told.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
+use anneal_tests::{agent_vm, artifacts};
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -22,35 +22,17 @@ const TOKEN: &str = "dGhpcy1pcy1hLXRlc3QtYm9vdC10b2tlbi0wMDAx";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_boots_registers_and_reports() {
     let kernel = debian_kernel().unwrap();
-    let agent = agent_common::agent_musl();
-    let tool = agent_common::initramfs_tool();
-    let fake = agent_common::fake_manager();
+    let agent = artifacts::agent_musl();
+    let tool = artifacts::initramfs_tool();
+    let fake = artifacts::fake_manager();
 
     let ns = Netns::create("agvm").unwrap();
     let dir = ns.dir();
     let initrd = dir.join("agent.cpio.zst");
-    agent_common::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
+    artifacts::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
 
     // DHCP from dnsmasq (addresses only), no ping delay.
-    let leases = dir.join("dnsmasq.leases");
-    let _dnsmasq = ChildGroup::spawn(
-        "dnsmasq",
-        ns.exec("dnsmasq")
-            .args([
-                "--no-daemon",
-                "--conf-file=/dev/null",
-                "--port=0",
-                "--interface=br0",
-                "--bind-interfaces",
-                "--no-ping",
-                "--dhcp-range=10.77.0.100,10.77.0.150,255.255.255.0,10m",
-                "--dhcp-option=option:router,10.77.0.1",
-            ])
-            .arg(format!("--dhcp-leasefile={}", leases.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("dnsmasq.log")).unwrap()),
-    )
-    .unwrap();
+    let _dnsmasq = agent_vm::dnsmasq(&ns);
 
     // The agent API stand-in, inside the namespace on the bridge address.
     let out = dir.join("manager");
@@ -65,12 +47,12 @@ async fn agent_boots_registers_and_reports() {
     )
     .unwrap();
     let pin_path = out.join("ca.sha256");
-    for _ in 0..100 {
-        if pin_path.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    anneal_tests::eventually(
+        "the fake manager writing its CA pin",
+        Duration::from_secs(60),
+        || async { pin_path.exists() },
+    )
+    .await;
     let pin = std::fs::read_to_string(&pin_path).expect("fake manager started");
 
     let mut disks = Vec::new();
@@ -94,7 +76,7 @@ async fn agent_boots_registers_and_reports() {
     let mut nic = NicConfig::virtio(&tap, MAC);
     nic.option_rom = false;
     nic.bootindex = None;
-    let bootif = format!("01-{}", MAC.replace(':', "-"));
+    let bootif = agent_vm::bootif(MAC);
     let cfg = VmConfig {
         firmware: Firmware::Ovmf,
         memory_mib: 1024,

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig, in_netns};
 use anneal_testinfra::Netns;
+use anneal_tests::eventually_blocking;
+use anneal_tests::wait::{DHCRELAY_READY, file_contains};
 
 const ENROLLED: &str = "52:54:00:00:00:01";
 const STRANGER: &str = "52:54:00:00:00:99";
@@ -86,6 +88,30 @@ fn udhcpc(ns: &Netns, iface: &str, extra: &[&str]) -> Output {
     .args(["-s", "/bin/true"])
     .args(extra);
     out(c)
+}
+
+/// Generous: how long bootd may take to persist a lease or count a datagram
+/// on a loaded machine.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Waits until the persisted leases satisfy `ok`; returns them.
+fn wait_lease_file(dir: &std::path::Path, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    eventually_blocking(what, SETTLE, || {
+        let lf = lease_file(dir);
+        if ok(&lf) { Ok(lf) } else { Err(lf) }
+    })
+}
+
+/// Waits until every `needle` has a metric value of at least 1.
+fn wait_counted(server: &NetnsServer, needles: &[String]) {
+    eventually_blocking(&format!("bootd counting {needles:?}"), SETTLE, || {
+        let m = metrics(server);
+        if needles.iter().all(|n| metric_value(&m, n) >= 1) {
+            Ok(())
+        } else {
+            Err(m)
+        }
+    });
 }
 
 fn metrics(server: &NetnsServer) -> String {
@@ -167,37 +193,36 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(t.contains("10.77.0.50"), "{t}");
-    std::thread::sleep(Duration::from_millis(300));
-    let lf = lease_file(&dir);
-    assert!(lf.contains(ENROLLED) && lf.contains("10.77.0.50"), "{lf}");
+    wait_lease_file(&dir, "the enrolled lease persisted", |lf| {
+        lf.contains(ENROLLED) && lf.contains("10.77.0.50")
+    });
 
     // unknown MAC: not a single packet from bootd on the wire, and the drop
-    // is counted with its reason (the same capture sees the enrolled exchange)
+    // is counted with its reason. The same capture then sees the enrolled
+    // exchange: once its replies are captured, any reply to the stranger
+    // (asked first) would have been too.
     client
         .ip(&["link", "set", "c0", "address", STRANGER])
         .unwrap();
-    let (o, seen) = capture_replies(&client, || udhcpc(&client, "c0", &[]));
-    assert!(!o.status.success(), "stranger got a lease: {}", text(&o));
-    assert_eq!(seen, 0, "bootd answered an unknown MAC on the wire");
-    client
-        .ip(&["link", "set", "c0", "address", ENROLLED])
-        .unwrap();
-    let (o, seen) = capture_replies(&client, || udhcpc(&client, "c0", &[]));
+    let ((stranger, enrolled), seen) = capture_replies(&client, ENROLLED, 2, || {
+        let s = udhcpc(&client, "c0", &[]);
+        client
+            .ip(&["link", "set", "c0", "address", ENROLLED])
+            .unwrap();
+        (s, udhcpc(&client, "c0", &[]))
+    });
     assert!(
-        o.status.success() && seen >= 2,
-        "capture saw {seen} replies"
+        !stranger.status.success(),
+        "stranger got a lease: {}",
+        text(&stranger)
     );
-    client
-        .ip(&["link", "set", "c0", "address", STRANGER])
-        .unwrap();
-    let m = metrics(&server);
-    assert!(
-        metric_value(&m, "outcome=\"drop_not_enrolled\"") >= 1,
-        "{m}"
+    assert!(enrolled.status.success(), "{}", text(&enrolled));
+    assert_eq!(
+        seen(STRANGER),
+        0,
+        "bootd answered an unknown MAC on the wire"
     );
-    client
-        .ip(&["link", "set", "c0", "address", ENROLLED])
-        .unwrap();
+    wait_counted(&server, &["outcome=\"drop_not_enrolled\"".to_string()]);
 
     // hostile datagrams: truncated, oversized, option overflow, bad magic
     let good = valid_discover([0x52, 0x54, 0, 0, 0, 1]);
@@ -218,14 +243,11 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
             vec![0xff; 300],
         ],
     );
-    std::thread::sleep(Duration::from_millis(300));
-    let m = metrics(&server);
-    for r in ["truncated", "oversized", "option_overflow", "bad_magic"] {
-        assert!(
-            metric_value(&m, &format!("bootd_dhcp_malformed_total{{reason=\"{r}\"}}")) >= 1,
-            "{r} not counted:\n{m}"
-        );
-    }
+    let needles: Vec<String> = ["truncated", "oversized", "option_overflow", "bad_magic"]
+        .iter()
+        .map(|r| format!("bootd_dhcp_malformed_total{{reason=\"{r}\"}}"))
+        .collect();
+    wait_counted(&server, &needles);
     // ...and the server keeps answering
     let o = udhcpc(&client, "c0", &[]);
     assert!(text(&o).contains("10.77.0.50"), "{}", text(&o));
@@ -335,55 +357,67 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
         "mac: \"52:54:00:00:00:02\"",
     );
     server.shared().install(snapshot(&without));
-    std::thread::sleep(Duration::from_millis(300));
-    let lf = lease_file(&dir);
-    assert!(!lf.contains(ENROLLED), "{lf}");
+    wait_lease_file(&dir, "the de-enrolled MAC's lease dropped", |lf| {
+        !lf.contains(ENROLLED)
+    });
     server.stop();
 }
 
-/// Runs `f` while tcpdump in the client namespace records, on `c0`, UDP
-/// datagrams from port 67 (what reaches the client on the wire); returns
-/// `f`'s result and how many were seen.
-fn capture_replies<T>(client: &Netns, f: impl FnOnce() -> T) -> (T, usize) {
-    let log = std::env::temp_dir().join(format!(
-        "bootd-cap-{}-{}.txt",
-        client.name(),
-        anneal_bootd::unix_now()
-    ));
+/// Runs `f` while tcpdump in the client namespace records, on `c0`, the
+/// DHCP replies (UDP from port 67) that reach the client on the wire; waits
+/// until `want` replies to `barrier` (a MAC) are captured, so that every
+/// earlier reply is in too. Returns `f`'s result and a count of the replies
+/// to a MAC (`Client-Ethernet-Address`).
+fn capture_replies<T>(
+    client: &Netns,
+    barrier: &str,
+    want: usize,
+    f: impl FnOnce() -> T,
+) -> (T, impl Fn(&str) -> usize) {
+    let log = client.dir().join("capture.txt");
+    let err = client.dir().join("capture.err");
     let mut child = client
         .exec("tcpdump")
-        .args(["-i", "c0", "-n", "-l", "-p", "udp and src port 67"])
+        .args(["-i", "c0", "-n", "-l", "-vv", "--immediate-mode", "-p"])
+        .args(["udp and src port 67"])
         .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
         .spawn()
         .unwrap();
     // live once it says so on stderr
-    for _ in 0..50 {
-        if std::fs::read_to_string(log.with_extension("err"))
-            .unwrap_or_default()
-            .contains("listening")
-        {
-            break;
+    eventually_blocking("tcpdump listening on c0", SETTLE, || {
+        let e = std::fs::read_to_string(&err).unwrap_or_default();
+        if e.contains("listening") {
+            Ok(())
+        } else {
+            Err(e)
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    });
     let r = f();
-    std::thread::sleep(Duration::from_millis(500));
+    let count = |text: &str, mac: &str| {
+        text.matches(&format!("Client-Ethernet-Address {mac}"))
+            .count()
+    };
+    let text = eventually_blocking(
+        &format!("{want} replies to {barrier} captured"),
+        SETTLE,
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if count(&text, barrier) >= want {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    );
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status();
     let _ = child.wait();
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
     if std::env::var_os("BOOTD_TEST_DEBUG").is_some() {
-        eprintln!(
-            "capture: {text}{}",
-            std::fs::read_to_string(log.with_extension("err")).unwrap_or_default()
-        );
+        eprintln!("capture: {text}");
     }
-    let _ = std::fs::remove_file(&log);
-    let _ = std::fs::remove_file(log.with_extension("err"));
-    (r, text.lines().filter(|l| l.contains(".67 >")).count())
+    (r, move |mac: &str| count(&text, mac))
 }
 
 fn tempdir_in(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
@@ -411,7 +445,9 @@ fn answer_all_dynamic_lease_survives_restart() {
         .unwrap_or_else(|| panic!("no lease: {t}"))
         .to_string();
     assert!(addr.starts_with("10.77.0.1"), "{addr}");
-    std::thread::sleep(Duration::from_millis(300));
+    wait_lease_file(&dir, "the dynamic lease persisted", |lf| {
+        lf.contains(STRANGER) && lf.contains(&addr)
+    });
     server.stop();
     let server = NetnsServer::start(ns.name(), opts(&dir, "br0"), snapshot(&cfg)).unwrap();
     // a plain DISCOVER (no requested address) gets the same address back
@@ -465,20 +501,20 @@ fn relayed_segment_through_dhcrelay() {
         snapshot(&cfg),
     )
     .unwrap();
+    let relay_log = relay.dir().join("dhcrelay.log");
     let mut relay_proc = relay
         .exec("dhcrelay")
         .args(["-d", "-4", "-iu", "ru0", "-id", "rd0", "10.77.0.1"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&relay_log).unwrap())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    file_contains(&relay_log, DHCRELAY_READY, SETTLE);
     let o = udhcpc(&client, "c0", &[]);
     let _ = relay_proc.kill();
     let _ = relay_proc.wait();
     let t = text(&o);
     assert!(t.contains("lease of 10.78.0.50"), "{t}");
-    let m = metrics(&server);
-    assert!(metric_value(&m, "outcome=\"ack\"") >= 1, "{m}");
+    wait_counted(&server, &["outcome=\"ack\"".to_string()]);
     server.stop();
 }

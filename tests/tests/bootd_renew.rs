@@ -20,8 +20,8 @@
 //!   VM's renewal ACKed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
-mod dhcp_probe;
+use anneal_tests::artifacts;
+use anneal_tests::dhcp_probe;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -49,7 +49,7 @@ const OTHER_MAC: &str = "52:54:00:b3:00:77";
 
 fn bootd_bin() -> PathBuf {
     let out = Command::new("cargo")
-        .current_dir(agent_common::root())
+        .current_dir(artifacts::root())
         .args(["build", "--quiet", "-p", "anneal-bootd", "--bin", "bootd"])
         .output()
         .expect("cargo runs");
@@ -58,7 +58,7 @@ fn bootd_bin() -> PathBuf {
         "building bootd failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    agent_common::target_dir().join("debug/bootd")
+    artifacts::target_dir().join("debug/bootd")
 }
 
 /// Kernel, bootd binary, agent initramfs: built once for both cases.
@@ -72,13 +72,13 @@ fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
         let kernel = debian_kernel().unwrap();
-        let agent = agent_common::agent_musl();
-        let tool = agent_common::initramfs_tool();
+        let agent = artifacts::agent_musl();
+        let tool = artifacts::initramfs_tool();
         let bootd = bootd_bin();
-        let dir = agent_common::target_dir().join("bootd-renew");
+        let dir = artifacts::target_dir().join("bootd-renew");
         std::fs::create_dir_all(&dir).unwrap();
         let initrd = dir.join("agent.cpio.zst");
-        agent_common::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
+        artifacts::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
         Artifacts {
             kernel,
             bootd,
@@ -193,18 +193,22 @@ impl Bootd {
         )
         .unwrap();
         let mut b = Bootd { child, log };
-        for _ in 0..100 {
-            if b.log_text().contains("bootd serving") {
-                return b;
-            }
+        // its "bootd serving" line; a generous deadline for a loaded host
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !b.log_text().contains("bootd serving") {
             assert!(
                 b.child.try_exit().is_none(),
                 "bootd exited:\n{}",
                 b.log_text()
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                Instant::now() < deadline,
+                "bootd did not start within 60 s:\n{}",
+                b.log_text()
+            );
+            tokio::time::sleep(anneal_tests::wait::POLL).await;
         }
-        panic!("bootd did not start:\n{}", b.log_text());
+        b
     }
 
     /// The log without ANSI colour sequences.
@@ -231,13 +235,15 @@ impl Bootd {
         let pid = self.child.pid().to_string();
         let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(st.success(), "kill -TERM {pid}");
-        for _ in 0..100 {
-            if self.child.try_exit().is_some() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.child.try_exit().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "bootd (pid {pid}) still running 60 s after SIGTERM:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(anneal_tests::wait::POLL).await;
         }
-        panic!("bootd ignored SIGTERM");
     }
 }
 
@@ -447,18 +453,21 @@ async fn run_case(kind: Kind) {
         t_renew.as_secs_f64()
     );
     // The lease file shows the extension.
-    let mut after = None;
-    for _ in 0..50 {
-        after = anneal_bootd::leasefile::load(&leases)
-            .unwrap()
-            .into_iter()
-            .find(|l| l.mac == vm_mac);
-        if after.is_some_and(|a| a.expires > before.expires) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let after = after.unwrap();
+    let after = anneal_tests::eventually(
+        "the renewed lease persisted with a later expiry",
+        Duration::from_secs(30),
+        || async {
+            let after = anneal_bootd::leasefile::load(&leases)
+                .unwrap()
+                .into_iter()
+                .find(|l| l.mac == vm_mac);
+            match after {
+                Some(a) if a.expires > before.expires => Ok(a),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
     let m2 = metrics(&ns);
     let log2 = second.log_text();
     let console = vm.serial_text();

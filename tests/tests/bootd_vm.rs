@@ -141,6 +141,11 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
                     .stderr(std::fs::File::create(dir.join("dhcrelay.err"))?)
                     .spawn()?,
             );
+            anneal_tests::wait::file_contains(
+                &dir.join("dhcrelay.err"),
+                anneal_tests::wait::DHCRELAY_READY,
+                Duration::from_secs(30),
+            );
             let s = NetnsServer::start(
                 bootd_ns.name(),
                 ServerOptions {

@@ -6,28 +6,19 @@
 //! goes, the revision changes and bootd follows again.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod dhcp_probe;
-
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Subnet, reservations_revision};
-use anneal_bootd::watch::{WatchConfig, build, run};
-use anneal_bootd::{Shared, StaticConfig};
-use anneal_dhcp::{Decision, DropReason, Leases, Mac};
+use anneal_dhcp::{Decision, DropReason, Mac};
 use anneal_testinfra::ControlPlane;
+use anneal_tests::eventually;
+use anneal_tests::lab::{Watcher, create_lease_subnet};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 const MAC: &str = "52:54:00:c1:00:01";
 
-fn answer(shared: &Shared) -> Decision {
-    dhcp_probe::decide_discover(
-        &shared.snapshot().table,
-        &Leases::default(),
-        Mac([0x52, 0x54, 0, 0xc1, 0, 1]),
-    )
-}
+const MAC_BYTES: Mac = Mac([0x52, 0x54, 0, 0xc1, 0, 1]);
 
 /// (reservations as (address, mac), revision, appliedRevision).
 type Dhcp = (Vec<(String, String)>, Option<String>, Option<String>);
@@ -52,31 +43,31 @@ fn dhcp_of(s: &Subnet) -> Dhcp {
 /// table matches `want`; returns the revision and the time it took.
 async fn applied(
     subnets: &Api<Subnet>,
-    shared: &Shared,
+    watcher: &Watcher,
     want: &[(String, String)],
 ) -> (String, Duration) {
     let t = Instant::now();
-    loop {
-        let s = subnets.get("lab").await.unwrap();
-        let (table, rev, applied) = dhcp_of(&s);
-        if table == want
-            && let Some(rev) = rev
-            && applied.as_deref() == Some(rev.as_str())
-        {
-            // the manager's revision is the digest of the table it wrote
-            let d = s.status.as_ref().unwrap().dhcp.as_ref().unwrap();
-            assert_eq!(rev, reservations_revision(&d.reservations));
-            // and bootd answers from exactly that revision
-            assert_eq!(shared.snapshot().table.revision, rev);
-            return (rev, t.elapsed());
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "bootd did not apply {want:?} within 15 s: {:?}",
-            dhcp_of(&s)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let rev = eventually(
+        &format!("bootd applying the manager's table {want:?}"),
+        Duration::from_secs(60),
+        || async {
+            let s = subnets.get("lab").await.unwrap();
+            let (table, rev, applied) = dhcp_of(&s);
+            match rev {
+                Some(rev) if table == want && applied.as_deref() == Some(rev.as_str()) => {
+                    // the manager's revision is the digest of the table it wrote
+                    let d = s.status.as_ref().unwrap().dhcp.as_ref().unwrap();
+                    assert_eq!(rev, reservations_revision(&d.reservations));
+                    Ok(rev)
+                }
+                _ => Err(dhcp_of(&s)),
+            }
+        },
+    )
+    .await;
+    // and bootd answers from exactly that revision
+    assert_eq!(watcher.revision(), rev);
+    (rev, t.elapsed())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -84,22 +75,8 @@ async fn bootd_applies_the_manager_written_reservation_table() {
     let cp = ControlPlane::start().await.unwrap();
     cp.install_crds(&anneal_api::crds()).await.unwrap();
     let client = cp.client();
-    let subnets: Api<Subnet> = Api::namespaced(client.clone(), "default");
+    let subnets = create_lease_subnet(&client, "default").await;
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
-    let subnet: Subnet = serde_json::from_value(serde_json::json!({
-        "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
-        "metadata": {"name": "lab"},
-        "spec": {
-            "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
-            "bootd": {"serverIP": "10.77.0.1", "mode": "External"},
-            "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.150"}}
-        }
-    }))
-    .unwrap();
-    subnets
-        .create(&PostParams::default(), &subnet)
-        .await
-        .unwrap();
 
     // The manager, as `manager run` runs it.
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -112,23 +89,10 @@ async fn bootd_applies_the_manager_written_reservation_table() {
     ));
 
     // bootd's watcher, in-process.
-    let base = StaticConfig::from_yaml(
-        "serverIP: 10.77.0.1\ncidr: 10.77.0.0/24\ndhcp: {mode: proxy}\nartifacts: {kernel: /k, initrd: /i}\n",
-    )
-    .unwrap();
-    let cfg = WatchConfig {
-        namespace: "default".into(),
-        subnet: "lab".into(),
-        base,
-        http_port: 8080,
-    };
-    let (snap, _, _) = build(&client, &cfg).await.unwrap();
-    let shared = Arc::new(Shared::new(snap, Leases::default(), String::new()));
-    let cancel = anneal_bootd::CancellationToken::new();
-    let task = tokio::spawn(run(client.clone(), cfg, shared.clone(), cancel.clone()));
+    let watcher = Watcher::start(&client).await;
 
     // An empty table first: the manager writes its revision, bootd applies it.
-    let (rev_empty, _) = applied(&subnets, &shared, &[]).await;
+    let (rev_empty, _) = applied(&subnets, &watcher, &[]).await;
 
     // A Machine that net-boots gets the lowest address of the range.
     let m: Machine = serde_json::from_value(serde_json::json!({
@@ -153,20 +117,20 @@ async fn bootd_applies_the_manager_written_reservation_table() {
     };
     set_state("Inspecting").await;
     let want = [("10.77.0.100".to_string(), MAC.to_string())];
-    let (rev_one, took) = applied(&subnets, &shared, &want).await;
+    let (rev_one, took) = applied(&subnets, &watcher, &want).await;
     println!(
         "Machine Inspecting → reservation written and applied by bootd in {:.0} ms",
         took.as_secs_f64() * 1e3
     );
     assert_ne!(rev_one, rev_empty);
-    match answer(&shared) {
+    match watcher.answer(MAC_BYTES) {
         Decision::Reply(r) => assert_eq!(r.message.yiaddr(), Ipv4Addr::new(10, 77, 0, 100)),
         other => panic!("{other:?}"),
     }
 
     // Inspection done: the reservation goes, bootd follows.
     set_state("Available").await;
-    let (rev_after, took) = applied(&subnets, &shared, &[]).await;
+    let (rev_after, took) = applied(&subnets, &watcher, &[]).await;
     println!(
         "Machine Available → release applied by bootd in {:.0} ms",
         took.as_secs_f64() * 1e3
@@ -176,14 +140,13 @@ async fn bootd_applies_the_manager_written_reservation_table() {
         "the revision is a digest, not a counter"
     );
     assert!(matches!(
-        answer(&shared),
+        watcher.answer(MAC_BYTES),
         Decision::Drop {
             reason: DropReason::NoReservation
         }
     ));
 
-    cancel.cancel();
-    let _ = task.await;
+    watcher.stop().await;
     let _ = stop_tx.send(());
     manager.await.unwrap().unwrap();
 }

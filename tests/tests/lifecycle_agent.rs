@@ -5,8 +5,6 @@
 //! Machine reaches Available with the MachineHardware the agent collected.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod lifecycle_support;
-
 use std::time::Duration;
 
 use anneal_agent::client::{AgentClient as RealAgent, ClientError};
@@ -16,16 +14,15 @@ use anneal_api::{Machine, MachineHardware};
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::ControlPlane;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 use kube::api::{Api, PostParams};
-use lifecycle_support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_real_agent_client_registers_reports_and_powers_off() {
     let logs = capture_logs();
     let cp = ControlPlane::start().await.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[]).await;
     let manager = Manager::start(
         cp.kubeconfig_path(),
         LifecycleConfig {

@@ -7,18 +7,17 @@
 //! (`appliedRevision = revision`) and the power-on follows promptly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod lifecycle_support;
-
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, Subnet};
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_manager::redfish::{PowerState, TlsPolicy};
 use anneal_testinfra::{ControlPlane, Netns};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 const MAC: &str = "52:54:00:7f:20:01";
 const STALE: &str = "0000000000000000";
@@ -44,34 +43,13 @@ fn condition(m: &serde_json::Value) -> Option<(String, String, String)> {
         })
 }
 
-fn now_ms() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mode_power_on_waits_for_the_live_reservation() {
     let logs = capture_logs();
     let ns = Netns::create("anlpg").unwrap();
     let (cp, bmcvm) = tokio::join!(ControlPlane::start(), BmcVm::launch(&ns, MAC, None));
     let cp = cp.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(client.clone(), "default");
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials_secret("bmc-g", BMC_PASSWORD),
-        )
-        .await
-        .unwrap();
+    let client = prepare(&cp, &[("bmc-g", BMC_PASSWORD)]).await;
 
     // A lease-mode Subnet; bootd last applied an older (empty) table.
     let subnets: Api<Subnet> = Api::namespaced(client.clone(), "default");
@@ -121,7 +99,6 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
         },
     ));
     let timeout = Duration::from_secs(4);
-    let port = anneal_testinfra::free_port().unwrap();
     let _manager = Manager::start(
         cp.kubeconfig_path(),
         LifecycleConfig {
@@ -133,7 +110,7 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             ..LifecycleConfig::default()
         },
         AgentApiConfig {
-            listen: ([127, 0, 0, 1], port).into(),
+            listen: ([127, 0, 0, 1], 0).into(),
             namespace: "anneal-system".into(),
             server_names: vec!["127.0.0.1".into()],
             session_ttl: Duration::from_secs(600),
@@ -192,26 +169,20 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
 
     // 2. Past the bound: a Warning Event naming the Subnet and what to
     //    check; still no power-on.
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let note = eventually(
-        "the overdue Warning Event",
-        timeout + Duration::from_secs(30),
-        || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gate-a")
-                        && e.reason.as_deref() == Some("DHCPReservationOverdue")
-                        && e.type_.as_deref() == Some("Warning")
-                })
-                .and_then(|e| e.note)
+    let note = event(
+        &client,
+        "the overdue Warning Event about gate-a",
+        timeout + Duration::from_secs(60),
+        |e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gate-a")
+                && e.reason.as_deref() == Some("DHCPReservationOverdue")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.is_some()
         },
     )
-    .await;
+    .await
+    .note
+    .unwrap_or_default();
     println!(
         "warning after {:.1} s: {note}",
         created.elapsed().as_secs_f64()
@@ -229,9 +200,11 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
         ("False", "WaitingForDHCPReservation")
     );
     assert!(msg.contains("overdue"), "{msg}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A power call made from now on while still held is caught below: the
+    // power-on's BMC timestamp must follow the moment the reservation went
+    // live.
     assert_no_power_call(&bmcvm, "overdue");
-    let rf = lifecycle_support::client(&bmcvm.address(), BMC_PASSWORD, TlsPolicy::SystemRoots);
+    let rf = anneal_tests::bmc::client(&bmcvm.address(), BMC_PASSWORD, TlsPolicy::SystemRoots);
     assert_eq!(rf.power_state().await.unwrap(), PowerState::Off);
 
     // 3. bootd's part: the table is live. The power-on follows promptly.
@@ -252,13 +225,22 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             .find(|e| e.is_reset() && e.action.as_deref() == Some("On"))
     })
     .await;
-    let latency_ms = on.ts_ms.saturating_sub(applied_at);
+    assert!(
+        on.ts_ms >= applied_at,
+        "powered on while the reservation was not live ({} ms before): {:?}",
+        applied_at - on.ts_ms,
+        bmcvm.requests()
+    );
+    let latency_ms = on.ts_ms - applied_at;
     println!(
         "appliedRevision = revision → Reset On at the BMC in {latency_ms} ms (observed after {:.0} ms)",
         t_applied.elapsed().as_secs_f64() * 1000.0
     );
+    // Generous: the point is that the power-on follows the live reservation
+    // without another trigger; a loaded machine may take seconds (latency is
+    // a benchmark's matter, printed above).
     assert!(
-        latency_ms < 3000,
+        latency_ms < 30_000,
         "power-on {latency_ms} ms after the reservation went live"
     );
     let log = bmcvm.requests();

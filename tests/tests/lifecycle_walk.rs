@@ -6,8 +6,6 @@
 //! Redfish. The boot token never shows in logs or in any status.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod lifecycle_support;
-
 use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, MachineHardware};
@@ -15,10 +13,12 @@ use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_manager::redfish::{PowerState, TlsPolicy};
 use anneal_testinfra::{ControlPlane, Netns};
+use anneal_tests::bmc::*;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
 use hyper::Method;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use lifecycle_support::*;
 
 fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
     (
@@ -49,22 +49,15 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         BmcVm::launch(&ns, "52:54:00:7f:10:01", None)
     );
     let cp = cp.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    create_namespace(&client, "anneal-system").await;
+    let client = prepare(&cp, &[("bmc-a", BMC_PASSWORD)]).await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "default");
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials_secret("bmc-a", BMC_PASSWORD),
-        )
-        .await
-        .unwrap();
 
-    let port = anneal_testinfra::free_port().unwrap();
-    let (lc, api_cfg) = configs(port);
+    // port 0: the kernel picks; the restarted manager reuses that port
+    let (lc, mut api_cfg) = configs(0);
     let mut manager = Manager::start(cp.kubeconfig_path(), lc.clone(), api_cfg.clone());
+    let port = manager.api_addr.port();
+    api_cfg.listen.set_port(port);
     let ca_pem = manager.ca_pem.clone();
 
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
@@ -244,11 +237,12 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     // --- the manager dies between power-on and registration --------------
     manager.kill();
     // the killed listener is gone once its port binds again
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "agent api port still bound");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("the killed agent API's port {port} free"),
+        Duration::from_secs(30),
+        || async { std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() },
+    )
+    .await;
     let mut manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
     assert_eq!(manager.ca_pem, ca_pem, "the CA survives in its Secret");
     let agent = AgentClient::new(manager.api_addr, &ca_pem);
@@ -326,10 +320,23 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .filter_map(|e| e.action.clone())
         .collect();
     assert_eq!(resets, ["On", "GracefulShutdown", "ForceOff"], "{log:?}");
-    let m = machine_json(&machines, "walk-a").await;
+    // The BMC is off; the Machine's status follows at the controller's next
+    // look at the BMC: wait for that state, do not read it once.
+    let m = eventually(
+        "walk-a status.poweredOn false",
+        Duration::from_secs(60),
+        || async {
+            let m = machine_json(&machines, "walk-a").await;
+            if m["status"]["poweredOn"] == false {
+                Ok(m)
+            } else {
+                Err(m["status"].clone())
+            }
+        },
+    )
+    .await;
     assert_eq!(cond(&m, "BMCReachable").unwrap().0, "True", "{m}");
     assert_eq!(cond(&m, "AgentRegistered").unwrap().0, "True", "{m}");
-    assert_eq!(m["status"]["poweredOn"], false);
     println!(
         "walk-a Available and off after {:.1} s",
         t0.elapsed().as_secs_f64()
@@ -404,15 +411,16 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     annotate("walk-a", "anneal.dev/paused", Some("")).await;
     let calls = bmcvm.requests().len();
     annotate("walk-a", "anneal.dev/reboot", Some(r#"{"mode":"hard"}"#)).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(bmcvm.requests().len(), calls, "bmc called while paused");
     let m = machine_json(&machines, "walk-a").await;
     assert!(
         m["metadata"]["annotations"]
             .get("anneal.dev/reboot")
             .is_some()
     );
-    // unpaused: the reboot is sent and consumed
+    // unpaused: the reboot is sent and consumed. No sleep to "see nothing
+    // happen" while paused: every BMC call logged since the pause must come
+    // after the unpause (the request log's timestamps are the BMC's clock).
+    let unpaused_at = now_ms();
     annotate("walk-a", "anneal.dev/paused", None).await;
     eventually("reboot sent", Duration::from_secs(30), || async {
         bmcvm
@@ -422,6 +430,15 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
             .then_some(())
     })
     .await;
+    let while_paused: Vec<_> = bmcvm.requests()[calls..]
+        .iter()
+        .filter(|e| e.ts_ms < unpaused_at)
+        .cloned()
+        .collect();
+    assert!(
+        while_paused.is_empty(),
+        "bmc called while paused: {while_paused:?}"
+    );
     // re-inspect: a new boot with a new token
     annotate("walk-a", "anneal.dev/re-inspect", Some("")).await;
     let m = state_is("walk-a", "Inspecting").await;

@@ -4,8 +4,6 @@
 //! (wrong password, closed port, TLS trust, ipmi://) and BMC persistence.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod lifecycle_support;
-
 use std::time::{Duration, Instant};
 
 use anneal_manager::redfish::{
@@ -13,7 +11,7 @@ use anneal_manager::redfish::{
     TlsPolicy,
 };
 use anneal_testinfra::Netns;
-use lifecycle_support::*;
+use anneal_tests::bmc::*;
 
 /// The sequence the Machine controller relies on.
 async fn conformance(c: &RedfishClient, what: &str) {
@@ -138,10 +136,13 @@ async fn redfish_client_conforms_on_qemu_bmc_and_sushy() {
     let wrong = client(&bmcvm.address(), "wrong-password", TlsPolicy::SystemRoots);
     let e = wrong.system().await.unwrap_err();
     assert_eq!(e.reason(), BmcReason::CredentialsRejected, "{e}");
+    // a port bound (so nobody else takes it) but not listening: refused
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind(([127, 0, 0, 1], 0).into()).unwrap();
     let closed = client(
         &format!(
             "redfish+http://127.0.0.1:{}",
-            anneal_testinfra::free_port().unwrap()
+            held.local_addr().unwrap().port()
         ),
         "x",
         TlsPolicy::SystemRoots,

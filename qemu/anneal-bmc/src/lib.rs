@@ -635,6 +635,8 @@ mod tests {
     #[test]
     fn state_round_trips_and_defaults() {
         let dir = std::env::temp_dir().join(format!("anneal-bmc-unit-{}", std::process::id()));
+        // a leftover of an earlier run with the same PID must not count
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("state.json");
         assert_eq!(load_state(&p).unwrap(), BootSettings::default());

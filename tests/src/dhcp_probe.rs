@@ -1,6 +1,5 @@
 //! What bootd's decision core answers to a UEFI PXE DHCPDISCOVER from a MAC:
 //! shared by the tests that check bootd's boot table without a network.
-#![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 

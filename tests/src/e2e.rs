@@ -21,16 +21,6 @@
 //! The manager's reservations controller (`anneal_manager::ipam`, as
 //! `manager run` starts it) writes the machine's reservation when it starts
 //! inspecting: the lowest address of the lease range.
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    unreachable_pub
-)]
-
-#[path = "../agent_common/mod.rs"]
-mod agent_common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,6 +67,7 @@ const FILES: &str = "{snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib
 
 /// Everything the flow runs on. Fields drop in order: the VM and its BMC
 /// first, the namespace and the control plane last.
+#[derive(Debug)]
 pub struct Lab {
     pub vm: Option<Vm>,
     bmc: Option<RunningBmc>,
@@ -106,11 +97,11 @@ impl Drop for Lab {
 /// Builds (or reuses) the static agent and the initramfs; returns its path.
 /// `ANNEAL_AGENT_BIN` names an already built static agent instead.
 fn build_artifacts(dir: PathBuf, modules: PathBuf) -> PathBuf {
-    let agent =
-        std::env::var_os("ANNEAL_AGENT_BIN").map_or_else(agent_common::agent_musl, PathBuf::from);
-    let tool = agent_common::initramfs_tool();
+    let agent = std::env::var_os("ANNEAL_AGENT_BIN")
+        .map_or_else(crate::artifacts::agent_musl, PathBuf::from);
+    let tool = crate::artifacts::initramfs_tool();
     let initrd = dir.join("agent.cpio.zst");
-    agent_common::build_initramfs(&tool, &agent, &modules, &initrd);
+    crate::artifacts::build_initramfs(&tool, &agent, &modules, &initrd);
     initrd
 }
 
@@ -312,7 +303,7 @@ impl Lab {
         let vm = Vm::launch(&cfg, Some(&self.ns))?;
         while !vm.qmp_path().exists() {
             anyhow::ensure!(
-                launched.elapsed() < Duration::from_secs(20),
+                launched.elapsed() < Duration::from_secs(60),
                 "no QMP socket"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -469,6 +460,7 @@ impl Lab {
 }
 
 /// What [`Lab::wait_available`] reports.
+#[derive(Debug)]
 pub enum Progress<'a> {
     /// New console text.
     Console(&'a str),

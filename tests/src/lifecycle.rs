@@ -1,222 +1,21 @@
-//! Shared by the lifecycle and Redfish tests: a QEMU VM powered off (`-S`)
-//! with its BMC, sushy-emulator, and small polling helpers.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//! The manager's lifecycle half run in its own runtime (killable like a
+//! process), a log capture, the agent side of the protocol over HTTPS, and
+//! the Machine/Secret/Namespace fixtures of the lifecycle tests.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant};
-
-use anneal_manager::redfish::{BmcAddress, Credentials, PowerState, RedfishClient, TlsPolicy};
-use anneal_qemu_bmc::{BmcConfig, LogEntry, RunningBmc};
-use anneal_testinfra::{ChildGroup, DiskBus, DiskConfig, Netns, NicConfig, Vm, VmConfig};
-
-pub const BMC_USER: &str = "admin";
-pub const BMC_PASSWORD: &str = "s3cret-bmc-pw";
-
-/// A VM that starts powered off, and the files of its BMC.
-pub struct BmcVm {
-    pub vm: Vm,
-    pub dir: tempfile::TempDir,
-    pub bmc: Option<RunningBmc>,
-    pub addr: SocketAddr,
-    pub tls: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl BmcVm {
-    /// Launches an OVMF VM (NIC with iPXE ROM on a tap of `ns`, one blank
-    /// disk), paused, and starts its BMC on a free loopback port.
-    pub async fn launch(ns: &Netns, mac: &str, tls: Option<(Vec<u8>, Vec<u8>)>) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("anneal-bmcvm-")
-            .tempdir()
-            .unwrap();
-        let disk = dir.path().join("disk.img");
-        std::fs::File::create(&disk)
-            .unwrap()
-            .set_len(32 << 20)
-            .unwrap();
-        let tap = ns.add_tap().unwrap();
-        let cfg = VmConfig {
-            memory_mib: 512,
-            cpus: 1,
-            nics: vec![NicConfig::virtio(&tap, mac)],
-            disks: vec![DiskConfig {
-                path: disk,
-                format: "raw".into(),
-                bus: DiskBus::VirtioBlk,
-                serial: "BMCDISK01".into(),
-            }],
-            extra_args: vec!["-S".into(), "-no-shutdown".into()],
-            no_reboot: false,
-            ..VmConfig::default()
-        };
-        let vm = Vm::launch(&cfg, Some(ns)).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !vm.qmp_path().exists() {
-            assert!(Instant::now() < deadline, "no qmp socket");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let mut me = Self {
-            vm,
-            dir,
-            bmc: None,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            tls,
-        };
-        me.start_bmc().await;
-        me
-    }
-
-    pub fn request_log_path(&self) -> PathBuf {
-        self.dir.path().join("requests.jsonl")
-    }
-
-    pub fn state_path(&self) -> PathBuf {
-        self.dir.path().join("bmc-state.json")
-    }
-
-    pub fn requests(&self) -> Vec<LogEntry> {
-        anneal_qemu_bmc::read_request_log(&self.request_log_path())
-    }
-
-    /// (Re)starts the BMC on its port (a free one the first time).
-    pub async fn start_bmc(&mut self) {
-        let bmc = anneal_qemu_bmc::start(BmcConfig {
-            listen: self.addr,
-            qmp: self.vm.qmp_path().to_path_buf(),
-            state_file: self.state_path(),
-            request_log: Some(self.request_log_path()),
-            username: BMC_USER.into(),
-            password: BMC_PASSWORD.into(),
-            system_id: "vm0".into(),
-            tls: self.tls.clone(),
-        })
-        .await
-        .unwrap();
-        self.addr = bmc.addr();
-        self.bmc = Some(bmc);
-    }
-
-    pub async fn stop_bmc(&mut self) {
-        if let Some(b) = self.bmc.take() {
-            b.stop().await;
-        }
-    }
-
-    pub fn address(&self) -> String {
-        let scheme = if self.tls.is_some() {
-            "redfish"
-        } else {
-            "redfish+http"
-        };
-        format!("{scheme}://127.0.0.1:{}", self.addr.port())
-    }
-}
-
-/// A running `sushy-emulator --fake` on a free loopback port.
-pub struct Sushy {
-    pub child: ChildGroup,
-    pub port: u16,
-}
-
-impl Sushy {
-    pub async fn start() -> Self {
-        let bin = anneal_testinfra::cached_bin("sushy-emulator")
-            .expect("sushy-emulator: run tests/setup.d/sushy.sh");
-        let port = anneal_testinfra::free_port().unwrap();
-        let log = tempfile::NamedTempFile::new().unwrap();
-        let mut cmd = Command::new(bin);
-        cmd.args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(log.reopen().unwrap())
-            .stderr(log.reopen().unwrap());
-        let child = ChildGroup::spawn("sushy-emulator", &mut cmd).unwrap();
-        let me = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "sushy-emulator did not start");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        me
-    }
-}
-
-pub fn client(address: &str, password: &str, tls: TlsPolicy) -> RedfishClient {
-    RedfishClient::new(
-        &BmcAddress::parse(address).unwrap(),
-        &Credentials {
-            username: BMC_USER.into(),
-            password: anneal_api::agent::Token::new(password),
-        },
-        &tls,
-        Duration::from_secs(5),
-    )
-    .unwrap()
-}
-
-pub async fn wait_power(c: &RedfishClient, want: PowerState, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let got = c.power_state().await.unwrap();
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "power state stayed {got:?}, wanted {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-/// Polls `f` until it returns Some, or panics with `what`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// A CA and a serving certificate for 127.0.0.1 (PEM): (ca, cert, key).
-pub fn test_pki() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, &ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    leaf.subject_alt_names
-        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-    let cert = leaf.signed_by(&key, &issuer).unwrap();
-    (ca_cert.pem(), cert.pem(), key.serialize_pem())
-}
-
-// ---------------------------------------------------------------------------
-// The manager's lifecycle half, run in its own runtime so a test can kill it
-// (drop every task at once, like a process kill) and start it again.
-
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anneal_api::Machine;
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
+use anneal_manager::redfish::TlsPolicy;
 use kube::api::Api;
 
+use crate::bmc::BMC_USER;
+
 /// Everything the process logs (all tracing output, debug level).
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LogBuffer(pub Arc<Mutex<Vec<u8>>>);
 
 impl LogBuffer {
@@ -247,6 +46,7 @@ pub fn capture_logs() -> LogBuffer {
     buf
 }
 
+#[derive(Debug)]
 pub struct Manager {
     rt: Option<tokio::runtime::Runtime>,
     pub api_addr: SocketAddr,
@@ -354,6 +154,7 @@ pub fn credentials_secret(name: &str, password: &str) -> k8s_openapi::api::core:
 }
 
 /// The agent side of the protocol, over real HTTPS trusting the manager's CA.
+#[derive(Debug)]
 pub struct AgentClient {
     pub ep: anneal_manager::redfish::Endpoint,
 }
@@ -468,4 +269,47 @@ pub async fn create_namespace(client: &kube::Client, name: &str) {
     let ns: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
     let _ = api.create(&Default::default(), &ns).await;
+}
+
+/// A started control plane made ready for the manager's lifecycle half:
+/// the CRDs, the `anneal-system` namespace, and a BMC credentials Secret
+/// (`BMC_USER` and a password) per `(name, password)`. Returns its client.
+pub async fn prepare(
+    cp: &anneal_testinfra::ControlPlane,
+    secrets: &[(&str, &str)],
+) -> kube::Client {
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    create_namespace(&client, "anneal-system").await;
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
+    for (name, password) in secrets {
+        api.create(
+            &kube::api::PostParams::default(),
+            &credentials_secret(name, password),
+        )
+        .await
+        .unwrap();
+    }
+    client
+}
+
+/// Waits for an Event in `default` matching `f` (what: for the message).
+pub async fn event(
+    client: &kube::Client,
+    what: &str,
+    deadline: std::time::Duration,
+    f: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
+) -> k8s_openapi::api::events::v1::Event {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    crate::eventually(what, deadline, || async {
+        events
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| f(e))
+    })
+    .await
 }
