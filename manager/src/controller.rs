@@ -183,9 +183,21 @@ where
     let (store, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(slim)
         .reflect(writer)
         .touched_objects();
     (store, stream)
+}
+
+/// What a cache never needs of an object: its managedFields (often larger
+/// than the spec) and kubectl's last-applied copy. Dropped before the object
+/// enters a store, so a cache of 10,000 objects holds only what reconciles
+/// read. Nothing writes a cached object back whole.
+pub fn slim<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+    if let Some(a) = obj.meta_mut().annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
 }
 
 /// The error policy of every controller: counts the failure by kind and
@@ -328,6 +340,7 @@ where
     let feed = index.clone();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(slim)
         .reflect(writer)
         .map(move |ev| {
             if let Ok(ev) = &ev {

@@ -35,7 +35,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info};
@@ -127,9 +127,15 @@ pub async fn controller(scope: Scope, concurrency: u16) {
         indexed::<Machine, MachineIndex>(scope.api::<Machine>());
     let (hardware, hardware_stream) = scope.reflected::<MachineHardware>();
 
-    let controller = Controller::new(scope.api::<MachineClaim>(), watcher::Config::default())
+    // The claims' own cache is slimmed like the others (no managedFields).
+    let (claim_store, claim_writer) = kube::runtime::reflector::store();
+    let claim_stream = watcher(scope.api::<MachineClaim>(), watcher::Config::default())
+        .default_backoff()
+        .modify(crate::controller::slim)
+        .reflect(claim_writer)
+        .applied_objects();
+    let controller = Controller::for_stream(claim_stream, claim_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
-    let claim_store = controller.store();
     let claim_store2 = claim_store.clone();
     let machines_for_map = machines.clone();
 
