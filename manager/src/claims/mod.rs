@@ -95,6 +95,44 @@ pub struct Context {
     /// Machines this process bound or lost a race for, hidden from
     /// candidate lists until the cache catches up: machine key -> when.
     taken: Mutex<HashMap<String, Instant>>,
+    /// The status this process last wrote per claim UID, until the cache
+    /// shows it: a reconcile that runs before the watch delivers our own
+    /// write compares against what the server holds, not the stale copy,
+    /// and neither writes the status again nor repeats its Event.
+    written: Mutex<HashMap<String, (MachineClaimStatus, Instant)>>,
+}
+
+impl Context {
+    /// The claim's status as the server holds it, as far as we know: our
+    /// own last write while the cache lags behind it, else the cached copy.
+    fn current_status(&self, claim: &MachineClaim) -> MachineClaimStatus {
+        let cached = claim.status.clone().unwrap_or_default();
+        let Some(uid) = claim.metadata.uid.as_deref() else {
+            return cached;
+        };
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        match written.get(uid) {
+            Some((w, _)) if *w == cached => {
+                // The cache caught up: forget the note.
+                written.remove(uid);
+                cached
+            }
+            Some((w, at)) if at.elapsed() < NOTE_TTL => w.clone(),
+            Some(_) => {
+                written.remove(uid);
+                cached
+            }
+            None => cached,
+        }
+    }
+
+    fn note_written(&self, claim: &MachineClaim, status: &MachineClaimStatus) {
+        if let Some(uid) = claim.metadata.uid.clone() {
+            let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+            written.retain(|_, (_, at)| at.elapsed() < NOTE_TTL);
+            written.insert(uid, (status.clone(), Instant::now()));
+        }
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -148,6 +186,7 @@ pub async fn controller(scope: Scope, concurrency: u16) {
         metrics: scope.metrics.clone(),
         recent: Mutex::new(HashMap::new()),
         taken: Mutex::new(HashMap::new()),
+        written: Mutex::new(HashMap::new()),
     });
 
     let controller = controller
@@ -294,7 +333,7 @@ async fn bound_machine(
 async fn apply(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimError> {
     wait_ready(ctx).await?;
     let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
-    let status = claim.status.clone().unwrap_or_default();
+    let status = ctx.current_status(claim);
     if status.phase == Some(ClaimPhase::Failed) {
         return Ok(Action::await_change());
     }
@@ -628,20 +667,16 @@ async fn patch_status(
     status: &MachineClaimStatus,
     ctx: &Context,
 ) -> Result<(), ClaimError> {
-    if claim.status.as_ref() == Some(status) {
+    let current = ctx.current_status(claim);
+    if &current == status {
         return Ok(());
     }
     let ns = claim.namespace().ok_or(ClaimError::NoNamespace)?;
     let api: Api<MachineClaim> = Api::namespaced(ctx.client.clone(), &ns);
     // A merge patch only removes what it names as null.
     let mut new = serde_json::to_value(status).unwrap_or_default();
-    if let (Some(old), Some(obj)) = (
-        claim
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok()),
-        new.as_object_mut(),
-    ) && let Some(old) = old.as_object()
+    if let (Ok(old), Some(obj)) = (serde_json::to_value(&current), new.as_object_mut())
+        && let Some(old) = old.as_object()
     {
         for k in old.keys() {
             obj.entry(k.clone()).or_insert(serde_json::Value::Null);
@@ -656,7 +691,10 @@ async fn patch_status(
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            ctx.note_written(claim, status);
+            Ok(())
+        }
         Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -692,7 +730,7 @@ async fn write_bound(
     machine: &Machine,
     ctx: &Context,
 ) -> Result<(), ClaimError> {
-    let old = claim.status.clone().unwrap_or_default();
+    let old = ctx.current_status(claim);
     let mut status = old.clone();
     let generation = claim.metadata.generation;
     let name = machine.name_any();
@@ -761,7 +799,7 @@ async fn write_pending(
     message: &str,
     ctx: &Context,
 ) -> Result<(), ClaimError> {
-    let old = claim.status.clone().unwrap_or_default();
+    let old = ctx.current_status(claim);
     let mut status = old.clone();
     let generation = claim.metadata.generation;
     status.phase = Some(ClaimPhase::Pending);
@@ -814,7 +852,7 @@ async fn write_pending(
 }
 
 async fn write_failed(claim: &MachineClaim, name: &str, ctx: &Context) -> Result<(), ClaimError> {
-    let mut status = claim.status.clone().unwrap_or_default();
+    let mut status = ctx.current_status(claim);
     let generation = claim.metadata.generation;
     let message = format!("machine {name} does not exist");
     status.phase = Some(ClaimPhase::Failed);
