@@ -93,8 +93,24 @@ fn b64(data: &str) -> String {
     BASE64_STANDARD.encode(data)
 }
 
-async fn wait_tcp(port: u16, deadline: Instant, what: &str, log: &Path) -> anyhow::Result<()> {
+/// Waits until `port` accepts connections. Fails at once when `child` has
+/// exited (for example because another process took the port between
+/// `free_port` and its bind).
+async fn wait_tcp(
+    port: u16,
+    child: &mut ChildGroup,
+    deadline: Instant,
+    what: &str,
+    log: &Path,
+) -> anyhow::Result<()> {
     while Instant::now() < deadline {
+        if let Some(status) = child.try_exit() {
+            anyhow::bail!(
+                "{what} exited ({status}) before listening on port {port}; log {}:\n{}",
+                log.display(),
+                tail(log)
+            );
+        }
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
@@ -127,8 +143,24 @@ impl std::fmt::Debug for ControlPlane {
 
 impl ControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API server is ready
-    /// (the `default` namespace exists).
+    /// (the `default` namespace exists). Ports are picked free, then bound by
+    /// the children: when a child dies because another process took its port
+    /// in between, the whole start is retried on new ports (three attempts).
     pub async fn start() -> anyhow::Result<Self> {
+        let mut last = None;
+        for attempt in 1..=3 {
+            match Self::start_once().await {
+                Ok(cp) => return Ok(cp),
+                Err(e) => {
+                    eprintln!("control plane start attempt {attempt} failed: {e:#}");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("control plane did not start")))
+    }
+
+    async fn start_once() -> anyhow::Result<Self> {
         let begin = Instant::now();
         let etcd_bin = cached_bin("etcd")?;
         let apiserver_bin = cached_bin("kube-apiserver")?;
@@ -148,7 +180,7 @@ impl ControlPlane {
         let etcd_client = free_port()?;
         let etcd_peer = free_port()?;
         let etcd_log = d.join("etcd.log");
-        let etcd = ChildGroup::spawn(
+        let mut etcd = ChildGroup::spawn(
             "etcd",
             Command::new(&etcd_bin)
                 .arg("--name=anneal-test")
@@ -173,11 +205,18 @@ impl ControlPlane {
                 .stderr(std::fs::File::create(d.join("etcd.err"))?),
         )?;
         let deadline = Instant::now() + Duration::from_secs(60);
-        wait_tcp(etcd_client, deadline, "etcd", &d.join("etcd.err")).await?;
+        wait_tcp(
+            etcd_client,
+            &mut etcd,
+            deadline,
+            "etcd",
+            &d.join("etcd.err"),
+        )
+        .await?;
 
         let port = free_port()?;
         let api_log = d.join("kube-apiserver.log");
-        let apiserver = ChildGroup::spawn(
+        let mut apiserver = ChildGroup::spawn(
             "kube-apiserver",
             Command::new(&apiserver_bin)
                 .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
@@ -228,9 +267,16 @@ impl ControlPlane {
         let client = kube::Client::try_from(config)?;
 
         let deadline = Instant::now() + Duration::from_secs(90);
-        wait_tcp(port, deadline, "kube-apiserver", &api_log).await?;
+        wait_tcp(port, &mut apiserver, deadline, "kube-apiserver", &api_log).await?;
         let namespaces: Api<Namespace> = Api::all(client.clone());
         loop {
+            if let Some(status) = apiserver.try_exit() {
+                anyhow::bail!(
+                    "kube-apiserver exited ({status}); log {}:\n{}",
+                    api_log.display(),
+                    tail(&api_log)
+                );
+            }
             match namespaces.get_opt("default").await {
                 Ok(Some(_)) => break,
                 _ if Instant::now() > deadline => {
