@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use anneal_api::{ClaimPhase, Machine, MachineClaim, MachineHardware};
 use anneal_testinfra::{ChildGroup, ControlPlane};
 use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
 /// The goals of the issue for 10,000 machines + 10,000 claims.
@@ -50,7 +50,10 @@ async fn apiserver_writes(client: &kube::Client) -> std::collections::BTreeMap<S
     let Ok(text) = client.request_text(req).await else {
         return out;
     };
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
         let label = |k: &str| {
             let pat = format!("{k}=\"");
             let i = line.find(&pat)? + pat.len();
@@ -67,7 +70,11 @@ async fn apiserver_writes(client: &kube::Client) -> std::collections::BTreeMap<S
             Some(s) => format!("{verb} {resource}/{s}"),
             None => format!("{verb} {resource}"),
         };
-        let v: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        let v: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
         *out.entry(key).or_insert(0.0) += v;
     }
     out
@@ -191,12 +198,16 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Duration::from_secs(300);
     let bind_secs = tokio::time::timeout(deadline, async {
         let mut bound = std::collections::HashSet::new();
-        let stream = kube::runtime::watcher(claims.clone(), kube::runtime::watcher::Config::default())
-            .default_backoff();
+        let stream =
+            kube::runtime::watcher(claims.clone(), kube::runtime::watcher::Config::default())
+                .default_backoff();
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             let c = match ev {
-                Ok(kube::runtime::watcher::Event::Apply(c) | kube::runtime::watcher::Event::InitApply(c)) => c,
+                Ok(
+                    kube::runtime::watcher::Event::Apply(c)
+                    | kube::runtime::watcher::Event::InitApply(c),
+                ) => c,
                 _ => continue,
             };
             if c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound) {
@@ -240,7 +251,8 @@ async fn main() -> anyhow::Result<()> {
     let mut reasons = std::collections::BTreeMap::<String, u64>::new();
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
     for e in events.list(&ListParams::default()).await?.items {
-        *reasons.entry(e.reason.unwrap_or_default()).or_default() += e.count.unwrap_or(1).max(1) as u64;
+        *reasons.entry(e.reason.unwrap_or_default()).or_default() +=
+            e.count.unwrap_or(1).max(1) as u64;
     }
     println!("Events by reason: {reasons:?}");
     let writes: std::collections::BTreeMap<String, f64> = writes_after
