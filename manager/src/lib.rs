@@ -5,6 +5,7 @@
 pub mod agentapi;
 pub mod claims;
 pub mod conditions;
+pub mod content;
 pub mod controller;
 pub mod crdgen;
 pub mod ipam;
@@ -14,6 +15,7 @@ pub mod patch;
 pub mod readiness;
 mod run;
 pub mod validity;
+pub mod workload;
 
 pub use run::{RunConfig, RunError, Runtime, run};
 pub mod lifecycle;

@@ -60,9 +60,103 @@ struct RunArgs {
     /// Seconds between renewals.
     #[arg(long, default_value_t = 5)]
     renew_secs: u64,
+    /// Images: the ImageImport, PartitionContent and Image controllers.
+    #[command(flatten)]
+    content: ContentArgs,
     /// Machine lifecycle (Redfish, agent API): see `docs/lifecycle.md`.
     #[command(flatten)]
     lifecycle: Box<anneal_manager::lifecycle::LifecycleArgs>,
+}
+
+/// Where workloads (ingest, store verify/remove) run: docs/images.md.
+#[derive(Debug, clap::Args)]
+struct ContentArgs {
+    /// `process` (child processes on this host; needs --content-dir) or
+    /// `kubernetes` (Jobs from --workload-image). Unset: no image
+    /// controllers run.
+    #[arg(long, value_parser = ["process", "kubernetes"])]
+    workload_executor: Option<String>,
+    /// The content store directory (process executor).
+    #[arg(long)]
+    content_dir: Option<PathBuf>,
+    /// Directory holding `anneal-agent` (process executor; default: the
+    /// manager binary's own directory).
+    #[arg(long)]
+    workload_bin_dir: Option<PathBuf>,
+    /// Image of the workloads (kubernetes executor).
+    #[arg(long)]
+    workload_image: Option<String>,
+    /// Namespace the workload Jobs run in (kubernetes executor).
+    #[arg(long, default_value = "anneal-system")]
+    workload_namespace: String,
+    /// PersistentVolumeClaim of the content store (kubernetes executor).
+    #[arg(long, default_value = "anneal-content")]
+    content_claim: String,
+    /// Refuse import sources larger than this many bytes.
+    #[arg(long)]
+    max_source_bytes: Option<u64>,
+    /// Longest an ingest job may run, in seconds.
+    #[arg(long, default_value_t = 6 * 3600)]
+    ingest_deadline_secs: i64,
+}
+
+impl ContentArgs {
+    fn config(
+        &self,
+        client: &kube::Client,
+    ) -> anyhow::Result<Option<anneal_manager::content::ContentConfig>> {
+        use anneal_manager::workload::{Executor, kubernetes, process};
+        let Some(kind) = self.workload_executor.as_deref() else {
+            return Ok(None);
+        };
+        let (executor, store_name) = if kind == "process" {
+            let dir = self
+                .content_dir
+                .clone()
+                .context("--workload-executor process needs --content-dir DIR (the content store)")?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("creating the content store {}", dir.display()))?;
+            let bin_dir = match &self.workload_bin_dir {
+                Some(d) => d.clone(),
+                None => std::env::current_exe()
+                    .context("locating the manager binary")?
+                    .parent()
+                    .map(std::path::Path::to_path_buf)
+                    .context("the manager binary has no directory")?,
+            };
+            anyhow::ensure!(
+                bin_dir.join("anneal-agent").exists(),
+                "{} has no anneal-agent: build it (cargo build -p anneal-agent) or pass --workload-bin-dir",
+                bin_dir.display()
+            );
+            (
+                Executor::Process(process::ProcessExecutor::new(bin_dir, &dir)),
+                dir.display().to_string(),
+            )
+        } else {
+            let image = self
+                .workload_image
+                .clone()
+                .context("--workload-executor kubernetes needs --workload-image IMAGE")?;
+            (
+                Executor::Kubernetes(kubernetes::KubeExecutor::new(
+                    client.clone(),
+                    kubernetes::KubeConfig {
+                        namespace: self.workload_namespace.clone(),
+                        image,
+                        content_claim: self.content_claim.clone(),
+                    },
+                )),
+                self.content_claim.clone(),
+            )
+        };
+        Ok(Some(anneal_manager::content::ContentConfig {
+            executor,
+            store_name,
+            max_source_bytes: self.max_source_bytes,
+            ingest_deadline_secs: self.ingest_deadline_secs,
+        }))
+    }
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -88,7 +182,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease,
         metrics_addr: Some(args.metrics_addr),
     };
+    let content = args.content.config(&client)?;
     let mut runtime = anneal_manager::Runtime::new(client, cfg);
+    if let Some(content) = content {
+        runtime = runtime.with_content(content);
+    }
     if let Some((lifecycle, agent_api)) = args
         .lifecycle
         .configs()

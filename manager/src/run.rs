@@ -101,6 +101,7 @@ pub struct Runtime {
     recorder: Recorder,
     metrics: Arc<Metrics>,
     lifecycle: Option<(LifecycleConfig, AgentApiConfig)>,
+    content: Option<crate::content::ContentConfig>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -131,6 +132,7 @@ impl Runtime {
             controllers: JoinSet::new(),
             metrics: Metrics::new(),
             lifecycle: None,
+            content: None,
         }
     }
 
@@ -139,6 +141,14 @@ impl Runtime {
     #[must_use]
     pub fn with_lifecycle(mut self, cfg: LifecycleConfig, api: AgentApiConfig) -> Self {
         self.lifecycle = Some((cfg, api));
+        self
+    }
+
+    /// Also runs the ImageImport, PartitionContent and Image controllers
+    /// (leader only) with their workload executor.
+    #[must_use]
+    pub fn with_content(mut self, cfg: crate::content::ContentConfig) -> Self {
+        self.content = Some(cfg);
         self
     }
 
@@ -172,6 +182,9 @@ impl Runtime {
             crate::readiness::controller(scope.clone()),
         );
         self.spawn(crate::ipam::ID.name, crate::ipam::controller(scope.clone()));
+        if let Some(cfg) = &self.content {
+            self.spawn("content", crate::content::controller(scope.clone(), cfg.clone()));
+        }
         if let Some((cfg, _)) = &self.lifecycle {
             let cfg = cfg.clone();
             self.spawn(

@@ -82,3 +82,10 @@ pub fn build_initramfs(tool: &Path, agent: &Path, modules: &Path, out: &Path) ->
     println!("{}", String::from_utf8_lossy(&res.stderr));
     serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap()
 }
+
+/// The host (debug) `anneal-agent`, built if needed: the ingest and store
+/// workloads of the `process` executor.
+pub fn agent_host() -> PathBuf {
+    cargo(&["-p", "anneal-agent", "--bin", "anneal-agent"]);
+    target_dir().join("debug/anneal-agent")
+}

@@ -23,6 +23,7 @@ pub mod artifacts;
 pub mod bmc;
 pub mod dhcp_probe;
 pub mod e2e;
+pub mod images;
 pub mod lab;
 pub mod lifecycle;
 pub mod wait;

@@ -42,6 +42,10 @@ pub mod types {
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
     /// Image: a seeder of its content is not serving.
     pub const SEEDER_DEGRADED: &str = "SeederDegraded";
+    /// ImageImport: the import finished (`True`) or failed (`False`, the
+    /// reason names why: an ingest reason such as ChecksumMismatch, or
+    /// NameTaken).
+    pub const SUCCEEDED: &str = "Succeeded";
 
     /// Every condition type above.
     pub const ALL: &[&str] = &[
@@ -58,6 +62,7 @@ pub mod types {
         DHCP_POOL_EXHAUSTED,
         DELETION_BLOCKED,
         SEEDER_DEGRADED,
+        SUCCEEDED,
     ];
 }
 
@@ -181,6 +186,41 @@ pub mod reasons {
     pub const POOL_EXHAUSTED: &str = "PoolExhausted";
     /// DHCPPoolExhausted=False: proxy mode assigns no addresses.
     pub const PROXY_MODE: &str = "ProxyMode";
+
+    // --- ImageImport Succeeded (failures also carry the ingest's own
+    // reasons: ChecksumMismatch, SourceNotFound, HTTPError, TLSError,
+    // Unreachable, SourceTooLarge, InvalidSource, ContentExists, StoreError) ---
+    /// Succeeded=False: the ingest job is running (or about to).
+    pub const INGESTING: &str = "Ingesting";
+    /// Succeeded=True: the Image and every content exist.
+    pub const IMPORTED: &str = "Imported";
+    /// Succeeded=False: the Image name or a content name is taken by an
+    /// object this import did not create.
+    pub const NAME_TAKEN: &str = "NameTaken";
+    /// Succeeded=False: the ingest job ended without a usable result.
+    pub const WORKLOAD_FAILED: &str = "WorkloadFailed";
+
+    // --- PartitionContent Ready ---
+    /// Ready=False: the stored stream is being verified against its index.
+    pub const PUBLISHING: &str = "Publishing";
+    /// Ready=True: every piece of the stored stream matches the index.
+    pub const VERIFIED: &str = "Verified";
+    /// Ready=False: a piece of the stored stream does not match its hash (or
+    /// the files are missing); the message names it.
+    pub const VERIFICATION_FAILED: &str = "VerificationFailed";
+    /// DeletionBlocked=True: Images (or active DeployRuns) reference the
+    /// content; the message names them.
+    pub const REFERENCED: &str = "Referenced";
+    /// DeletionBlocked=False: nothing references the content any more.
+    pub const UNREFERENCED: &str = "Unreferenced";
+
+    // --- Image Valid / Ready ---
+    /// Ready=False: some content is not Ready yet.
+    pub const CONTENT_NOT_READY: &str = "ContentNotReady";
+    /// Ready=False: a content failed.
+    pub const CONTENT_FAILED: &str = "ContentFailed";
+    /// Ready=True: every content is Ready.
+    pub const CONTENTS_READY: &str = "ContentsReady";
 }
 
 #[cfg(test)]

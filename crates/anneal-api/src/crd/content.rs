@@ -45,7 +45,8 @@ fn default_true() -> bool {
     doc = "A request to capture one source disk image into PartitionContents and an Image; never overwrites existing objects.",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.imageName"}"#,
-    printcolumn = r#"{"name":"Progress","type":"integer","jsonPath":".status.progress.percent","description":"Percent of the source captured"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.progress.phase","description":"What the ingest is doing"}"#,
+    printcolumn = r#"{"name":"Progress","type":"integer","jsonPath":".status.progress.percent","description":"Percent of the source fetched"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -125,6 +126,13 @@ pub struct ByteProgress {
     /// Whole percent done, 0 to 100.
     #[serde(default)]
     pub percent: i32,
+    /// What is being done: `Fetching`, `Capturing`, `Publishing` (imports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub phase: Option<String>,
+    /// Bytes of content streams written so far (imports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_captured: Option<i64>,
 }
 
 /// Lifecycle state of an import.

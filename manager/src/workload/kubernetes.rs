@@ -1,0 +1,299 @@
+//! The `kubernetes` executor: a workload is a Job (or, for a server, a
+//! Deployment) from our own static image, applied server-side with the field
+//! manager `anneal-workloads`, in the manager's workload namespace where the
+//! Site's content store is a PersistentVolumeClaim. A job's result is the
+//! last protocol line of its pod's log.
+//!
+//! Owner references cannot cross namespaces: when the workload namespace is
+//! the owner's, the object carries an owner reference (garbage-collected
+//! with it); otherwise it carries the owner's namespace, name and UID as
+//! labels and the owning controller removes it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{
+    Kind, Observation, Phase, VolumeSource, WorkloadError, WorkloadSpec, finished_phase,
+    scan_output, workload_name,
+};
+
+/// The field manager of every workload object.
+pub const FIELD_MANAGER: &str = "anneal-workloads";
+/// The label naming a workload object.
+pub const WORKLOAD_LABEL: &str = "anneal.dev/workload";
+
+/// Configuration of the `kubernetes` executor.
+#[derive(Clone, Debug)]
+pub struct KubeConfig {
+    /// Namespace the Jobs and Deployments run in.
+    pub namespace: String,
+    /// The image holding our static binaries at `/<binary>`.
+    pub image: String,
+    /// The PersistentVolumeClaim of the Site's content store.
+    pub content_claim: String,
+}
+
+/// Runs workloads as Jobs and Deployments.
+#[derive(Clone)]
+pub struct KubeExecutor {
+    client: Client,
+    cfg: KubeConfig,
+}
+
+impl std::fmt::Debug for KubeExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeExecutor")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn kube_err(name: &str, source: kube::Error) -> WorkloadError {
+    WorkloadError::Kube {
+        name: name.to_string(),
+        source,
+    }
+}
+
+impl KubeExecutor {
+    /// An executor for `cfg`.
+    pub fn new(client: Client, cfg: KubeConfig) -> Self {
+        Self { client, cfg }
+    }
+
+    /// The object name of a workload (unique across the owners' namespaces).
+    pub fn object_name(&self, spec: &WorkloadSpec) -> String {
+        if spec.namespace == self.cfg.namespace {
+            spec.name.clone()
+        } else {
+            workload_name(&spec.namespace, &spec.namespace, &spec.name)
+        }
+    }
+
+    /// The Job or Deployment of `spec`, as applied.
+    pub fn object(&self, spec: &WorkloadSpec) -> Value {
+        let name = self.object_name(spec);
+        let mut labels: BTreeMap<String, String> = spec.labels.clone();
+        labels.insert(WORKLOAD_LABEL.into(), name.clone());
+        labels.insert("app.kubernetes.io/managed-by".into(), "anneal-manager".into());
+        labels.insert("app.kubernetes.io/name".into(), spec.program.binary().into());
+        let mut owner_refs = Vec::new();
+        if let Some(o) = &spec.owner {
+            if spec.namespace == self.cfg.namespace {
+                owner_refs.push(serde_json::to_value(o).unwrap_or_default());
+            } else {
+                labels.insert("anneal.dev/owner-namespace".into(), spec.namespace.clone());
+                labels.insert("anneal.dev/owner-name".into(), o.name.clone());
+                labels.insert("anneal.dev/owner-uid".into(), o.uid.clone());
+            }
+        }
+        let args = spec.resolved_args(|v| v.mount_path.clone());
+        let mut env: Vec<Value> = spec
+            .env
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v}))
+            .collect();
+        env.push(json!({"name": super::process::WORKLOAD_ENV, "value": format!("{}/{}", spec.namespace, spec.name)}));
+        let mounts: Vec<Value> = spec
+            .volumes
+            .iter()
+            .map(|v| json!({"name": v.name, "mountPath": v.mount_path}))
+            .collect();
+        let volumes: Vec<Value> = spec
+            .volumes
+            .iter()
+            .map(|v| match v.source {
+                VolumeSource::ContentStore => json!({
+                    "name": v.name,
+                    "persistentVolumeClaim": {"claimName": self.cfg.content_claim},
+                }),
+                VolumeSource::Scratch => json!({"name": v.name, "emptyDir": {}}),
+            })
+            .collect();
+        let pod = json!({
+            "metadata": {"labels": labels},
+            "spec": {
+                "restartPolicy": if spec.kind == Kind::Job { "Never" } else { "Always" },
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "securityContext": {
+                    "runAsNonRoot": true,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                    "fsGroup": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [{
+                    "name": "work",
+                    "image": self.cfg.image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": [format!("/{}", spec.program.binary())],
+                    "args": args,
+                    "env": env,
+                    "volumeMounts": mounts,
+                    "securityContext": {
+                        "allowPrivilegeEscalation": false,
+                        "readOnlyRootFilesystem": true,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "64Mi"},
+                        "limits": {"memory": "256Mi"},
+                    },
+                }],
+                "volumes": volumes,
+            },
+        });
+        let metadata = json!({
+            "name": name,
+            "namespace": self.cfg.namespace,
+            "labels": labels,
+            "ownerReferences": owner_refs,
+        });
+        match spec.kind {
+            Kind::Job => {
+                let mut job_spec = json!({"backoffLimit": 0, "template": pod});
+                if let Some(d) = spec.deadline_secs {
+                    job_spec["activeDeadlineSeconds"] = json!(d);
+                }
+                json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec})
+            }
+            Kind::Server => json!({
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": metadata,
+                "spec": {
+                    "replicas": 1,
+                    "strategy": {"type": "Recreate"},
+                    "selector": {"matchLabels": {WORKLOAD_LABEL: name}},
+                    "template": pod,
+                },
+            }),
+        }
+    }
+
+    /// Applies the object (server-side apply; idempotent).
+    pub async fn ensure(&self, spec: &WorkloadSpec) -> Result<(), WorkloadError> {
+        let name = self.object_name(spec);
+        let obj = self.object(spec);
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        match spec.kind {
+            Kind::Job => {
+                let api: Api<Job> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+                // A Job's pod template is immutable: apply only when absent.
+                if api.get_opt(&name).await.map_err(|e| kube_err(&name, e))?.is_none() {
+                    api.patch(&name, &pp, &Patch::Apply(&obj))
+                        .await
+                        .map_err(|e| kube_err(&name, e))?;
+                }
+            }
+            Kind::Server => {
+                let api: Api<Deployment> =
+                    Api::namespaced(self.client.clone(), &self.cfg.namespace);
+                api.patch(&name, &pp, &Patch::Apply(&obj))
+                    .await
+                    .map_err(|e| kube_err(&name, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The Job's state, and the protocol lines of its pod's log.
+    pub async fn observe(&self, spec: &WorkloadSpec) -> Result<Observation, WorkloadError> {
+        let name = self.object_name(spec);
+        match spec.kind {
+            Kind::Job => {
+                let api: Api<Job> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+                let Some(job) = api.get_opt(&name).await.map_err(|e| kube_err(&name, e))? else {
+                    return Ok(Observation::absent());
+                };
+                let status = job.status.unwrap_or_default();
+                let (progress, outcome) = self.log_lines(&name).await;
+                let (phase, detail) = if status.succeeded.unwrap_or(0) > 0 {
+                    match finished_phase(outcome.as_ref(), true) {
+                        Phase::Succeeded => (Phase::Succeeded, String::new()),
+                        p => (p, format!("Job {name} succeeded but its pod log holds no result")),
+                    }
+                } else if status.failed.unwrap_or(0) > 0 {
+                    (Phase::Failed, format!("Job {name} failed"))
+                } else {
+                    (Phase::Running, String::new())
+                };
+                Ok(Observation {
+                    phase,
+                    progress,
+                    outcome,
+                    detail,
+                })
+            }
+            Kind::Server => {
+                let api: Api<Deployment> =
+                    Api::namespaced(self.client.clone(), &self.cfg.namespace);
+                let Some(d) = api.get_opt(&name).await.map_err(|e| kube_err(&name, e))? else {
+                    return Ok(Observation::absent());
+                };
+                let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0) > 0;
+                Ok(Observation {
+                    phase: Phase::Running,
+                    progress: None,
+                    outcome: None,
+                    detail: if ready { String::new() } else { format!("Deployment {name} has no ready replica") },
+                })
+            }
+        }
+    }
+
+    async fn log_lines(&self, job: &str) -> (Option<Value>, Option<Value>) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
+        let Ok(list) = pods.list(&lp).await else {
+            return (None, None);
+        };
+        let Some(pod) = list
+            .items
+            .iter()
+            .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
+        else {
+            return (None, None);
+        };
+        let params = LogParams {
+            container: Some("work".into()),
+            tail_lines: Some(50),
+            ..LogParams::default()
+        };
+        match pods.logs(&pod.name_any(), &params).await {
+            Ok(text) => scan_output(&text),
+            Err(_) => (None, None),
+        }
+    }
+
+    /// Deletes the object (and, in the background, its pods).
+    pub async fn remove(&self, spec: &WorkloadSpec) -> Result<(), WorkloadError> {
+        let name = self.object_name(spec);
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        let res = match spec.kind {
+            Kind::Job => Api::<Job>::namespaced(self.client.clone(), &self.cfg.namespace)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+            Kind::Server => Api::<Deployment>::namespaced(self.client.clone(), &self.cfg.namespace)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_err(&name, e)),
+        }
+    }
+}

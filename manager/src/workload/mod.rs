@@ -1,0 +1,338 @@
+//! Workloads: programs the manager runs for its controllers (ingest jobs and
+//! content verification now; the content server, seeders, trackers and
+//! managed bootd later), described once and run by one of two executors.
+//!
+//! A [`WorkloadSpec`] names the program (a binary of our own static images),
+//! its arguments, its volumes (directories: the Site's content store, a
+//! scratch directory) and its environment. Arguments refer to a volume as
+//! `${volume:NAME}`; each executor substitutes where that volume is for it.
+//!
+//! - [`process::ProcessExecutor`] (`--workload-executor process`): child
+//!   processes on the manager's host, supervised by PID, their stdout kept in
+//!   a file so a restarted manager still reads a finished job's result. For a
+//!   single-host appliance, the demo and the tests.
+//! - [`kubernetes::KubeExecutor`] (`--workload-executor kubernetes`): a Job
+//!   (or a Deployment for a server) from our own image, applied server-side;
+//!   the result is read from the pod's log.
+//!
+//! The program's stdout is a protocol: one JSON object per line, `{"event":
+//! "progress", …}` while it works and a last `{"event": "result", …}` or
+//! `{"event": "error", "reason": …, "message": …}` (see `anneal-agent ingest`
+//! and `anneal-agent store`). [`Observation`] carries the last progress and
+//! the final event.
+
+pub mod kubernetes;
+pub mod process;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::Value;
+
+/// The program a workload runs: a binary of our own images.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// `anneal-agent` (ingest, store verify/remove, the content server).
+    Agent,
+}
+
+impl Program {
+    /// The binary's file name (also its path in the image: `/<name>`).
+    pub fn binary(self) -> &'static str {
+        match self {
+            Self::Agent => "anneal-agent",
+        }
+    }
+}
+
+/// Runs to completion (a Job) or serves until removed (a Deployment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Runs once; its last stdout line is the result.
+    Job,
+    /// Runs until removed.
+    Server,
+}
+
+/// Where a volume's directory comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeSource {
+    /// The Site's content store.
+    ContentStore,
+    /// An empty scratch directory that lives as long as the workload.
+    Scratch,
+}
+
+/// A directory the program sees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Volume {
+    /// Name, referred to in arguments as `${volume:NAME}`.
+    pub name: String,
+    /// Where it is mounted in a container.
+    pub mount_path: String,
+    /// What it holds.
+    pub source: VolumeSource,
+}
+
+/// One workload, as both executors run it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadSpec {
+    /// Namespace of the object it works for.
+    pub namespace: String,
+    /// Name, unique in that namespace among workloads (a DNS-1123 label).
+    pub name: String,
+    /// Job or server.
+    pub kind: Kind,
+    /// The binary.
+    pub program: Program,
+    /// Arguments; `${volume:NAME}` is replaced by the volume's directory.
+    pub args: Vec<String>,
+    /// Volumes.
+    pub volumes: Vec<Volume>,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// Labels of the created objects.
+    pub labels: BTreeMap<String, String>,
+    /// The object the workload belongs to (deleted with it in a cluster).
+    pub owner: Option<OwnerReference>,
+    /// Longest run time of a job, in seconds.
+    pub deadline_secs: Option<i64>,
+}
+
+impl WorkloadSpec {
+    /// The arguments with every `${volume:NAME}` replaced by `path(volume)`.
+    pub fn resolved_args(&self, path: impl Fn(&Volume) -> String) -> Vec<String> {
+        self.args
+            .iter()
+            .map(|a| {
+                let mut out = a.clone();
+                for v in &self.volumes {
+                    out = out.replace(&format!("${{volume:{}}}", v.name), &path(v));
+                }
+                out
+            })
+            .collect()
+    }
+}
+
+/// How far a workload got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Not started (or removed).
+    Absent,
+    /// Running.
+    Running,
+    /// Ended with a `result` line.
+    Succeeded,
+    /// Ended with an `error` line, a non-zero exit or no result at all.
+    Failed,
+}
+
+/// What an executor knows about a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// The phase.
+    pub phase: Phase,
+    /// The last `progress` line.
+    pub progress: Option<Value>,
+    /// The final `result` or `error` line.
+    pub outcome: Option<Value>,
+    /// A human-readable detail for a failure without an `error` line (exit
+    /// code, the executor's own reason).
+    pub detail: String,
+}
+
+impl Observation {
+    /// Nothing known.
+    pub fn absent() -> Self {
+        Self {
+            phase: Phase::Absent,
+            progress: None,
+            outcome: None,
+            detail: String::new(),
+        }
+    }
+
+    /// The `reason` and `message` of a failure, from the error line or the
+    /// detail.
+    pub fn failure(&self) -> (String, String) {
+        match &self.outcome {
+            Some(v) if v.get("event").and_then(Value::as_str) == Some("error") => (
+                v.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("WorkloadFailed")
+                    .to_string(),
+                v.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            _ => ("WorkloadFailed".to_string(), self.detail.clone()),
+        }
+    }
+}
+
+/// Reads the protocol lines of a program's stdout: the last progress and the
+/// final event (`result` or `error`). Lines that are not JSON objects are
+/// ignored.
+pub fn scan_output(text: &str) -> (Option<Value>, Option<Value>) {
+    let mut progress = None;
+    let mut outcome = None;
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line.trim()) else {
+            continue;
+        };
+        match v.get("event").and_then(Value::as_str) {
+            Some("progress") => progress = Some(v),
+            Some("result" | "error") => outcome = Some(v),
+            _ => {}
+        }
+    }
+    (progress, outcome)
+}
+
+/// The phase a finished program's output says, given whether it exited 0.
+pub fn finished_phase(outcome: Option<&Value>, exit_ok: bool) -> Phase {
+    match outcome.and_then(|v| v.get("event")).and_then(Value::as_str) {
+        Some("result") if exit_ok => Phase::Succeeded,
+        _ => Phase::Failed,
+    }
+}
+
+/// A workload name: `<prefix>-<name>`, cut to a DNS-1123 label (63) with a
+/// hash suffix when too long, so distinct inputs stay distinct.
+pub fn workload_name(prefix: &str, namespace: &str, name: &str) -> String {
+    use sha2::Digest as _;
+    let full = format!("{prefix}-{name}");
+    if full.len() <= 63 {
+        return full;
+    }
+    let digest = sha2::Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    let tag = hex::encode(&digest[..5]);
+    let keep = 63 - tag.len() - 1;
+    let head: String = full.chars().take(keep).collect();
+    format!("{}-{tag}", head.trim_end_matches(['-', '.']))
+}
+
+/// Errors of an executor.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// The API server refused an object.
+    #[error("workload {name}: {source}")]
+    Kube {
+        /// The workload.
+        name: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// A process could not be started or observed.
+    #[error("workload {name}: {message}")]
+    Process {
+        /// The workload.
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The executor chosen by `--workload-executor`.
+#[derive(Clone, Debug)]
+pub enum Executor {
+    /// Child processes on this host.
+    Process(process::ProcessExecutor),
+    /// Jobs and Deployments in the cluster.
+    Kubernetes(kubernetes::KubeExecutor),
+}
+
+impl Executor {
+    /// Starts the workload unless it exists (idempotent).
+    pub async fn ensure(&self, spec: &WorkloadSpec) -> Result<(), WorkloadError> {
+        match self {
+            Self::Process(p) => p.ensure(spec),
+            Self::Kubernetes(k) => k.ensure(spec).await,
+        }
+    }
+
+    /// What the workload is doing.
+    pub async fn observe(&self, spec: &WorkloadSpec) -> Result<Observation, WorkloadError> {
+        match self {
+            Self::Process(p) => p.observe(spec),
+            Self::Kubernetes(k) => k.observe(spec).await,
+        }
+    }
+
+    /// Stops the workload and forgets it.
+    pub async fn remove(&self, spec: &WorkloadSpec) -> Result<(), WorkloadError> {
+        match self {
+            Self::Process(p) => p.remove(spec),
+            Self::Kubernetes(k) => k.remove(spec).await,
+        }
+    }
+
+    /// Where the content store is for code that runs in the manager's own
+    /// process (`Some` for the process executor only).
+    pub fn local_store(&self) -> Option<&std::path::Path> {
+        match self {
+            Self::Process(p) => Some(p.store_dir()),
+            Self::Kubernetes(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_progress_and_outcome() {
+        let out = "log noise\n{\"event\":\"progress\",\"bytesFetched\":1}\n{\"event\":\"progress\",\"bytesFetched\":2}\n{\"event\":\"result\",\"x\":1}\n";
+        let (p, o) = scan_output(out);
+        assert_eq!(p.and_then(|v| v["bytesFetched"].as_i64()), Some(2));
+        assert_eq!(o.as_ref().and_then(|v| v["x"].as_i64()), Some(1));
+        assert_eq!(finished_phase(o.as_ref(), true), Phase::Succeeded);
+        assert_eq!(finished_phase(o.as_ref(), false), Phase::Failed);
+        let (_, e) = scan_output("{\"event\":\"error\",\"reason\":\"ChecksumMismatch\",\"message\":\"m\"}");
+        assert_eq!(finished_phase(e.as_ref(), true), Phase::Failed);
+        let obs = Observation {
+            phase: Phase::Failed,
+            progress: None,
+            outcome: e,
+            detail: String::new(),
+        };
+        assert_eq!(obs.failure(), ("ChecksumMismatch".into(), "m".into()));
+    }
+
+    #[test]
+    fn names_fit_a_label_and_stay_distinct() {
+        assert_eq!(workload_name("ingest", "ns", "ubuntu"), "ingest-ubuntu");
+        let long = "a".repeat(80);
+        let a = workload_name("ingest", "ns1", &long);
+        let b = workload_name("ingest", "ns2", &long);
+        assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn resolves_volume_placeholders() {
+        let spec = WorkloadSpec {
+            namespace: "ns".into(),
+            name: "w".into(),
+            kind: Kind::Job,
+            program: Program::Agent,
+            args: vec!["--store".into(), "${volume:store}".into(), "--x=${volume:scratch}/f".into()],
+            volumes: vec![
+                Volume { name: "store".into(), mount_path: "/store".into(), source: VolumeSource::ContentStore },
+                Volume { name: "scratch".into(), mount_path: "/scratch".into(), source: VolumeSource::Scratch },
+            ],
+            env: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            owner: None,
+            deadline_secs: None,
+        };
+        assert_eq!(
+            spec.resolved_args(|v| v.mount_path.clone()),
+            vec!["--store", "/store", "--x=/scratch/f"]
+        );
+    }
+}

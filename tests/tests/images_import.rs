@@ -1,0 +1,412 @@
+//! Images into the cluster, against a real API server with the `process`
+//! executor: ImageImports of a raw GPT disk (and the same disk as qcow2)
+//! served over HTTP on loopback reach Succeeded; the Image and the
+//! PartitionContents are Ready and match what `anneal-agent capture` makes
+//! of the same file; the content server serves the verified streams
+//! byte-identical to the local capture; refusals (checksum mismatch, 404, a
+//! taken name) fail with their reason and a Warning Event and create
+//! nothing; a referenced content cannot be deleted until its Image is.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anneal_api::conditions::types;
+use anneal_api::{
+    ContentState, Image, ImageImport, ImageState, ImportState, PartitionContent, SlotRole,
+};
+use anneal_image::format::ContentIndex;
+use anneal_manager::content::ContentConfig;
+use anneal_manager::workload::{Executor, process::ProcessExecutor};
+use anneal_tests::images::{FileServer, SWAP_UUID, gpt_disk, sha256_file};
+use anneal_tests::{artifacts, eventually};
+use anneal_testinfra::ControlPlane;
+use k8s_openapi::api::core::v1::{Event, Namespace};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "images";
+const WAIT: Duration = Duration::from_secs(180);
+
+async fn create_import(client: &Client, name: &str, spec: serde_json::Value) {
+    let api: Api<ImageImport> = Api::namespaced(client.clone(), NS);
+    let imp: ImageImport = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &imp).await.unwrap();
+}
+
+async fn finished(client: &Client, name: &str) -> ImageImport {
+    let api: Api<ImageImport> = Api::namespaced(client.clone(), NS);
+    eventually(&format!("ImageImport {name} finished"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let i = api.get(name).await.ok()?;
+            matches!(
+                i.status.as_ref().and_then(|s| s.state),
+                Some(ImportState::Succeeded | ImportState::Failed)
+            )
+            .then_some(i)
+        }
+    })
+    .await
+}
+
+fn condition(i: &ImageImport, type_: &str) -> (String, String, String) {
+    let c = i
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("{} has no {type_} condition: {:?}", i.name_any(), i.status));
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+async fn warning_events(client: &Client, object: &str) -> Vec<(String, String)> {
+    let api: Api<Event> = Api::namespaced(client.clone(), NS);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(object))
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+/// A failed import: its reason, message naming `needle`, a Warning Event,
+/// and no Image or content of its names.
+async fn assert_refused(client: &Client, name: &str, reason: &str, needle: &str, image: &str, prefix: &str) {
+    let i = finished(client, name).await;
+    assert_eq!(
+        i.status.as_ref().and_then(|s| s.state),
+        Some(ImportState::Failed),
+        "{name}: {:?}",
+        i.status
+    );
+    let (status, r, message) = condition(&i, types::SUCCEEDED);
+    assert_eq!((status.as_str(), r.as_str()), ("False", reason), "{name}: {message}");
+    assert!(message.contains(needle), "{name}: message {message:?} lacks {needle:?}");
+    let events = eventually(&format!("a Warning Event for {name}"), WAIT, || async {
+        let ev = warning_events(client, name).await;
+        ev.iter().any(|(r, _)| r == reason).then_some(ev)
+    })
+    .await;
+    assert!(events.iter().any(|(_, m)| m.contains(needle)), "{events:?}");
+    let images: Api<Image> = Api::namespaced(client.clone(), NS);
+    assert!(images.get_opt(image).await.unwrap().is_none(), "{name} created Image {image}");
+    let contents: Api<PartitionContent> = Api::namespaced(client.clone(), NS);
+    let made: Vec<String> = contents
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .filter(|n| n.starts_with(&format!("{prefix}-p")))
+        .collect();
+    assert!(made.is_empty(), "{name} created contents {made:?}");
+}
+
+/// `anneal-agent capture` of `disk` into `out`; the index of each content.
+fn capture(agent: &Path, disk: &Path, out: &Path) -> serde_json::Value {
+    let o = Command::new(agent)
+        .arg("capture")
+        .arg(disk)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&std::fs::read(out.join("layout.json")).unwrap()).unwrap()
+}
+
+fn index(path: &Path) -> ContentIndex {
+    ContentIndex::parse(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// A content from `status` and `spec` equals the local capture's index.
+fn assert_matches_capture(pc: &PartitionContent, idx: &ContentIndex) {
+    let h = &idx.header;
+    let s = &pc.spec;
+    assert_eq!(s.used_bytes, h.used_bytes as i64, "{} usedBytes", pc.name_any());
+    assert_eq!(s.size_bytes, h.partition_size as i64, "{} sizeBytes", pc.name_any());
+    assert_eq!(s.last_extent_end, h.last_extent_end as i64, "{} lastExtentEnd", pc.name_any());
+    assert_eq!(s.block_size, i64::from(h.block_size), "{} blockSize", pc.name_any());
+    assert_eq!(s.piece_length, i64::from(h.piece_length), "{} pieceLength", pc.name_any());
+    assert_eq!(s.fs_type.as_deref(), Some(h.fs_type.as_str()), "{} fsType", pc.name_any());
+    let status = pc.status.as_ref().unwrap();
+    assert_eq!(status.state, Some(ContentState::Ready), "{}", pc.name_any());
+    assert_eq!(
+        status.sha256.as_deref(),
+        Some(hex(&h.stream_sha256).as_str()),
+        "{} sha256 of the stream",
+        pc.name_any()
+    );
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_reach_ready_contents_and_refusals_create_nothing() {
+    let agent = artifacts::agent_host();
+    let base = Path::new("/var/tmp/anneal-test");
+    std::fs::create_dir_all(base).unwrap();
+    let work = tempfile::tempdir_in(base).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let store = work.path().join("store");
+
+    // A 256 MiB GPT disk with 96 MiB of file data, its qcow2, their sums.
+    let disk = gpt_disk(&src, 256, 96);
+    let qcow = src.join("disk.qcow2");
+    let o = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(&disk)
+        .arg(&qcow)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let raw_sum = sha256_file(&disk);
+    let qcow_sum = sha256_file(&qcow);
+    let local = work.path().join("local");
+    let layout = capture(&agent, &disk, &local);
+
+    // A slow source (48 MiB/s: the 256 MiB import takes about 5 s), so
+    // progress is observable.
+    let server = FileServer::start(&src, Some(48 << 20));
+
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+
+    let bin_dir = agent.parent().unwrap().to_path_buf();
+    let runtime = anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
+        .with_content(ContentConfig {
+            executor: Executor::Process(ProcessExecutor::new(bin_dir, &store)),
+            store_name: "test-store".into(),
+            max_source_bytes: Some(1 << 30),
+            ingest_deadline_secs: 600,
+        });
+    let shutdown = runtime.shutdown_token();
+    let manager = tokio::spawn(runtime.run());
+
+    // --- raw, with its checksum: Succeeded, progress seen at least twice.
+    let imports: Api<ImageImport> = Api::namespaced(client.clone(), NS);
+    create_import(&client, "deb-raw", json!({
+        "source": {"url": server.url("disk.raw"), "checksum": format!("sha256:{raw_sum}")},
+        "imageName": "deb", "contentPrefix": "deb",
+    }))
+    .await;
+    let mut seen = Vec::new();
+    let raw = eventually("deb-raw finished, progress recorded", WAIT, || {
+        let imports = imports.clone();
+        let seen = &mut seen;
+        async move {
+            let i = imports.get("deb-raw").await.ok()?;
+            let s = i.status.clone().unwrap_or_default();
+            if let Some(p) = &s.progress
+                && s.state == Some(ImportState::Ingesting)
+                && seen.last() != Some(&(p.bytes_done, p.bytes_captured))
+            {
+                seen.push((p.bytes_done, p.bytes_captured));
+            }
+            matches!(s.state, Some(ImportState::Succeeded | ImportState::Failed)).then_some(i)
+        }
+    })
+    .await;
+    let st = raw.status.clone().unwrap();
+    assert_eq!(st.state, Some(ImportState::Succeeded), "{:?}", st.conditions);
+    let moving: Vec<_> = seen.iter().filter(|(d, _)| *d > 0).collect();
+    assert!(moving.len() >= 2, "fewer than two progress updates seen: {seen:?}");
+    let p = st.progress.unwrap();
+    assert_eq!((p.percent, p.bytes_total), (100, 256 << 20), "{p:?}");
+    assert_eq!(st.image_ref.as_ref().map(|r| r.name.as_str()), Some("deb"));
+    let content_names: Vec<&str> = st.content_refs.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(content_names, ["deb-p1", "deb-p3"], "ESP and ext4 have content; swap and the blank slot do not");
+
+    // The Image: layout as the source, Ready once its contents are.
+    let images: Api<Image> = Api::namespaced(client.clone(), NS);
+    let image = eventually("Image deb Ready", WAIT, || {
+        let images = images.clone();
+        async move {
+            let i = images.get("deb").await.ok()?;
+            (i.status.as_ref().and_then(|s| s.state) == Some(ImageState::Ready)).then_some(i)
+        }
+    })
+    .await;
+    let slots = &image.spec.layout.slots;
+    assert_eq!(slots.len(), 4, "{slots:?}");
+    assert_eq!(slots[0].role, SlotRole::Esp);
+    assert_eq!(slots[1].role, SlotRole::Swap);
+    assert_eq!(slots[1].uuid.as_deref(), Some(SWAP_UUID));
+    assert_eq!(slots[2].role, SlotRole::Data);
+    assert!(slots[3].content_ref.is_none() && slots[3].fs_type.is_none());
+    for (slot, captured) in slots.iter().zip(layout["slots"].as_array().unwrap()) {
+        assert_eq!(slot.size_bytes, captured["sizeBytes"].as_i64(), "slot {}", slot.number);
+        assert_eq!(
+            slot.part_uuid.as_deref().map(str::to_uppercase),
+            captured["partUuid"].as_str().map(str::to_uppercase),
+            "slot {}",
+            slot.number
+        );
+    }
+    assert!(image.spec.bootable);
+
+    // The contents: Ready, their spec equal to the local capture's index,
+    // the stored files byte-identical to it.
+    let contents: Api<PartitionContent> = Api::namespaced(client.clone(), NS);
+    for (name, local_name) in [("deb-p1", "p1"), ("deb-p3", "p3")] {
+        let pc = eventually(&format!("{name} Ready"), WAIT, || {
+            let contents = contents.clone();
+            async move {
+                let pc = contents.get(name).await.ok()?;
+                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
+            }
+        })
+        .await;
+        let idx = index(&local.join(format!("{local_name}.index")));
+        assert_matches_capture(&pc, &idx);
+        assert_eq!(
+            sha256_file(&store.join(NS).join(name).join("stream")),
+            sha256_file(&local.join(format!("{local_name}.stream"))),
+            "{name}: stored stream differs from the local capture"
+        );
+        assert!(pc.finalizers().iter().any(|f| f == "anneal.dev/content-protection"));
+    }
+    assert!(store.join(NS).join(".imports/deb-raw/layout.json").is_file());
+
+    // The content server serves the verified stream, byte-identical.
+    let port = anneal_testinfra::free_port().unwrap();
+    let serve = anneal_testinfra::ChildGroup::spawn(
+        "content-server",
+        Command::new(&agent)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--content-dir"])
+            .arg(&store),
+    )
+    .unwrap();
+    let fetched = work.path().join("fetched.stream");
+    let url = format!("http://127.0.0.1:{port}/content/{NS}/deb-p3/stream");
+    eventually("the content server serves deb-p3", WAIT, || {
+        let (url, fetched) = (url.clone(), fetched.clone());
+        async move {
+            Command::new("curl")
+                .args(["-sf", "-o"])
+                .arg(&fetched)
+                .arg(&url)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    assert_eq!(sha256_file(&fetched), sha256_file(&local.join("p3.stream")));
+    drop(serve);
+
+    // --- the same disk as qcow2: the same contents.
+    create_import(&client, "deb-qcow", json!({
+        "source": {"url": server.url("disk.qcow2"), "checksum": format!("sha256:{qcow_sum}"), "format": "qcow2"},
+        "imageName": "deb-q", "contentPrefix": "debq",
+    }))
+    .await;
+    let q = finished(&client, "deb-qcow").await;
+    assert_eq!(q.status.as_ref().and_then(|s| s.state), Some(ImportState::Succeeded), "{:?}", q.status);
+    for (name, local_name) in [("debq-p1", "p1"), ("debq-p3", "p3")] {
+        let pc = eventually(&format!("{name} Ready"), WAIT, || {
+            let contents = contents.clone();
+            async move {
+                let pc = contents.get(name).await.ok()?;
+                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
+            }
+        })
+        .await;
+        assert_matches_capture(&pc, &index(&local.join(format!("{local_name}.index"))));
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&store)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() == ".staging")
+        .flat_map(|e| walk_files(&e.path()))
+        .collect();
+    assert!(leftovers.is_empty(), "staging or scratch files left: {leftovers:?}");
+
+    // --- refusals: nothing created, the reason in status and an Event.
+    let wrong = "0".repeat(64);
+    create_import(&client, "bad-sum", json!({
+        "source": {"url": server.url("disk.raw"), "checksum": format!("sha256:{wrong}")},
+        "imageName": "bad-sum", "contentPrefix": "badsum",
+    }))
+    .await;
+    create_import(&client, "missing", json!({
+        "source": {"url": server.url("nope.raw")},
+        "imageName": "missing", "contentPrefix": "missing",
+    }))
+    .await;
+    create_import(&client, "taken", json!({
+        "source": {"url": server.url("disk.raw")},
+        "imageName": "deb", "contentPrefix": "taken",
+    }))
+    .await;
+    assert_refused(&client, "bad-sum", "ChecksumMismatch", &raw_sum, "bad-sum", "badsum").await;
+    assert_refused(&client, "bad-sum", "ChecksumMismatch", &wrong, "bad-sum", "badsum").await;
+    assert_refused(&client, "missing", "SourceNotFound", "nope.raw", "missing", "missing").await;
+    let t = finished(&client, "taken").await;
+    let (_, reason, message) = condition(&t, types::SUCCEEDED);
+    assert_eq!(reason, "NameTaken", "{message}");
+    assert!(message.contains("Image deb"), "{message}");
+    assert!(
+        images.get("deb").await.unwrap().labels().get("anneal.dev/import").map(String::as_str) == Some("deb-raw"),
+        "the existing Image was overwritten"
+    );
+
+    // --- deletion: refused while the Image references the content.
+    contents.delete("deb-p3", &DeleteParams::default()).await.unwrap();
+    let blocked = eventually("deb-p3 DeletionBlocked", WAIT, || {
+        let contents = contents.clone();
+        async move {
+            let pc = contents.get("deb-p3").await.ok()?;
+            let c = pc.status.as_ref()?.conditions.iter().find(|c| c.type_ == types::DELETION_BLOCKED)?;
+            (c.status == "True").then(|| c.message.clone())
+        }
+    })
+    .await;
+    assert!(blocked.contains("Image deb"), "{blocked}");
+    assert!(store.join(NS).join("deb-p3/stream").is_file(), "files removed while referenced");
+    images.delete("deb", &DeleteParams::default()).await.unwrap();
+    eventually("deb-p3 deleted", WAIT, || {
+        let contents = contents.clone();
+        async move { contents.get_opt("deb-p3").await.ok().map(|o| o.is_none()).unwrap_or(false) }
+    })
+    .await;
+    assert!(!store.join(NS).join("deb-p3").exists(), "stored files of deb-p3 remain");
+
+    shutdown.cancel();
+    manager.await.unwrap().unwrap();
+    drop(server);
+}
+
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk_files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
