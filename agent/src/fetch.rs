@@ -631,8 +631,11 @@ fn attempt_once(
             });
         }
     }
-    let chunked = header("transfer-encoding")
-        .is_some_and(|v| v.to_ascii_lowercase().split(',').any(|t| t.trim() == "chunked"));
+    let chunked = header("transfer-encoding").is_some_and(|v| {
+        v.to_ascii_lowercase()
+            .split(',')
+            .any(|t| t.trim() == "chunked")
+    });
     let content_length = match header("content-length") {
         Some(v) => Some(
             v.parse::<u64>()
@@ -672,7 +675,10 @@ mod tests {
     fn urls() {
         let u = Url::parse("http://127.0.0.1:8080/a/b?c=1#frag").unwrap();
         assert!(!u.tls);
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("127.0.0.1", 8080, "/a/b?c=1"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 8080, "/a/b?c=1")
+        );
         let u = Url::parse("https://example.com").unwrap();
         assert_eq!((u.port, u.path.as_str()), (443, "/"));
         assert_eq!(u.to_string(), "https://example.com/");

@@ -267,7 +267,10 @@ impl Drop for Cleanup {
 }
 
 fn store_err(what: &str, p: &Path, e: &dyn std::error::Error) -> Failure {
-    Failure::new("StoreError", format!("{what} {}: {}", p.display(), chain(e)))
+    Failure::new(
+        "StoreError",
+        format!("{what} {}: {}", p.display(), chain(e)),
+    )
 }
 
 fn parse_checksum(s: &str) -> Result<[u8; 32], Failure> {
@@ -391,8 +394,14 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
                     store_err("opening", &p, &e)
                 }
             })?;
-            let len = f.metadata().map_err(|e| store_err("reading", &p, &e))?.len();
-            (Box::new(io::BufReader::with_capacity(1 << 20, f)), Some(len))
+            let len = f
+                .metadata()
+                .map_err(|e| store_err("reading", &p, &e))?
+                .len();
+            (
+                Box::new(io::BufReader::with_capacity(1 << 20, f)),
+                Some(len),
+            )
         } else {
             let fo = FetchOptions {
                 timeout: Duration::from_secs(args.timeout_secs.max(1)),
@@ -446,7 +455,8 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
     let kind = detect(&head, args.format);
     tracing::info!(url = %args.url, format = kind.name(), "ingest");
 
-    let invalid = |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));
+    let invalid =
+        |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));
     // check the checksum once the source has been read completely
     let finish = |src: &mut Source| -> Result<String, Failure> {
         src.drain()
@@ -525,7 +535,10 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
             let root = clonezilla_root(&dir).ok_or_else(|| {
                 Failure::new(
                     "InvalidSource",
-                    format!("{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)", args.url),
+                    format!(
+                        "{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)",
+                        args.url
+                    ),
                 )
             })?;
             let r = capture::capture_clonezilla(&root, &capture_dir, opts);
@@ -572,7 +585,15 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
     );
 
     set_phase(2);
-    publish(args, &ns_dir, &import_dir, &capture_dir, &work, &contents, layout.as_ref())?;
+    publish(
+        args,
+        &ns_dir,
+        &import_dir,
+        &capture_dir,
+        &work,
+        &contents,
+        layout.as_ref(),
+    )?;
     drop(ticker);
     out.line(&prog.json());
     drop(cleanup);
@@ -707,7 +728,8 @@ fn publish(
                 }
             })?;
             let p = import_dir.join("layout.json");
-            let json = serde_json::to_vec_pretty(l).map_err(|e| store_err("serialising", &p, &e))?;
+            let json =
+                serde_json::to_vec_pretty(l).map_err(|e| store_err("serialising", &p, &e))?;
             write_atomic(&p, &json).map_err(|e| store_err("writing", &p, &e))
         })();
         if let Err(f) = r {
@@ -857,7 +879,13 @@ fn untar(mut r: impl Read, dir: &Path) -> Result<(), TarError> {
         let sum: u64 = hdr
             .iter()
             .enumerate()
-            .map(|(i, b)| if (148..156).contains(&i) { 32 } else { u64::from(*b) })
+            .map(|(i, b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u64::from(*b)
+                }
+            })
             .sum();
         if tar_octal(&hdr[148..156])? != sum {
             return Err(TarError::Invalid("header checksum mismatch".into()));
@@ -976,7 +1004,10 @@ mod tests {
         tar[257..262].copy_from_slice(b"ustar");
         assert_eq!(detect(b"QFI\xfb\0\0\0\x03", None), Kind::Qcow2);
         assert_eq!(detect(&tar, None), Kind::ClonezillaTar);
-        assert_eq!(detect(&tar, Some(IngestFormat::Partclone)), Kind::ClonezillaTar);
+        assert_eq!(
+            detect(&tar, Some(IngestFormat::Partclone)),
+            Kind::ClonezillaTar
+        );
         assert_eq!(detect(b"partclone-image\0", None), Kind::Partclone);
         assert_eq!(detect(&[0x1f, 0x8b, 8, 0], None), Kind::Partclone);
         assert_eq!(detect(&[0u8; 512], None), Kind::Raw);
@@ -991,7 +1022,10 @@ mod tests {
         let root = Path::new("/r");
         assert!(safe_join(root, "/etc/passwd").is_err());
         assert!(safe_join(root, "a/../../x").is_err());
-        assert_eq!(safe_join(root, "./a/b").unwrap(), Some(PathBuf::from("/r/a/b")));
+        assert_eq!(
+            safe_join(root, "./a/b").unwrap(),
+            Some(PathBuf::from("/r/a/b"))
+        );
         assert_eq!(safe_join(root, "./").unwrap(), None);
     }
 
@@ -1014,7 +1048,10 @@ mod tests {
         assert!(st.success());
         let out = d.path().join("out");
         untar(File::open(&ar).unwrap(), &out).unwrap();
-        assert_eq!(std::fs::read(out.join("img/big")).unwrap(), vec![7u8; 70_000]);
+        assert_eq!(
+            std::fs::read(out.join("img/big")).unwrap(),
+            vec![7u8; 70_000]
+        );
         assert_eq!(clonezilla_root(&out), Some(out.join("img")));
         // a hand-made entry with `..`
         let mut h = [0u8; 512];
@@ -1028,7 +1065,10 @@ mod tests {
         let sum: u64 = h.iter().map(|b| u64::from(*b)).sum();
         h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
         let e = untar(&h[..], &d.path().join("out2")).unwrap_err();
-        assert!(matches!(e, TarError::Invalid(ref m) if m.contains("..")), "{e:?}");
+        assert!(
+            matches!(e, TarError::Invalid(ref m) if m.contains("..")),
+            "{e:?}"
+        );
         assert!(!d.path().join("evil").exists());
     }
 }

@@ -286,10 +286,7 @@ fn resolve(store: &Path, path: &str) -> Result<PathBuf, (u16, &'static str)> {
     ))?;
     let parts: Vec<&str> = rest.split('/').collect();
     let [ns, content, file] = parts.as_slice() else {
-        return Err((
-            400,
-            "expected /content/<namespace>/<content>/index|stream",
-        ));
+        return Err((400, "expected /content/<namespace>/<content>/index|stream"));
     };
     if !valid_name(ns, false) || !valid_name(content, true) {
         return Err((

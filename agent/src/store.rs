@@ -173,9 +173,15 @@ pub fn verify(store: &Path, ns: &str, name: &str, out: &Out) -> Result<serde_jso
     let stream_path = dir.join("stream");
     let mut stream = File::open(&stream_path).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
-            Failure::new("Missing", format!("{name}: no stream at {}", stream_path.display()))
+            Failure::new(
+                "Missing",
+                format!("{name}: no stream at {}", stream_path.display()),
+            )
         } else {
-            Failure::new("StoreError", format!("opening {}: {e}", stream_path.display()))
+            Failure::new(
+                "StoreError",
+                format!("opening {}: {e}", stream_path.display()),
+            )
         }
     })?;
     let used = idx.header.used_bytes;
@@ -208,7 +214,10 @@ pub fn verify(store: &Path, ns: &str, name: &str, out: &Out) -> Result<serde_jso
             stream.read_exact(&mut buf[..n]).map_err(|e| {
                 Failure::new(
                     "StoreError",
-                    format!("reading piece {i} of {name} from {}: {e}", stream_path.display()),
+                    format!(
+                        "reading piece {i} of {name} from {}: {e}",
+                        stream_path.display()
+                    ),
                 )
             })?;
             h.update(&buf[..n]);
@@ -217,7 +226,11 @@ pub fn verify(store: &Path, ns: &str, name: &str, out: &Out) -> Result<serde_jso
             done.fetch_add(n as u64, Ordering::Relaxed);
         }
         let got: [u8; 20] = h.finalize().into();
-        let want = idx.piece_hashes.get(i as usize).copied().unwrap_or_default();
+        let want = idx
+            .piece_hashes
+            .get(i as usize)
+            .copied()
+            .unwrap_or_default();
         if got != want {
             return Err(Failure::new(
                 "PieceMismatch",
@@ -269,7 +282,9 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp-{:016x}",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
         rand::random::<u64>()
     ));
     let r = (|| {
@@ -294,7 +309,17 @@ mod tests {
             assert!(valid_name(ok), "{ok}");
         }
         for bad in [
-            "", ".x", "x.", "-x", "x-", "A", "a/b", "a..b", "..", "a_b", "a b",
+            "",
+            ".x",
+            "x.",
+            "-x",
+            "x-",
+            "A",
+            "a/b",
+            "a..b",
+            "..",
+            "a_b",
+            "a b",
             &"a".repeat(254),
         ] {
             assert!(!valid_name(bad), "{bad}");

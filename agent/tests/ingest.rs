@@ -61,7 +61,9 @@ struct Outcome {
 
 impl Outcome {
     fn last(&self) -> &Value {
-        self.lines.last().unwrap_or_else(|| panic!("no output; stderr: {}", self.stderr))
+        self.lines
+            .last()
+            .unwrap_or_else(|| panic!("no output; stderr: {}", self.stderr))
     }
     fn progress(&self) -> Vec<&Value> {
         self.lines
@@ -70,13 +72,21 @@ impl Outcome {
             .collect()
     }
     fn ok(&self) -> &Value {
-        assert_eq!(self.code, 0, "stdout: {:?}\nstderr: {}", self.lines, self.stderr);
+        assert_eq!(
+            self.code, 0,
+            "stdout: {:?}\nstderr: {}",
+            self.lines, self.stderr
+        );
         let l = self.last();
         assert_eq!(l["event"], "result", "{l}");
         l
     }
     fn err(&self, reason: &str) -> String {
-        assert_eq!(self.code, 1, "stdout: {:?}\nstderr: {}", self.lines, self.stderr);
+        assert_eq!(
+            self.code, 1,
+            "stdout: {:?}\nstderr: {}",
+            self.lines, self.stderr
+        );
         let l = self.last();
         assert_eq!(l["event"], "error", "{l}");
         assert_eq!(l["reason"], reason, "{l}");
@@ -112,12 +122,12 @@ fn ingest(url: &str, store: &Path, import: &str, prefix: &str, extra: &[&str]) -
 }
 
 fn store_cmd(op: &str, store: &Path, content: &str) -> Outcome {
-    exec(
-        agent()
-            .args(["store", op, "--store"])
-            .arg(store)
-            .args(["--namespace", "lab", "--content", content]),
-    )
+    exec(agent().args(["store", op, "--store"]).arg(store).args([
+        "--namespace",
+        "lab",
+        "--content",
+        content,
+    ]))
 }
 
 // ------------------------------------------------------------ fixtures
@@ -276,7 +286,9 @@ fn answer(mut s: impl Read + Write, root: &Path) -> std::io::Result<()> {
         None => (false, path.trim_start_matches('/').to_owned()),
     };
     let Ok(mut f) = std::fs::File::open(root.join(&name)) else {
-        s.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n")?;
+        s.write_all(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n",
+        )?;
         return s.flush();
     };
     let len = f.metadata()?.len();
@@ -325,7 +337,10 @@ fn tls_server() -> (String, Arc<rustls::ServerConfig>) {
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(
-            vec![leaf.der().clone(), CertificateDer::from(ca_cert.der().to_vec())],
+            vec![
+                leaf.der().clone(),
+                CertificateDer::from(ca_cert.der().to_vec()),
+            ],
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
         )
         .unwrap();
@@ -361,7 +376,13 @@ fn raw_gpt_over_http_equals_capture_then_verify_serve_remove() {
     let store = d.join("store");
     let url = format!("http://{addr}/disk.raw");
 
-    let o = ingest(&url, &store, "imp1", "img", &["--checksum", &format!("sha256:{sha}")]);
+    let o = ingest(
+        &url,
+        &store,
+        "imp1",
+        "img",
+        &["--checksum", &format!("sha256:{sha}")],
+    );
     let res = o.ok();
     assert_eq!(res["format"], "raw");
     assert_eq!(res["sourceSha256"], sha.as_str());
@@ -381,7 +402,10 @@ fn raw_gpt_over_http_equals_capture_then_verify_serve_remove() {
     assert_matches_capture(res, &cap, &store, "imp1", "img");
     let progress = o.progress();
     assert!(progress.len() >= 2, "{progress:?}");
-    let phases: Vec<&str> = progress.iter().map(|p| p["phase"].as_str().unwrap()).collect();
+    let phases: Vec<&str> = progress
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
     for p in ["Fetching", "Capturing", "Publishing"] {
         assert!(phases.contains(&p), "{phases:?}");
     }
@@ -408,7 +432,8 @@ fn raw_gpt_over_http_equals_capture_then_verify_serve_remove() {
     // verify: marker and sha256 equal to the index header's
     let content_server = {
         let cfg = anneal_agent::serve::ServeConfig::new(&store);
-        let server = anneal_agent::serve::Server::bind("127.0.0.1:0".parse().unwrap(), cfg).unwrap();
+        let server =
+            anneal_agent::serve::Server::bind("127.0.0.1:0".parse().unwrap(), cfg).unwrap();
         let a = server.local_addr().unwrap();
         std::thread::spawn(move || server.run());
         a
@@ -425,7 +450,10 @@ fn raw_gpt_over_http_equals_capture_then_verify_serve_remove() {
     assert_eq!(r["sha256"], idx.stream_sha256_hex().as_str());
     assert_eq!(r["pieces"], idx.piece_count());
     assert_eq!(r["usedBytes"], idx.header.used_bytes);
-    assert_eq!(r["indexSha256"], file_sha(&store.join("lab/img-p3/index")).as_str());
+    assert_eq!(
+        r["indexSha256"],
+        file_sha(&store.join("lab/img-p3/index")).as_str()
+    );
     assert!(!o.progress().is_empty());
     assert_eq!(
         std::fs::read_to_string(store.join("lab/img-p3/verified")).unwrap(),
@@ -499,15 +527,28 @@ fn qcow2_and_staged_sources() {
     );
     let res = o.ok();
     assert_eq!(res["format"], "qcow2");
-    assert_eq!(res["sourceSha256"], file_sha(&d.join("disk.qcow2")).as_str());
+    assert_eq!(
+        res["sourceSha256"],
+        file_sha(&d.join("disk.qcow2")).as_str()
+    );
     assert_matches_capture(res, &cap, &store, "imp-q", "q");
-    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0, "scratch left");
+    assert_eq!(
+        std::fs::read_dir(&scratch).unwrap().count(),
+        0,
+        "scratch left"
+    );
 
     // staged: the file is already in the store
     let staged = store.join("lab/.staged");
     std::fs::create_dir_all(&staged).unwrap();
     std::fs::copy(&disk, staged.join("upload-1")).unwrap();
-    let res = ingest("staged://upload-1", &store, "imp-s", "s", &["--format", "raw"]);
+    let res = ingest(
+        "staged://upload-1",
+        &store,
+        "imp-s",
+        "s",
+        &["--format", "raw"],
+    );
     let res = res.ok();
     assert_eq!(res["format"], "raw");
     assert_matches_capture(res, &cap, &store, "imp-s", "s");
@@ -531,7 +572,10 @@ fn partclone_image(d: &Path, part: &Path, tool: &str, out: &Path) {
 
 fn have_partclone() -> bool {
     Command::new("sh")
-        .args(["-c", "command -v partclone.ext4 && command -v partclone.vfat"])
+        .args([
+            "-c",
+            "command -v partclone.ext4 && command -v partclone.vfat",
+        ])
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -553,7 +597,10 @@ fn single_partclone_image_over_chunked_http() {
     ));
     let pcl = d.join("p3.pcl");
     partclone_image(d, &d.join("p3.part"), "ext4", &pcl);
-    sh(&format!("cd {} && zstd -q p3.pcl -o p3.pcl.zst", d.display()));
+    sh(&format!(
+        "cd {} && zstd -q p3.pcl -o p3.pcl.zst",
+        d.display()
+    ));
     let cap = d.join("cap");
     capture(&pcl, &cap, &["--format", "partclone", "--name", "p1"]);
     let addr = serve_dir(d.to_owned(), None);
@@ -569,7 +616,10 @@ fn single_partclone_image_over_chunked_http() {
     let res = o.ok();
     assert_eq!(res["format"], "partclone");
     assert!(res["layout"].is_null());
-    assert_eq!(res["bytesFetched"], std::fs::metadata(d.join("p3.pcl.zst")).unwrap().len());
+    assert_eq!(
+        res["bytesFetched"],
+        std::fs::metadata(d.join("p3.pcl.zst")).unwrap().len()
+    );
     assert_eq!(res["contents"].as_array().unwrap().len(), 1);
     assert_eq!(res["contents"][0]["name"], "pc-p1");
     assert_eq!(res["contents"][0]["fsType"], "ext4");
@@ -598,7 +648,9 @@ fn single_partclone_image_over_chunked_http() {
 #[test]
 fn clonezilla_tar_over_http() {
     if !have_partclone() {
-        eprintln!("SKIPPED: partclone.ext4/partclone.vfat are not installed (Debian package `partclone`)");
+        eprintln!(
+            "SKIPPED: partclone.ext4/partclone.vfat are not installed (Debian package `partclone`)"
+        );
         return;
     }
     let dir = tmpdir();
@@ -621,7 +673,11 @@ fn clonezilla_tar_over_http() {
             disk = disk.display(),
             part = part.display()
         ));
-        let compress = if comp == "gz" { "gzip -c" } else { "zstd -q -c" };
+        let compress = if comp == "gz" {
+            "gzip -c"
+        } else {
+            "zstd -q -c"
+        };
         sh(&format!(
             "partclone.{tool} -c -q -L {d}/pc.log -s {part} -o - | {compress} > {d}/tmp && \
              split -n 2 {d}/tmp {cz}/sda{n}.{tool}-ptcl-img.{comp}. && rm {d}/tmp {part}",
@@ -644,7 +700,12 @@ fn clonezilla_tar_over_http() {
         &store,
         "imp-cz",
         "cz",
-        &["--format", "partclone", "--checksum", &format!("sha256:{}", file_sha(&d.join("cz.tar")))],
+        &[
+            "--format",
+            "partclone",
+            "--checksum",
+            &format!("sha256:{}", file_sha(&d.join("cz.tar"))),
+        ],
     );
     let res = o.ok();
     assert_eq!(res["format"], "clonezilla");
@@ -684,15 +745,22 @@ fn refusals() {
     // checksum mismatch: expected and actual named, nothing published
     let store = d.join("s1");
     let wrong = "ab".repeat(32);
-    let m = ingest(&small, &store, "i", "x", &["--checksum", &format!("sha256:{wrong}")])
-        .err("ChecksumMismatch");
+    let m = ingest(
+        &small,
+        &store,
+        "i",
+        "x",
+        &["--checksum", &format!("sha256:{wrong}")],
+    )
+    .err("ChecksumMismatch");
     assert!(m.contains(&wrong) && m.contains(&sha), "{m}");
     assert!(published(&store).is_empty());
     assert!(!store.join("lab/.imports/i").exists());
     assert_clean(&store);
 
     // 404
-    let m = ingest(&format!("http://{addr}/missing.raw"), &store, "i", "x", &[]).err("SourceNotFound");
+    let m =
+        ingest(&format!("http://{addr}/missing.raw"), &store, "i", "x", &[]).err("SourceNotFound");
     assert!(m.contains("missing.raw") && m.contains("404"), "{m}");
     // 4xx other than 404: HTTPError, not retried
     let m = ingest(&format!("http://{addr}/status/403"), &store, "i", "x", &[]).err("HTTPError");
@@ -714,14 +782,22 @@ fn refusals() {
     let m = ingest(&small, &store, "i", "x", &[]).err("ContentExists");
     assert!(m.contains("x-p1"), "{m}");
     assert_eq!(published(&store), ["x-p1"]);
-    assert!(std::fs::read_dir(store.join("lab/x-p1")).unwrap().next().is_none());
+    assert!(
+        std::fs::read_dir(store.join("lab/x-p1"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
     assert!(!store.join("lab/.imports/i").exists());
     assert_clean(&store);
 
     // --max-bytes smaller than the source (Content-Length)
     let store = d.join("s3");
     let m = ingest(&small, &store, "i", "x", &["--max-bytes", "1000000"]).err("SourceTooLarge");
-    assert!(m.contains("1000000") && m.contains(&(8u64 << 20).to_string()), "{m}");
+    assert!(
+        m.contains("1000000") && m.contains(&(8u64 << 20).to_string()),
+        "{m}"
+    );
     assert!(published(&store).is_empty());
 
     // a closed port: Unreachable after the retries
@@ -729,14 +805,26 @@ fn refusals() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let o = ingest(&format!("http://{closed}/x.raw"), &store, "i", "x", &["--retries", "2"]);
+    let o = ingest(
+        &format!("http://{closed}/x.raw"),
+        &store,
+        "i",
+        "x",
+        &["--retries", "2"],
+    );
     let m = o.err("Unreachable");
-    assert!(m.contains("3 attempts") && m.contains(&closed.to_string()), "{m}");
+    assert!(
+        m.contains("3 attempts") && m.contains(&closed.to_string()),
+        "{m}"
+    );
     assert_eq!(o.stderr.matches("retrying").count(), 2, "{}", o.stderr);
 
     // a hostile partclone image: InvalidSource with the parser's message
-    let want = anneal_image::partclone::parse_header(&hostile).unwrap_err().to_string();
-    let m = ingest(&format!("http://{addr}/hostile.pcl"), &store, "i", "x", &[]).err("InvalidSource");
+    let want = anneal_image::partclone::parse_header(&hostile)
+        .unwrap_err()
+        .to_string();
+    let m =
+        ingest(&format!("http://{addr}/hostile.pcl"), &store, "i", "x", &[]).err("InvalidSource");
     assert!(m.contains(&want), "{m} / {want}");
     assert!(published(&store).is_empty());
     assert_clean(&store);
@@ -766,11 +854,23 @@ fn https_with_ca_bundle() {
     let addr = serve_dir(d.to_owned(), Some(cfg));
     let url = format!("https://{addr}/small.raw");
     let store = d.join("store");
-    let m = ingest(&url, &store, "i", "x", &["--ca-bundle", d.join("other.pem").to_str().unwrap()])
-        .err("TLSError");
+    let m = ingest(
+        &url,
+        &store,
+        "i",
+        "x",
+        &["--ca-bundle", d.join("other.pem").to_str().unwrap()],
+    )
+    .err("TLSError");
     assert!(m.contains(&url), "{m}");
     assert!(published(&store).is_empty());
-    let o = ingest(&url, &store, "i", "x", &["--ca-bundle", d.join("ca.pem").to_str().unwrap()]);
+    let o = ingest(
+        &url,
+        &store,
+        "i",
+        "x",
+        &["--ca-bundle", d.join("ca.pem").to_str().unwrap()],
+    );
     let res = o.ok();
     assert_eq!(res["format"], "raw");
     assert_eq!(res["sourceSha256"], file_sha(&d.join("small.raw")).as_str());

@@ -172,19 +172,13 @@ fn refusals_name_the_problem_and_touch_nothing() {
             &b"GET /content/lab/../../etc/passwd HTTP/1.1\r\n\r\n"[..],
             "400",
         ),
-        (
-            b"GET /content/lab/nothere/stream HTTP/1.1\r\n\r\n",
-            "404",
-        ),
+        (b"GET /content/lab/nothere/stream HTTP/1.1\r\n\r\n", "404"),
         (
             b"GET /content/lab/img-p1/layout.json HTTP/1.1\r\n\r\n",
             "404",
         ),
         (b"GET /etc/passwd HTTP/1.1\r\n\r\n", "404"),
-        (
-            b"DELETE /content/lab/img-p1/stream HTTP/1.1\r\n\r\n",
-            "405",
-        ),
+        (b"DELETE /content/lab/img-p1/stream HTTP/1.1\r\n\r\n", "405"),
         (b"\x16\x03\x01 not http\r\n\r\n", "400"),
     ] {
         let (st, _, body) = raw(srv.addr, req);
@@ -303,12 +297,18 @@ fn unverified_contents_are_not_served() {
             String::from_utf8_lossy(&body)
         );
     }
-    let (st, _, body) = raw(srv.addr, b"GET /content/lab/good-p1/stream HTTP/1.1\r\n\r\n");
+    let (st, _, body) = raw(
+        srv.addr,
+        b"GET /content/lab/good-p1/stream HTTP/1.1\r\n\r\n",
+    );
     assert!(st.starts_with("HTTP/1.1 200"), "{st}");
     assert_eq!(body, b"verified data");
     // the marker appears: now served
     std::fs::write(dir.join("verified"), b"x\n").unwrap();
-    let (st, _, body) = raw(srv.addr, b"GET /content/lab/fresh-p1/stream HTTP/1.1\r\n\r\n");
+    let (st, _, body) = raw(
+        srv.addr,
+        b"GET /content/lab/fresh-p1/stream HTTP/1.1\r\n\r\n",
+    );
     assert!(st.starts_with("HTTP/1.1 200"), "{st}");
     assert_eq!(body, b"not yet");
 }
