@@ -380,6 +380,10 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
     };
 
     // open the source
+    let staged = args
+        .url
+        .strip_prefix("staged://")
+        .map(|name| ns_dir.join(".staged").join(name));
     let (inner, total): (Box<dyn Read + Send>, Option<u64>) =
         if let Some(name) = args.url.strip_prefix("staged://") {
             check_names(&[("staged name", name)])?;
@@ -501,21 +505,30 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
             (None, sha)
         }
         Kind::Raw | Kind::Qcow2 => {
-            let file = scratch.join(if kind == Kind::Raw {
-                "source.raw"
-            } else {
-                "source.qcow2"
-            });
-            spool(io::Cursor::new(head).chain(&mut src), &file)
-                .map_err(|e| source_failure(store_err("writing", &file, &e)))?;
-            let sha = finish(&mut src)?;
+            // a staged upload is a local file already: hash it, then capture
+            // from it directly (no copy); a fetched source is spooled
+            let (file, sha) = match &staged {
+                Some(p) => (p.clone(), finish(&mut src)?),
+                None => {
+                    let file = scratch.join(if kind == Kind::Raw {
+                        "source.raw"
+                    } else {
+                        "source.qcow2"
+                    });
+                    spool(io::Cursor::new(head).chain(&mut src), &file)
+                        .map_err(|e| source_failure(store_err("writing", &file, &e)))?;
+                    (file, finish(&mut src)?)
+                }
+            };
             set_phase(1);
             let r = if kind == Kind::Raw {
                 capture::capture_disk(&file, &capture_dir, opts)
             } else {
                 capture::capture_qcow2(&file, &scratch.join("converted.raw"), &capture_dir, opts)
             };
-            let _ = std::fs::remove_file(&file);
+            if staged.is_none() {
+                let _ = std::fs::remove_file(&file);
+            }
             let _ = std::fs::remove_file(scratch.join("converted.raw"));
             (Some(r.map_err(|e| invalid(&e))?), sha)
         }
@@ -784,16 +797,15 @@ fn spool(mut input: impl Read, path: &Path) -> io::Result<u64> {
     Ok(size)
 }
 
-#[derive(Debug)]
+/// Errors of unpacking a tar archive.
+#[derive(Debug, thiserror::Error)]
 enum TarError {
-    Io(io::Error),
+    /// Writing the unpacked files (or reading the source).
+    #[error("unpacking")]
+    Io(#[from] io::Error),
+    /// Not an archive we unpack.
+    #[error("{0}")]
     Invalid(String),
-}
-
-impl From<io::Error> for TarError {
-    fn from(e: io::Error) -> Self {
-        TarError::Io(e)
-    }
 }
 
 fn tar_octal(field: &[u8]) -> Result<u64, TarError> {

@@ -552,6 +552,8 @@ fn qcow2_and_staged_sources() {
     let res = res.ok();
     assert_eq!(res["format"], "raw");
     assert_matches_capture(res, &cap, &store, "imp-s", "s");
+    // captured in place: the upload is neither copied nor removed
+    assert!(std::fs::read(staged.join("upload-1")).unwrap() == std::fs::read(&disk).unwrap());
     ingest("staged://upload-2", &store, "imp-t", "t", &[]).err("SourceNotFound");
 }
 

@@ -475,6 +475,29 @@ mod tests {
     }
 
     #[test]
+    fn partclone_streams_plain_gzip_zstd_and_raw() {
+        use std::io::Write as _;
+        let img = crate::partclone::build("EXTFS", 4096, &[true, false, true], &[7u8; 8192], 0);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&img).unwrap();
+        let gz = gz.finish().unwrap();
+        let zst = zstd::stream::encode_all(&img[..], 1).unwrap();
+        for (input, what) in [(&img, "plain"), (&gz, "gzip"), (&zst, "zstd")] {
+            let (mut r, kind) = open_partclone_stream(&input[..]).unwrap();
+            assert_eq!(kind, ImageKind::Partclone, "{what}");
+            let mut back = Vec::new();
+            r.read_to_end(&mut back).unwrap();
+            assert!(back == img, "{what}");
+        }
+        let (mut r, kind) = open_partclone_stream(&b"raw bytes"[..]).unwrap();
+        assert_eq!(kind, ImageKind::Raw);
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"raw bytes");
+        assert!(open_partclone_stream(&b"BZh91AY&SY"[..]).is_err());
+    }
+
+    #[test]
     fn sfdisk_dos_dump() {
         let t = "label: dos\nlabel-id: 0x12345678\nunit: sectors\n\n/dev/sdb1 : start=2048, size=4096, type=83, bootable\n/dev/sdb2 : start=6144, size=4096, type=82\n";
         let l = parse_sfdisk(t).unwrap();
