@@ -719,12 +719,15 @@ fn publish(
                 store_err("creating", &target, &e)
             });
         }
-        published.push(target.clone());
+        // rename(2) replaces only an empty directory: if someone wrote into
+        // the one we claimed, this fails and their files stay
         let from = pub_root.join(&c.name);
         if let Err(e) = std::fs::rename(&from, &target) {
+            let _ = std::fs::remove_dir(&target);
             rollback(&published);
             return Err(store_err("publishing", &target, &e));
         }
+        published.push(target);
     }
     if let Some(l) = layout {
         let r = (|| -> Result<(), Failure> {

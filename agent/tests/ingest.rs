@@ -838,8 +838,29 @@ fn refusals() {
     assert!(!store.exists());
 }
 
-/// HTTPS: verified against --ca-bundle only; a server whose certificate
-/// is not signed by a CA in the bundle is a TLSError.
+/// A self-signed server certificate for 127.0.0.1.
+fn self_signed_server() -> Arc<rustls::ServerConfig> {
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap(),
+    )
+}
+
+/// HTTPS: verified against --ca-bundle only; a server with a self-signed
+/// certificate, or one signed by a CA not in the bundle, is a TLSError.
 #[test]
 fn https_with_ca_bundle() {
     let dir = tmpdir();
@@ -856,6 +877,18 @@ fn https_with_ca_bundle() {
     let addr = serve_dir(d.to_owned(), Some(cfg));
     let url = format!("https://{addr}/small.raw");
     let store = d.join("store");
+    let selfsigned = serve_dir(d.to_owned(), Some(self_signed_server()));
+    let m = ingest(
+        &format!("https://{selfsigned}/small.raw"),
+        &store,
+        "i",
+        "x",
+        &["--ca-bundle", d.join("ca.pem").to_str().unwrap()],
+    )
+    .err("TLSError");
+    assert!(m.contains(&selfsigned.to_string()), "{m}");
+    // no bundle: the system roots do not know the test CA either
+    ingest(&url, &store, "i", "x", &[]).err("TLSError");
     let m = ingest(
         &url,
         &store,
