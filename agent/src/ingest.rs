@@ -483,26 +483,77 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
         Ok(hex::encode(got))
     };
 
+    let tar_failure = |e: TarError, dir: &Path| match e {
+        TarError::Io(e) => store_err("unpacking into", dir, &e),
+        TarError::Invalid(m) => Failure::new(
+            "InvalidSource",
+            format!("{}: not a usable tar archive: {m}", args.url),
+        ),
+    };
+    let capture_cz = |dir: &Path| -> Result<Layout, Failure> {
+        let root = clonezilla_root(dir).ok_or_else(|| {
+            Failure::new(
+                "InvalidSource",
+                format!(
+                    "{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)",
+                    args.url
+                ),
+            )
+        })?;
+        let r = capture::capture_clonezilla(&root, &capture_dir, opts);
+        let _ = std::fs::remove_dir_all(dir);
+        r.map_err(|e| invalid(&e))
+    };
+    let cz_dir = scratch.join("clonezilla");
+    let mut kind = kind;
     let (layout, source_sha): (Option<Layout>, String) = match kind {
         Kind::Partclone => {
-            let reader = io::Cursor::new(head).chain(&mut src);
+            // captured while it streams; a compressed tar (a Clonezilla
+            // directory as .tar.gz / .tar.zst) is unpacked instead
             let (ip, sp) = capture::content_paths(&capture_dir, "p1");
-            let r = source::open_partclone_stream(reader)
-                .map_err(|e| CaptureError::Io {
-                    what: "reading",
-                    path: PathBuf::from("the partclone image"),
-                    source: e,
-                })
-                .and_then(|(input, kind)| match kind {
-                    ImageKind::Partclone => capture::capture_partclone(input, &ip, &sp, opts),
-                    ImageKind::Raw => capture::capture_raw_stream(input, &ip, &sp, opts),
-                });
-            if let Err(e) = r {
-                return Err(source_failure(invalid(&e)));
-            }
-            set_phase(1);
+            let streamed = (|| -> Result<bool, Failure> {
+                let reader = io::Cursor::new(head).chain(&mut src);
+                let (mut input, ikind) = source::open_partclone_stream(reader).map_err(|e| {
+                    Failure::new(
+                        "InvalidSource",
+                        format!("{}: reading the partclone image: {}", args.url, chain(&e)),
+                    )
+                })?;
+                match ikind {
+                    ImageKind::Partclone => capture::capture_partclone(input, &ip, &sp, opts)
+                        .map(|_| false)
+                        .map_err(|e| invalid(&e)),
+                    ImageKind::Raw => {
+                        let mut peek = Vec::with_capacity(512);
+                        (&mut input).take(512).read_to_end(&mut peek).map_err(|e| {
+                            Failure::new("InvalidSource", format!("{}: {}", args.url, chain(&e)))
+                        })?;
+                        if is_ustar(&peek) {
+                            untar(io::Cursor::new(peek).chain(input), &cz_dir)
+                                .map_err(|e| tar_failure(e, &cz_dir))?;
+                            Ok(true)
+                        } else {
+                            capture::capture_raw_stream(
+                                io::Cursor::new(peek).chain(input),
+                                &ip,
+                                &sp,
+                                opts,
+                            )
+                            .map(|_| false)
+                            .map_err(|e| invalid(&e))
+                        }
+                    }
+                }
+            })();
+            let is_tar = streamed.map_err(&source_failure)?;
             let sha = finish(&mut src)?;
-            (None, sha)
+            set_phase(1);
+            if is_tar {
+                kind = Kind::ClonezillaTar;
+                (Some(capture_cz(&cz_dir)?), sha)
+            } else {
+                (None, sha)
+            }
         }
         Kind::Raw | Kind::Qcow2 => {
             // a staged upload is a local file already: hash it, then capture
@@ -533,30 +584,11 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
             (Some(r.map_err(|e| invalid(&e))?), sha)
         }
         Kind::ClonezillaTar => {
-            let dir = scratch.join("clonezilla");
-            untar(io::Cursor::new(head).chain(&mut src), &dir).map_err(|e| {
-                source_failure(match e {
-                    TarError::Io(e) => store_err("unpacking into", &dir, &e),
-                    TarError::Invalid(m) => Failure::new(
-                        "InvalidSource",
-                        format!("{}: not a usable tar archive: {m}", args.url),
-                    ),
-                })
-            })?;
+            untar(io::Cursor::new(head).chain(&mut src), &cz_dir)
+                .map_err(|e| source_failure(tar_failure(e, &cz_dir)))?;
             let sha = finish(&mut src)?;
             set_phase(1);
-            let root = clonezilla_root(&dir).ok_or_else(|| {
-                Failure::new(
-                    "InvalidSource",
-                    format!(
-                        "{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)",
-                        args.url
-                    ),
-                )
-            })?;
-            let r = capture::capture_clonezilla(&root, &capture_dir, opts);
-            let _ = std::fs::remove_dir_all(&dir);
-            (Some(r.map_err(|e| invalid(&e))?), sha)
+            (Some(capture_cz(&cz_dir)?), sha)
         }
     };
     let fetched = src.n;

@@ -719,6 +719,27 @@ fn clonezilla_tar_over_http() {
         .collect();
     assert_eq!(names, ["cz-p1", "cz-p3"]);
     assert_matches_capture(res, &cap, &store, "imp-cz", "cz");
+
+    // the same tar compressed with zstd, format detected
+    sh(&format!(
+        "cd {} && zstd -q cz.tar -o cz.tar.zst",
+        d.display()
+    ));
+    let store = d.join("store-zst");
+    let o = ingest(
+        &format!("http://{addr}/cz.tar.zst"),
+        &store,
+        "imp-cz",
+        "cz",
+        &[],
+    );
+    let res = o.ok();
+    assert_eq!(res["format"], "clonezilla");
+    assert_eq!(
+        res["sourceSha256"],
+        file_sha(&d.join("cz.tar.zst")).as_str()
+    );
+    assert_matches_capture(res, &cap, &store, "imp-cz", "cz");
 }
 
 /// Every refusal: reason, a message naming what is wrong, nothing
