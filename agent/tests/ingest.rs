@@ -276,6 +276,28 @@ fn answer(mut s: impl Read + Write, root: &Path) -> std::io::Result<()> {
         }
     }
     drop(r);
+    if let Some(rest) = path.strip_prefix("/redirect/") {
+        let resp = format!(
+            "HTTP/1.1 302 Found\r\nLocation: /{rest}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(resp.as_bytes())?;
+        return s.flush();
+    }
+    if let Some(rest) = path.strip_prefix("/flaky/") {
+        // `/flaky/<n>/<name>`: 503 for the first n requests of that path
+        let (n, name) = rest.split_once('/').unwrap();
+        let seen = {
+            let mut m = FLAKY.lock().unwrap();
+            let c = m.entry(path.clone()).or_insert(0);
+            *c += 1;
+            *c
+        };
+        if seen <= n.parse::<usize>().unwrap() {
+            s.write_all(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+            return s.flush();
+        }
+        return send_file(s, &root.join(name), false);
+    }
     if let Some(code) = path.strip_prefix("/status/") {
         let resp = format!("HTTP/1.1 {code} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         s.write_all(resp.as_bytes())?;
@@ -285,7 +307,14 @@ fn answer(mut s: impl Read + Write, root: &Path) -> std::io::Result<()> {
         Some(n) => (true, n.to_owned()),
         None => (false, path.trim_start_matches('/').to_owned()),
     };
-    let Ok(mut f) = std::fs::File::open(root.join(&name)) else {
+    send_file(s, &root.join(name), chunked)
+}
+
+static FLAKY: std::sync::Mutex<std::collections::BTreeMap<String, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn send_file(mut s: impl Write, path: &Path, chunked: bool) -> std::io::Result<()> {
+    let Ok(mut f) = std::fs::File::open(path) else {
         s.write_all(
             b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n",
         )?;
@@ -518,8 +547,9 @@ fn qcow2_and_staged_sources() {
     let store = d.join("store");
     let scratch = d.join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
+    // through a redirect
     let o = ingest(
-        &format!("http://{addr}/disk.qcow2"),
+        &format!("http://{addr}/redirect/disk.qcow2"),
         &store,
         "imp-q",
         "q",
@@ -788,6 +818,16 @@ fn refusals() {
     // 4xx other than 404: HTTPError, not retried
     let m = ingest(&format!("http://{addr}/status/403"), &store, "i", "x", &[]).err("HTTPError");
     assert!(m.contains("403"), "{m}");
+    // 5xx twice, then the file: retried and ingested
+    let o = ingest(
+        &format!("http://{addr}/flaky/2/small.raw"),
+        &d.join("s0"),
+        "i",
+        "x",
+        &["--retries", "2"],
+    );
+    assert_eq!(o.ok()["sourceSha256"], sha.as_str());
+    assert_eq!(o.stderr.matches("retrying").count(), 2, "{}", o.stderr);
     // 5xx after retries: HTTPError
     let m = ingest(
         &format!("http://{addr}/status/503"),
