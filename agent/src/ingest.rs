@@ -251,17 +251,59 @@ fn fetch_failure(e: &FetchError) -> Failure {
     Failure::new(reason, chain(e))
 }
 
-/// Removes a directory tree when dropped.
-struct Cleanup(Vec<PathBuf>);
+/// The work directories of a running ingest, for a signal handler that
+/// removes them before the process ends (SIGTERM when a Job is deleted).
+#[derive(Debug, Clone, Default)]
+pub struct WorkDirs(Arc<Mutex<Vec<PathBuf>>>);
+
+impl WorkDirs {
+    /// Removes every registered directory (called on SIGTERM/SIGINT).
+    pub fn remove_all(&self) {
+        let dirs = self.0.lock().map(|mut g| std::mem::take(&mut *g));
+        for p in dirs.unwrap_or_default() {
+            remove_tree(&p);
+        }
+    }
+}
+
+fn remove_tree(p: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(p)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %p.display(), error = %e, "cleanup failed");
+    }
+}
+
+/// Removes directory trees when dropped (registered in [`WorkDirs`] while
+/// alive).
+struct Cleanup {
+    dirs: Vec<PathBuf>,
+    registry: WorkDirs,
+}
+
+impl Cleanup {
+    fn new(registry: &WorkDirs) -> Self {
+        Self {
+            dirs: Vec::new(),
+            registry: registry.clone(),
+        }
+    }
+
+    fn add(&mut self, p: PathBuf) {
+        if let Ok(mut g) = self.registry.0.lock() {
+            g.push(p.clone());
+        }
+        self.dirs.push(p);
+    }
+}
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        for p in &self.0 {
-            if let Err(e) = std::fs::remove_dir_all(p)
-                && e.kind() != io::ErrorKind::NotFound
-            {
-                tracing::warn!(path = %p.display(), error = %e, "cleanup failed");
-            }
+        for p in &self.dirs {
+            remove_tree(p);
+        }
+        if let Ok(mut g) = self.registry.0.lock() {
+            g.retain(|p| !self.dirs.contains(p));
         }
     }
 }
@@ -286,9 +328,9 @@ fn parse_checksum(s: &str) -> Result<[u8; 32], Failure> {
 }
 
 /// Runs `ingest`, printing the protocol lines; false on failure.
-pub fn run(args: &IngestArgs) -> bool {
+pub fn run(args: &IngestArgs, work_dirs: &WorkDirs) -> bool {
     let out = Out::new();
-    match ingest(args, &out) {
+    match ingest(args, &out, work_dirs) {
         Ok(v) => {
             out.line(&v);
             true
@@ -312,7 +354,11 @@ struct Captured {
     index_sha256: String,
 }
 
-fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
+fn ingest(
+    args: &IngestArgs,
+    out: &Out,
+    work_dirs: &WorkDirs,
+) -> Result<serde_json::Value, Failure> {
     check_names(&[
         ("namespace", &args.namespace),
         ("import", &args.import),
@@ -345,15 +391,16 @@ fn ingest(args: &IngestArgs, out: &Out) -> Result<serde_json::Value, Failure> {
     }
     let tag = format!("{}-{:016x}", args.import, rand::random::<u64>());
     let work = args.store.join(".staging").join(&args.namespace).join(&tag);
+    let mut cleanup = Cleanup::new(work_dirs);
+    cleanup.add(work.clone());
     for d in [&ns_dir, &work] {
         std::fs::create_dir_all(d).map_err(|e| store_err("creating", d, &e))?;
     }
-    let mut cleanup = Cleanup(vec![work.clone()]);
     let scratch = match &args.scratch {
         Some(s) => {
             let d = s.join(&tag);
+            cleanup.add(d.clone());
             std::fs::create_dir_all(&d).map_err(|e| store_err("creating", &d, &e))?;
-            cleanup.0.push(d.clone());
             d
         }
         None => work.join("scratch"),

@@ -96,7 +96,26 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Ingest(args) => {
             tracing_init();
-            if anneal_agent::ingest::run(&args) {
+            // SIGTERM (a deleted Job) or SIGINT: remove the staging and
+            // scratch directories, then end with 128 + the signal number.
+            // Blocked here, before any thread exists, so only the waiter
+            // takes them.
+            let work_dirs = anneal_agent::ingest::WorkDirs::default();
+            let mut set = nix::sys::signal::SigSet::empty();
+            set.add(nix::sys::signal::Signal::SIGTERM);
+            set.add(nix::sys::signal::Signal::SIGINT);
+            set.thread_block()?;
+            let dirs = work_dirs.clone();
+            std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    if let Ok(sig) = set.wait() {
+                        tracing::warn!(signal = %sig, "terminated: removing the work directories");
+                        dirs.remove_all();
+                        std::process::exit(128 + sig as i32);
+                    }
+                })?;
+            if anneal_agent::ingest::run(&args, &work_dirs) {
                 Ok(())
             } else {
                 std::process::exit(1)

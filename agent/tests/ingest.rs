@@ -972,3 +972,74 @@ fn https_with_ca_bundle() {
     assert_eq!(res["sourceSha256"], file_sha(&d.join("small.raw")).as_str());
     assert_eq!(published(&store), ["x-p1"]);
 }
+
+/// SIGTERM while the source streams (a deleted Job): the staging and
+/// scratch directories are removed, nothing is published, exit 128+15.
+#[test]
+fn sigterm_removes_the_work_directories() {
+    let dir = tmpdir();
+    let d = dir.path();
+    // a server that sends 2 MiB of a 64 MiB body, then stalls
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        while r.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
+            line.clear();
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 67108864\r\n\r\n")
+            .unwrap();
+        s.write_all(&vec![0x5a; 2 << 20]).unwrap();
+        // keep the connection open until the test ends
+        let _ = hold_rx.recv();
+    });
+    let store = d.join("store");
+    let scratch = d.join("scratch");
+    let mut child = agent()
+        .args([
+            "ingest",
+            "--url",
+            &format!("http://{addr}/big.raw"),
+            "--store",
+        ])
+        .arg(&store)
+        .args(["--namespace", "lab", "--import", "i", "--prefix", "x"])
+        .arg("--scratch")
+        .arg(&scratch)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // wait until bytes are flowing (a progress event says so)
+    loop {
+        let l = lines.next().expect("ingest ended early").unwrap();
+        let v: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["event"], "progress", "{v}");
+        if v["bytesFetched"].as_u64().unwrap() > 0 {
+            break;
+        }
+    }
+    // the work directories exist while it runs
+    assert_eq!(
+        std::fs::read_dir(store.join(".staging/lab"))
+            .unwrap()
+            .count(),
+        1
+    );
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(128 + 15), "{st:?}");
+    assert_clean(&store);
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+    assert!(published(&store).is_empty());
+    drop(hold_tx);
+}
