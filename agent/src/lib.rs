@@ -4,9 +4,13 @@
 pub mod client;
 pub mod cmdline;
 pub mod console;
+pub mod fetch;
 pub mod imaging;
+pub mod ingest;
 pub mod init;
 pub mod inventory;
+pub mod jsonl;
 pub mod modules;
 pub mod net;
 pub mod serve;
+pub mod store;

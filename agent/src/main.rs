@@ -32,14 +32,20 @@ enum Command {
     Inspect(InspectArgs),
     /// Parse a kernel command line and print it as JSON (token redacted).
     Cmdline(CmdlineArgs),
+    /// Fetch a source disk image (http, https, staged://), capture it and
+    /// publish its contents into a content store (JSON lines on stdout).
+    Ingest(anneal_agent::ingest::IngestArgs),
+    /// Verify or remove a content of a content store (JSON lines on stdout).
+    Store(anneal_agent::store::StoreArgs),
     /// Serve a content store over HTTP/1.1 with byte ranges (the content
-    /// server of a Site): `/v1/contents/<namespace>/<content>/index|stream`.
+    /// server of a Site): `/content/<namespace>/<content>/index|stream`,
+    /// verified contents only.
     Serve(ServeArgs),
 }
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// The content store: `<namespace>/<content>/{index,stream}`.
+    /// The content store: `<namespace>/<content>/{index,stream,verified}`.
     #[arg(long)]
     content_dir: PathBuf,
     /// Listen address.
@@ -87,6 +93,41 @@ fn main() -> anyhow::Result<()> {
         Command::Restore(args) => {
             tracing_init();
             imaging::restore(&args)
+        }
+        Command::Ingest(args) => {
+            tracing_init();
+            // SIGTERM (a deleted Job) or SIGINT: remove the staging and
+            // scratch directories, then end with 128 + the signal number.
+            // Blocked here, before any thread exists, so only the waiter
+            // takes them.
+            let work_dirs = anneal_agent::ingest::WorkDirs::default();
+            let mut set = nix::sys::signal::SigSet::empty();
+            set.add(nix::sys::signal::Signal::SIGTERM);
+            set.add(nix::sys::signal::Signal::SIGINT);
+            set.thread_block()?;
+            let dirs = work_dirs.clone();
+            std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    if let Ok(sig) = set.wait() {
+                        tracing::warn!(signal = %sig, "terminated: removing the work directories");
+                        dirs.remove_all();
+                        std::process::exit(128 + sig as i32);
+                    }
+                })?;
+            if anneal_agent::ingest::run(&args, &work_dirs) {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
+        Command::Store(args) => {
+            tracing_init();
+            if anneal_agent::store::run(&args) {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Command::Init => anyhow::bail!(
             "init runs only as PID 1 (the initramfs's /init); use `anneal-agent inspect` on a running host"

@@ -2,14 +2,17 @@
 //! a content store laid out `<namespace>/<content>/{index,stream}` (one
 //! store per Site: a volume in a cluster, a directory on an appliance).
 //!
-//! - `GET|HEAD /v1/contents/<namespace>/<content>/index|stream`: 200 with the
+//! - `GET|HEAD /content/<namespace>/<content>/index|stream` (docs/api.md,
+//!   "Additions"): 200 with the
 //!   whole file, or 206 for one `Range: bytes=…` (first-last, first-, -suffix);
 //!   416 with `Content-Range: bytes */size` when the range starts past the
 //!   end. A request with several ranges gets the whole file (RFC 9110 lets a
 //!   server ignore Range).
-//! - Only complete contents are visible: ingest writes a content under a
-//!   temporary name and renames its directory into place, and the store never
-//!   overwrites a content; so a path that exists is a published content.
+//! - Only complete, verified contents are visible: ingest writes a content
+//!   under a temporary name and renames its directory into place, the store
+//!   never overwrites a content, and `anneal-agent store verify` writes the
+//!   `verified` marker once every piece checked out; a content without the
+//!   marker is answered 404 ("not verified yet").
 //! - Names are DNS-1123 labels / subdomains; anything else (`..`, `%2e`,
 //!   slashes in a name) is refused with 400 before any file is touched.
 //! - Files are streamed from disk with `sendfile(2)` (a read/write loop where
@@ -277,16 +280,13 @@ fn valid_name(s: &str, subdomain: bool) -> bool {
 /// The file a request path names in the store, or why not.
 fn resolve(store: &Path, path: &str) -> Result<PathBuf, (u16, &'static str)> {
     let path = path.split('?').next().unwrap_or("");
-    let rest = path.strip_prefix("/v1/contents/").ok_or((
+    let rest = path.strip_prefix("/content/").ok_or((
         404,
-        "no such path (use /v1/contents/<namespace>/<content>/index|stream)",
+        "no such path (use /content/<namespace>/<content>/index|stream)",
     ))?;
     let parts: Vec<&str> = rest.split('/').collect();
     let [ns, content, file] = parts.as_slice() else {
-        return Err((
-            400,
-            "expected /v1/contents/<namespace>/<content>/index|stream",
-        ));
+        return Err((400, "expected /content/<namespace>/<content>/index|stream"));
     };
     if !valid_name(ns, false) || !valid_name(content, true) {
         return Err((
@@ -479,6 +479,20 @@ fn answer(
             return simple(stream, code, msg, "", req.close);
         }
     };
+    let verified = path
+        .parent()
+        .map(|d| d.join(crate::store::VERIFIED))
+        .is_some_and(|m| m.is_file());
+    if !verified {
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        let exists = path.parent().is_some_and(Path::is_dir);
+        let msg = if exists {
+            "content is not verified yet"
+        } else {
+            "no such content"
+        };
+        return simple(stream, 404, msg, "", req.close);
+    }
     let file = match File::open(&path) {
         Ok(f) => f,
         Err(_) => {
@@ -611,26 +625,26 @@ mod tests {
     fn names_and_paths() {
         let s = Path::new("/store");
         assert_eq!(
-            resolve(s, "/v1/contents/lab/ubuntu-p1/stream"),
+            resolve(s, "/content/lab/ubuntu-p1/stream"),
             Ok(PathBuf::from("/store/lab/ubuntu-p1/stream"))
         );
         assert_eq!(
-            resolve(s, "/v1/contents/lab/img.v2-p1/index?x=1"),
+            resolve(s, "/content/lab/img.v2-p1/index?x=1"),
             Ok(PathBuf::from("/store/lab/img.v2-p1/index"))
         );
         for bad in [
-            "/v1/contents/../etc/passwd",
-            "/v1/contents/lab/../stream",
-            "/v1/contents/lab/a..b/stream",
-            "/v1/contents/Lab/x/stream",
-            "/v1/contents/lab/x/y/stream",
-            "/v1/contents/lab/%2e%2e/stream",
-            "/v1/contents/lab.x/c/stream",
+            "/content/../etc/passwd",
+            "/content/lab/../stream",
+            "/content/lab/a..b/stream",
+            "/content/Lab/x/stream",
+            "/content/lab/x/y/stream",
+            "/content/lab/%2e%2e/stream",
+            "/content/lab.x/c/stream",
         ] {
             assert_eq!(resolve(s, bad).map_err(|e| e.0), Err(400), "{bad}");
         }
         assert_eq!(
-            resolve(s, "/v1/contents/lab/x/layout.json").map_err(|e| e.0),
+            resolve(s, "/content/lab/x/layout.json").map_err(|e| e.0),
             Err(404)
         );
         assert_eq!(resolve(s, "/etc/passwd").map_err(|e| e.0), Err(404));

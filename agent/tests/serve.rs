@@ -39,6 +39,8 @@ fn start(files: &[(&str, &[u8])], tune: impl FnOnce(&mut ServeConfig)) -> Runnin
         let p = dir.path().join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, data).unwrap();
+        // published and verified (`anneal-agent store verify` writes this)
+        std::fs::write(p.parent().unwrap().join("verified"), b"x\n").unwrap();
     }
     let mut cfg = ServeConfig::new(dir.path());
     tune(&mut cfg);
@@ -122,7 +124,7 @@ fn whole_files_and_ranges_match_curl() {
     );
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let base = format!("http://{}/v1/contents/lab/img-p1", srv.addr);
+    let base = format!("http://{}/content/lab/img-p1", srv.addr);
 
     assert_eq!(curl(&[&format!("{base}/stream")], &out), "200");
     assert_eq!(std::fs::read(&out).unwrap(), stream);
@@ -146,14 +148,14 @@ fn whole_files_and_ranges_match_curl() {
     // past the end: 416 with the size
     let (st, h, _) = raw(
         srv.addr,
-        b"GET /v1/contents/lab/img-p1/index HTTP/1.1\r\nHost: x\r\nRange: bytes=4096-\r\n\r\n",
+        b"GET /content/lab/img-p1/index HTTP/1.1\r\nHost: x\r\nRange: bytes=4096-\r\n\r\n",
     );
     assert!(st.starts_with("HTTP/1.1 416"), "{st}");
     assert_eq!(header(&h, "content-range"), Some("bytes */4096"));
     // HEAD: headers only
     let (st, h, body) = raw(
         srv.addr,
-        b"HEAD /v1/contents/lab/img-p1/index HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HEAD /content/lab/img-p1/index HTTP/1.1\r\nHost: x\r\n\r\n",
     );
     assert!(st.starts_with("HTTP/1.1 200"), "{st}");
     assert_eq!(header(&h, "content-length"), Some("4096"));
@@ -167,22 +169,16 @@ fn refusals_name_the_problem_and_touch_nothing() {
     let srv = start(&[("lab/img-p1/stream", b"data")], |_| {});
     for (req, code) in [
         (
-            &b"GET /v1/contents/lab/../../etc/passwd HTTP/1.1\r\n\r\n"[..],
+            &b"GET /content/lab/../../etc/passwd HTTP/1.1\r\n\r\n"[..],
             "400",
         ),
+        (b"GET /content/lab/nothere/stream HTTP/1.1\r\n\r\n", "404"),
         (
-            b"GET /v1/contents/lab/nothere/stream HTTP/1.1\r\n\r\n",
-            "404",
-        ),
-        (
-            b"GET /v1/contents/lab/img-p1/layout.json HTTP/1.1\r\n\r\n",
+            b"GET /content/lab/img-p1/layout.json HTTP/1.1\r\n\r\n",
             "404",
         ),
         (b"GET /etc/passwd HTTP/1.1\r\n\r\n", "404"),
-        (
-            b"DELETE /v1/contents/lab/img-p1/stream HTTP/1.1\r\n\r\n",
-            "405",
-        ),
+        (b"DELETE /content/lab/img-p1/stream HTTP/1.1\r\n\r\n", "405"),
         (b"\x16\x03\x01 not http\r\n\r\n", "400"),
     ] {
         let (st, _, body) = raw(srv.addr, req);
@@ -196,7 +192,7 @@ fn refusals_name_the_problem_and_touch_nothing() {
     // an endless head is cut at 8 KiB
     let mut s = TcpStream::connect(srv.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut big = b"GET /v1/contents/lab/img-p1/stream HTTP/1.1\r\nX-Pad: ".to_vec();
+    let mut big = b"GET /content/lab/img-p1/stream HTTP/1.1\r\nX-Pad: ".to_vec();
     big.extend(std::iter::repeat_n(b'a', 16 * 1024));
     let _ = s.write_all(&big);
     let mut r = BufReader::new(s);
@@ -215,7 +211,7 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     let mut r = BufReader::new(s);
     for (a, b) in [(0usize, 99usize), (5000, 9999), (100, 100)] {
         let req = format!(
-            "GET /v1/contents/lab/c/stream HTTP/1.1\r\nHost: x\r\nRange: bytes={a}-{b}\r\n\r\n"
+            "GET /content/lab/c/stream HTTP/1.1\r\nHost: x\r\nRange: bytes={a}-{b}\r\n\r\n"
         );
         w.write_all(req.as_bytes()).unwrap();
         let (st, _, body) = read_response(&mut r, false);
@@ -223,7 +219,7 @@ fn keep_alive_serves_several_requests_on_one_connection() {
         assert_eq!(body, &data[a..=b]);
     }
     // Connection: close ends it after the answer
-    w.write_all(b"GET /v1/contents/lab/c/stream HTTP/1.1\r\nConnection: close\r\n\r\n")
+    w.write_all(b"GET /content/lab/c/stream HTTP/1.1\r\nConnection: close\r\n\r\n")
         .unwrap();
     let (st, h, body) = read_response(&mut r, false);
     assert!(st.starts_with("HTTP/1.1 200"), "{st}");
@@ -250,13 +246,13 @@ fn connections_are_bounded_and_idle_ones_closed() {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut w = s.try_clone().unwrap();
         let mut r = BufReader::new(s);
-        w.write_all(b"GET /v1/contents/lab/c/stream HTTP/1.1\r\n\r\n")
+        w.write_all(b"GET /content/lab/c/stream HTTP/1.1\r\n\r\n")
             .unwrap();
         let (st, _, _) = read_response(&mut r, false);
         assert!(st.starts_with("HTTP/1.1 200"), "{st}");
         held.push(r);
     }
-    let (st, h, _) = raw(srv.addr, b"GET /v1/contents/lab/c/stream HTTP/1.1\r\n\r\n");
+    let (st, h, _) = raw(srv.addr, b"GET /content/lab/c/stream HTTP/1.1\r\n\r\n");
     assert!(st.starts_with("HTTP/1.1 503"), "{st}");
     assert_eq!(header(&h, "retry-after"), Some("1"));
     assert_eq!(srv.stats.busy.load(Ordering::Relaxed), 1);
@@ -271,7 +267,7 @@ fn connections_are_bounded_and_idle_ones_closed() {
     loop {
         let (st, _, body) = raw(
             srv.addr,
-            b"GET /v1/contents/lab/c/stream HTTP/1.1\r\nConnection: close\r\n\r\n",
+            b"GET /content/lab/c/stream HTTP/1.1\r\nConnection: close\r\n\r\n",
         );
         if st.starts_with("HTTP/1.1 200") {
             assert_eq!(body, b"abc");
@@ -281,4 +277,38 @@ fn connections_are_bounded_and_idle_ones_closed() {
         assert!(std::time::Instant::now() < deadline, "places never freed");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn unverified_contents_are_not_served() {
+    let srv = start(&[("lab/good-p1/stream", b"verified data")], |_| {});
+    // published (index and stream in place) but not verified yet
+    let dir = srv._dir.path().join("lab/fresh-p1");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("stream"), b"not yet").unwrap();
+    std::fs::write(dir.join("index"), b"idx").unwrap();
+    for f in ["stream", "index"] {
+        let req = format!("GET /content/lab/fresh-p1/{f} HTTP/1.1\r\n\r\n");
+        let (st, _, body) = raw(srv.addr, req.as_bytes());
+        assert!(st.starts_with("HTTP/1.1 404"), "{st}");
+        assert!(
+            String::from_utf8_lossy(&body).contains("not verified"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let (st, _, body) = raw(
+        srv.addr,
+        b"GET /content/lab/good-p1/stream HTTP/1.1\r\n\r\n",
+    );
+    assert!(st.starts_with("HTTP/1.1 200"), "{st}");
+    assert_eq!(body, b"verified data");
+    // the marker appears: now served
+    std::fs::write(dir.join("verified"), b"x\n").unwrap();
+    let (st, _, body) = raw(
+        srv.addr,
+        b"GET /content/lab/fresh-p1/stream HTTP/1.1\r\n\r\n",
+    );
+    assert!(st.starts_with("HTTP/1.1 200"), "{st}");
+    assert_eq!(body, b"not yet");
 }

@@ -150,6 +150,41 @@ pub fn open_partclone(path: &Path) -> Result<(Box<dyn Read + Send>, ImageKind), 
     Ok((Box::new(io::Cursor::new(head).chain(inner)), kind))
 }
 
+/// Like [`open_partclone`] for a stream (one part, not split): undoes gzip
+/// or zstd compression (detected by magic bytes) and tells a partclone
+/// image from raw `partclone.dd` output, reading only forward.
+pub fn open_partclone_stream<'a, R: Read + Send + 'a>(
+    mut input: R,
+) -> io::Result<(Box<dyn Read + Send + 'a>, ImageKind)> {
+    let mut magic = Vec::with_capacity(4);
+    (&mut input).take(4).read_to_end(&mut magic)?;
+    let raw = io::Cursor::new(magic.clone()).chain(input);
+    let mut inner: Box<dyn Read + Send + 'a> = if magic.starts_with(&[0x1f, 0x8b]) {
+        Box::new(BufReader::with_capacity(
+            1 << 20,
+            flate2::read::MultiGzDecoder::new(raw),
+        ))
+    } else if magic == [0x28, 0xb5, 0x2f, 0xfd] {
+        let d = zstd::stream::read::Decoder::new(raw)?;
+        Box::new(BufReader::with_capacity(1 << 20, d))
+    } else if magic.starts_with(&[0x42, 0x5a, 0x68]) || magic == [0xfd, 0x37, 0x7a, 0x58] {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "unsupported compression (gzip, zstd or none)",
+        ));
+    } else {
+        Box::new(raw)
+    };
+    let mut head = Vec::with_capacity(16);
+    (&mut inner).take(16).read_to_end(&mut head)?;
+    let kind = if head.starts_with(crate::partclone::MAGIC) {
+        ImageKind::Partclone
+    } else {
+        ImageKind::Raw
+    };
+    Ok((Box::new(io::Cursor::new(head).chain(inner)), kind))
+}
+
 /// One partclone image of a Clonezilla directory.
 #[derive(Debug, Clone)]
 pub struct CzImage {
@@ -437,6 +472,29 @@ mod tests {
         assert_eq!(l.slots[0].role, Role::Esp);
         assert_eq!(l.slots[1].role, Role::Swap);
         assert_eq!(l.slots[1].start_bytes, 67584 * 512);
+    }
+
+    #[test]
+    fn partclone_streams_plain_gzip_zstd_and_raw() {
+        use std::io::Write as _;
+        let img = crate::partclone::build("EXTFS", 4096, &[true, false, true], &[7u8; 8192], 0);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&img).unwrap();
+        let gz = gz.finish().unwrap();
+        let zst = zstd::stream::encode_all(&img[..], 1).unwrap();
+        for (input, what) in [(&img, "plain"), (&gz, "gzip"), (&zst, "zstd")] {
+            let (mut r, kind) = open_partclone_stream(&input[..]).unwrap();
+            assert_eq!(kind, ImageKind::Partclone, "{what}");
+            let mut back = Vec::new();
+            r.read_to_end(&mut back).unwrap();
+            assert!(back == img, "{what}");
+        }
+        let (mut r, kind) = open_partclone_stream(&b"raw bytes"[..]).unwrap();
+        assert_eq!(kind, ImageKind::Raw);
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"raw bytes");
+        assert!(open_partclone_stream(&b"BZh91AY&SY"[..]).is_err());
     }
 
     #[test]

@@ -1,0 +1,1168 @@
+//! `anneal-agent ingest`: fetch one source disk image (http, https or
+//! `staged://`), capture it into contents in a staging directory, check its
+//! checksum, and publish the contents into the store without ever
+//! overwriting. stdout carries the JSON-lines protocol (see [`crate::jsonl`]).
+//!
+//! How each source is read (bounded memory: fixed buffers only):
+//! - a single partclone image (plain, gzip, zstd; or `partclone.dd` output)
+//!   is captured while it streams;
+//! - a raw disk image is spooled into a sparse scratch file (all-zero 4 KiB
+//!   blocks become holes) and captured with `capture_disk`: its used-block
+//!   detection reads the filesystems' own metadata (ext bitmaps, the FAT)
+//!   at random offsets, which a forward-only stream cannot give;
+//! - qcow2 is spooled into a scratch file and converted by `capture_qcow2`;
+//! - a Clonezilla image directory packed as tar is unpacked into a scratch
+//!   directory (our own ustar/GNU reader: regular files and directories
+//!   only, no absolute paths, no `..`) and captured by `capture_clonezilla`.
+//!
+//! Scratch and staging are removed at the end, success or failure.
+
+use std::fs::File;
+use std::io::{self, Read, Seek as _, SeekFrom, Write as _};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anneal_image::ContentIndex;
+use anneal_image::capture::{self, CaptureError, Options};
+use anneal_image::layout::Layout;
+use anneal_image::source::{self, ImageKind};
+use clap::{Args, ValueEnum};
+use sha2::Digest as _;
+
+use crate::fetch::{self, FetchError, FetchOptions};
+use crate::jsonl::{Failure, Out, Ticker, chain};
+use crate::store::{check_names, write_atomic};
+
+/// Source format given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IngestFormat {
+    /// A raw disk image with a GPT or MBR partition table.
+    Raw,
+    /// A qcow2 disk image.
+    Qcow2,
+    /// A single partclone image or a Clonezilla image directory as tar.
+    Partclone,
+}
+
+/// Arguments of `anneal-agent ingest`.
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// Source: http://, https:// or staged://NAME (`<store>/<NS>/.staged/NAME`).
+    #[arg(long)]
+    pub url: String,
+    /// The content store root.
+    #[arg(long)]
+    pub store: PathBuf,
+    /// Namespace of the import and its contents.
+    #[arg(long)]
+    pub namespace: String,
+    /// The ImageImport name (names `.imports/<import>/`).
+    #[arg(long)]
+    pub import: String,
+    /// Content prefix: partition N becomes `<prefix>-p<N>`.
+    #[arg(long)]
+    pub prefix: String,
+    /// Expected SHA-256 of the source: `sha256:<hex>`.
+    #[arg(long)]
+    pub checksum: Option<String>,
+    /// Source format (default: detected from the first bytes).
+    #[arg(long, value_enum)]
+    pub format: Option<IngestFormat>,
+    /// Trust only the certificates of this PEM file for https.
+    #[arg(long)]
+    pub ca_bundle: Option<PathBuf>,
+    /// Refuse a source larger than this many bytes.
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
+    /// Directory for scratch files (default `<store>/.staging/...`).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+    /// Retries on connect errors and 5xx answers.
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Piece length of the produced streams.
+    #[arg(long, default_value_t = anneal_image::format::DEFAULT_PIECE_LENGTH)]
+    pub piece_length: u32,
+    /// Connect and read stall timeout, seconds.
+    #[arg(long, default_value_t = 30)]
+    pub timeout_secs: u64,
+}
+
+/// What the source turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Raw,
+    Qcow2,
+    Partclone,
+    ClonezillaTar,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Raw => "raw",
+            Kind::Qcow2 => "qcow2",
+            Kind::Partclone => "partclone",
+            Kind::ClonezillaTar => "clonezilla",
+        }
+    }
+}
+
+fn is_ustar(head: &[u8]) -> bool {
+    head.len() >= 262 && &head[257..262] == b"ustar"
+}
+
+fn detect(head: &[u8], forced: Option<IngestFormat>) -> Kind {
+    match forced {
+        Some(IngestFormat::Raw) => Kind::Raw,
+        Some(IngestFormat::Qcow2) => Kind::Qcow2,
+        Some(IngestFormat::Partclone) if is_ustar(head) => Kind::ClonezillaTar,
+        Some(IngestFormat::Partclone) => Kind::Partclone,
+        None if head.starts_with(b"QFI\xfb") => Kind::Qcow2,
+        None if is_ustar(head) => Kind::ClonezillaTar,
+        None if head.starts_with(anneal_image::partclone::MAGIC)
+            || head.starts_with(&[0x1f, 0x8b])
+            || head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) =>
+        {
+            Kind::Partclone
+        }
+        None => Kind::Raw,
+    }
+}
+
+const PHASES: [&str; 3] = ["Fetching", "Capturing", "Publishing"];
+
+/// Counters shared with the progress ticker.
+#[derive(Debug)]
+struct Progress {
+    phase: AtomicU64,
+    fetched: AtomicU64,
+    total: AtomicU64,
+    captured: AtomicU64,
+    /// Capture output directory: `*.stream` sizes are the bytes captured.
+    out_dir: PathBuf,
+}
+
+impl Progress {
+    fn json(&self) -> serde_json::Value {
+        let mut captured = self.captured.load(Ordering::Relaxed);
+        if let Ok(rd) = std::fs::read_dir(&self.out_dir) {
+            let sum: u64 = rd
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".stream"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum();
+            captured = captured.max(sum);
+        }
+        let phase = PHASES
+            .get(self.phase.load(Ordering::Relaxed) as usize)
+            .copied()
+            .unwrap_or("Fetching");
+        serde_json::json!({
+            "event": "progress",
+            "phase": phase,
+            "bytesFetched": self.fetched.load(Ordering::Relaxed),
+            "bytesTotal": self.total.load(Ordering::Relaxed),
+            "bytesCaptured": captured,
+        })
+    }
+}
+
+/// The source as read: hashed and counted while it streams, capped at
+/// `max_bytes`; the first failure is kept for the report.
+struct Source {
+    inner: Box<dyn Read + Send>,
+    hasher: sha2::Sha256,
+    n: u64,
+    max: Option<u64>,
+    url: String,
+    prog: Arc<Progress>,
+    failure: Arc<Mutex<Option<Failure>>>,
+}
+
+impl Source {
+    fn fail(&self, f: Failure) -> io::Error {
+        let msg = f.message.clone();
+        if let Ok(mut g) = self.failure.lock()
+            && g.is_none()
+        {
+            *g = Some(f);
+        }
+        io::Error::other(msg)
+    }
+
+    /// Reads what the capture left unread, so the hash covers everything.
+    fn drain(&mut self) -> io::Result<()> {
+        let mut buf = vec![0u8; 1 << 20];
+        while self.read(&mut buf)? > 0 {}
+        Ok(())
+    }
+}
+
+impl Read for Source {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.inner.read(buf) {
+            Ok(k) => {
+                self.hasher.update(&buf[..k]);
+                self.n += k as u64;
+                self.prog.fetched.store(self.n, Ordering::Relaxed);
+                if let Some(max) = self.max
+                    && self.n > max
+                {
+                    return Err(self.fail(Failure::new(
+                        "SourceTooLarge",
+                        format!(
+                            "{} is larger than --max-bytes {max}: {} bytes read so far",
+                            self.url, self.n
+                        ),
+                    )));
+                }
+                Ok(k)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                let f = fetch_read_failure(&self.url, self.n, &e);
+                Err(self.fail(f))
+            }
+        }
+    }
+}
+
+fn fetch_read_failure(url: &str, n: u64, e: &io::Error) -> Failure {
+    let is_tls = e.get_ref().is_some_and(|i| i.is::<rustls::Error>());
+    let reason = if is_tls { "TLSError" } else { "Unreachable" };
+    Failure::new(
+        reason,
+        format!("reading {url} failed after {n} bytes: {}", chain(e)),
+    )
+}
+
+fn fetch_failure(e: &FetchError) -> Failure {
+    let reason = match e {
+        FetchError::NotFound { .. } => "SourceNotFound",
+        FetchError::Status { .. } | FetchError::Malformed { .. } => "HTTPError",
+        FetchError::Tls { .. } | FetchError::Roots { .. } => "TLSError",
+        FetchError::Unreachable { .. } => "Unreachable",
+        FetchError::BadUrl { .. } => "InvalidSource",
+    };
+    Failure::new(reason, chain(e))
+}
+
+/// The work directories of a running ingest, for a signal handler that
+/// removes them before the process ends (SIGTERM when a Job is deleted).
+#[derive(Debug, Clone, Default)]
+pub struct WorkDirs(Arc<Mutex<Vec<PathBuf>>>);
+
+impl WorkDirs {
+    /// Removes every registered directory (called on SIGTERM/SIGINT).
+    pub fn remove_all(&self) {
+        let dirs = self.0.lock().map(|mut g| std::mem::take(&mut *g));
+        for p in dirs.unwrap_or_default() {
+            remove_tree(&p);
+        }
+    }
+}
+
+fn remove_tree(p: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(p)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %p.display(), error = %e, "cleanup failed");
+    }
+}
+
+/// Removes directory trees when dropped (registered in [`WorkDirs`] while
+/// alive).
+struct Cleanup {
+    dirs: Vec<PathBuf>,
+    registry: WorkDirs,
+}
+
+impl Cleanup {
+    fn new(registry: &WorkDirs) -> Self {
+        Self {
+            dirs: Vec::new(),
+            registry: registry.clone(),
+        }
+    }
+
+    fn add(&mut self, p: PathBuf) {
+        if let Ok(mut g) = self.registry.0.lock() {
+            g.push(p.clone());
+        }
+        self.dirs.push(p);
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.dirs {
+            remove_tree(p);
+        }
+        if let Ok(mut g) = self.registry.0.lock() {
+            g.retain(|p| !self.dirs.contains(p));
+        }
+    }
+}
+
+fn store_err(what: &str, p: &Path, e: &dyn std::error::Error) -> Failure {
+    Failure::new(
+        "StoreError",
+        format!("{what} {}: {}", p.display(), chain(e)),
+    )
+}
+
+fn parse_checksum(s: &str) -> Result<[u8; 32], Failure> {
+    let bad = || {
+        Failure::new(
+            "InvalidSource",
+            format!("checksum {s:?} is not sha256:<64 hex digits>"),
+        )
+    };
+    let hexpart = s.strip_prefix("sha256:").ok_or_else(bad)?;
+    let v = hex::decode(hexpart.to_ascii_lowercase()).map_err(|_| bad())?;
+    v.try_into().map_err(|_| bad())
+}
+
+/// Runs `ingest`, printing the protocol lines; false on failure.
+pub fn run(args: &IngestArgs, work_dirs: &WorkDirs) -> bool {
+    let out = Out::new();
+    match ingest(args, &out, work_dirs) {
+        Ok(v) => {
+            out.line(&v);
+            true
+        }
+        Err(f) => {
+            tracing::error!(reason = f.reason, message = %f.message, "ingest failed");
+            out.error(&f);
+            false
+        }
+    }
+}
+
+/// One captured content before publishing.
+struct Captured {
+    number: u32,
+    /// `p<N>` in the capture output directory.
+    capture_name: String,
+    /// `<prefix>-p<N>`.
+    name: String,
+    index: ContentIndex,
+    index_sha256: String,
+}
+
+fn ingest(
+    args: &IngestArgs,
+    out: &Out,
+    work_dirs: &WorkDirs,
+) -> Result<serde_json::Value, Failure> {
+    check_names(&[
+        ("namespace", &args.namespace),
+        ("import", &args.import),
+        ("prefix", &args.prefix),
+    ])?;
+    let expected = args.checksum.as_deref().map(parse_checksum).transpose()?;
+    let pl = args.piece_length;
+    if !pl.is_power_of_two()
+        || !(anneal_image::format::MIN_PIECE_LENGTH..=anneal_image::format::MAX_PIECE_LENGTH)
+            .contains(&pl)
+    {
+        return Err(Failure::new(
+            "InvalidSource",
+            format!("piece length {pl} is not a power of two in 16 KiB..64 MiB"),
+        ));
+    }
+    let opts = Options { piece_length: pl };
+    let ns_dir = args.store.join(&args.namespace);
+    let import_dir = ns_dir.join(".imports").join(&args.import);
+    if import_dir.exists() {
+        return Err(Failure::new(
+            "ContentExists",
+            format!(
+                "import {}/{} was already published ({})",
+                args.namespace,
+                args.import,
+                import_dir.display()
+            ),
+        ));
+    }
+    let tag = format!("{}-{:016x}", args.import, rand::random::<u64>());
+    let work = args.store.join(".staging").join(&args.namespace).join(&tag);
+    let mut cleanup = Cleanup::new(work_dirs);
+    cleanup.add(work.clone());
+    for d in [&ns_dir, &work] {
+        std::fs::create_dir_all(d).map_err(|e| store_err("creating", d, &e))?;
+    }
+    let scratch = match &args.scratch {
+        Some(s) => {
+            let d = s.join(&tag);
+            cleanup.add(d.clone());
+            std::fs::create_dir_all(&d).map_err(|e| store_err("creating", &d, &e))?;
+            d
+        }
+        None => work.join("scratch"),
+    };
+    std::fs::create_dir_all(&scratch).map_err(|e| store_err("creating", &scratch, &e))?;
+    let capture_dir = work.join("out");
+    std::fs::create_dir_all(&capture_dir).map_err(|e| store_err("creating", &capture_dir, &e))?;
+
+    let prog = Arc::new(Progress {
+        phase: AtomicU64::new(0),
+        fetched: AtomicU64::new(0),
+        total: AtomicU64::new(0),
+        captured: AtomicU64::new(0),
+        out_dir: capture_dir.clone(),
+    });
+    let set_phase = |p: u64| {
+        prog.phase.store(p, Ordering::Relaxed);
+        out.line(&prog.json());
+    };
+    set_phase(0);
+    let ticker = {
+        let prog = prog.clone();
+        Ticker::start(out.clone(), Duration::from_millis(500), move || prog.json())
+    };
+
+    // open the source
+    let staged = args
+        .url
+        .strip_prefix("staged://")
+        .map(|name| ns_dir.join(".staged").join(name));
+    let (inner, total): (Box<dyn Read + Send>, Option<u64>) =
+        if let Some(name) = args.url.strip_prefix("staged://") {
+            check_names(&[("staged name", name)])?;
+            let p = ns_dir.join(".staged").join(name);
+            let f = File::open(&p).map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    Failure::new(
+                        "SourceNotFound",
+                        format!("{}: no staged upload at {}", args.url, p.display()),
+                    )
+                } else {
+                    store_err("opening", &p, &e)
+                }
+            })?;
+            let len = f
+                .metadata()
+                .map_err(|e| store_err("reading", &p, &e))?
+                .len();
+            (
+                Box::new(io::BufReader::with_capacity(1 << 20, f)),
+                Some(len),
+            )
+        } else {
+            let fo = FetchOptions {
+                timeout: Duration::from_secs(args.timeout_secs.max(1)),
+                retries: args.retries,
+                ca_bundle: args.ca_bundle.clone(),
+                backoff: Duration::from_millis(500),
+            };
+            let tls = if args.url.starts_with("https://") {
+                Some(fetch::tls_config(args.ca_bundle.as_deref()).map_err(|e| fetch_failure(&e))?)
+            } else {
+                None
+            };
+            let body = fetch::get(&args.url, &fo, tls.as_ref()).map_err(|e| fetch_failure(&e))?;
+            let len = body.content_length;
+            (Box::new(body), len)
+        };
+    prog.total.store(total.unwrap_or(0), Ordering::Relaxed);
+    if let (Some(max), Some(t)) = (args.max_bytes, total)
+        && t > max
+    {
+        return Err(Failure::new(
+            "SourceTooLarge",
+            format!(
+                "{} is {t} bytes (Content-Length), larger than --max-bytes {max}",
+                args.url
+            ),
+        ));
+    }
+    let failure = Arc::new(Mutex::new(None));
+    let mut src = Source {
+        inner,
+        hasher: sha2::Sha256::new(),
+        n: 0,
+        max: args.max_bytes,
+        url: args.url.clone(),
+        prog: prog.clone(),
+        failure: failure.clone(),
+    };
+    let source_failure = |fallback: Failure| -> Failure {
+        failure
+            .lock()
+            .ok()
+            .and_then(|mut g| g.take())
+            .unwrap_or(fallback)
+    };
+    let mut head = Vec::with_capacity(512);
+    (&mut src)
+        .take(512)
+        .read_to_end(&mut head)
+        .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
+    let kind = detect(&head, args.format);
+    tracing::info!(url = %args.url, format = kind.name(), "ingest");
+
+    let invalid =
+        |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));
+    // check the checksum once the source has been read completely
+    let finish = |src: &mut Source| -> Result<String, Failure> {
+        src.drain()
+            .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
+        let got: [u8; 32] = src.hasher.clone().finalize().into();
+        if let Some(want) = expected
+            && got != want
+        {
+            return Err(Failure::new(
+                "ChecksumMismatch",
+                format!(
+                    "{}: expected sha256:{}, got sha256:{} ({} bytes)",
+                    args.url,
+                    hex::encode(want),
+                    hex::encode(got),
+                    src.n
+                ),
+            ));
+        }
+        Ok(hex::encode(got))
+    };
+
+    let tar_failure = |e: TarError, dir: &Path| match e {
+        TarError::Io(e) => store_err("unpacking into", dir, &e),
+        TarError::Invalid(m) => Failure::new(
+            "InvalidSource",
+            format!("{}: not a usable tar archive: {m}", args.url),
+        ),
+    };
+    let capture_cz = |dir: &Path| -> Result<Layout, Failure> {
+        let root = clonezilla_root(dir).ok_or_else(|| {
+            Failure::new(
+                "InvalidSource",
+                format!(
+                    "{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)",
+                    args.url
+                ),
+            )
+        })?;
+        let r = capture::capture_clonezilla(&root, &capture_dir, opts);
+        let _ = std::fs::remove_dir_all(dir);
+        r.map_err(|e| invalid(&e))
+    };
+    let cz_dir = scratch.join("clonezilla");
+    let mut kind = kind;
+    let (layout, source_sha): (Option<Layout>, String) = match kind {
+        Kind::Partclone => {
+            // captured while it streams; a compressed tar (a Clonezilla
+            // directory as .tar.gz / .tar.zst) is unpacked instead
+            let (ip, sp) = capture::content_paths(&capture_dir, "p1");
+            let streamed = (|| -> Result<bool, Failure> {
+                let reader = io::Cursor::new(head).chain(&mut src);
+                let (mut input, ikind) = source::open_partclone_stream(reader).map_err(|e| {
+                    Failure::new(
+                        "InvalidSource",
+                        format!("{}: reading the partclone image: {}", args.url, chain(&e)),
+                    )
+                })?;
+                match ikind {
+                    ImageKind::Partclone => capture::capture_partclone(input, &ip, &sp, opts)
+                        .map(|_| false)
+                        .map_err(|e| invalid(&e)),
+                    ImageKind::Raw => {
+                        let mut peek = Vec::with_capacity(512);
+                        (&mut input).take(512).read_to_end(&mut peek).map_err(|e| {
+                            Failure::new("InvalidSource", format!("{}: {}", args.url, chain(&e)))
+                        })?;
+                        if is_ustar(&peek) {
+                            untar(io::Cursor::new(peek).chain(input), &cz_dir)
+                                .map_err(|e| tar_failure(e, &cz_dir))?;
+                            Ok(true)
+                        } else {
+                            capture::capture_raw_stream(
+                                io::Cursor::new(peek).chain(input),
+                                &ip,
+                                &sp,
+                                opts,
+                            )
+                            .map(|_| false)
+                            .map_err(|e| invalid(&e))
+                        }
+                    }
+                }
+            })();
+            let is_tar = streamed.map_err(&source_failure)?;
+            let sha = finish(&mut src)?;
+            set_phase(1);
+            if is_tar {
+                kind = Kind::ClonezillaTar;
+                (Some(capture_cz(&cz_dir)?), sha)
+            } else {
+                (None, sha)
+            }
+        }
+        Kind::Raw | Kind::Qcow2 => {
+            // a staged upload is a local file already: hash it, then capture
+            // from it directly (no copy); a fetched source is spooled
+            let (file, sha) = match &staged {
+                Some(p) => (p.clone(), finish(&mut src)?),
+                None => {
+                    let file = scratch.join(if kind == Kind::Raw {
+                        "source.raw"
+                    } else {
+                        "source.qcow2"
+                    });
+                    spool(io::Cursor::new(head).chain(&mut src), &file)
+                        .map_err(|e| source_failure(store_err("writing", &file, &e)))?;
+                    (file, finish(&mut src)?)
+                }
+            };
+            set_phase(1);
+            let r = if kind == Kind::Raw {
+                capture::capture_disk(&file, &capture_dir, opts)
+            } else {
+                capture::capture_qcow2(&file, &scratch.join("converted.raw"), &capture_dir, opts)
+            };
+            if staged.is_none() {
+                let _ = std::fs::remove_file(&file);
+            }
+            let _ = std::fs::remove_file(scratch.join("converted.raw"));
+            (Some(r.map_err(|e| invalid(&e))?), sha)
+        }
+        Kind::ClonezillaTar => {
+            untar(io::Cursor::new(head).chain(&mut src), &cz_dir)
+                .map_err(|e| source_failure(tar_failure(e, &cz_dir)))?;
+            let sha = finish(&mut src)?;
+            set_phase(1);
+            (Some(capture_cz(&cz_dir)?), sha)
+        }
+    };
+    let fetched = src.n;
+    drop(src);
+
+    // the contents
+    let numbers: Vec<(u32, String)> = match &layout {
+        Some(l) => l
+            .slots
+            .iter()
+            .filter_map(|s| s.content_ref.clone().map(|c| (s.number, c)))
+            .collect(),
+        None => vec![(1, "p1".to_owned())],
+    };
+    let mut contents = Vec::new();
+    for (number, capture_name) in numbers {
+        let (ip, _) = capture::content_paths(&capture_dir, &capture_name);
+        let raw = std::fs::read(&ip).map_err(|e| store_err("reading", &ip, &e))?;
+        let index = ContentIndex::parse(&raw).map_err(|e| store_err("parsing", &ip, &e))?;
+        contents.push(Captured {
+            number,
+            capture_name,
+            name: format!("{}-p{number}", args.prefix),
+            index,
+            index_sha256: hex::encode(sha2::Sha256::digest(&raw)),
+        });
+    }
+    let layout = layout.map(|mut l| {
+        for s in &mut l.slots {
+            if s.content_ref.is_some() {
+                s.content_ref = Some(format!("{}-p{}", args.prefix, s.number));
+            }
+        }
+        l
+    });
+    prog.captured.store(
+        contents.iter().map(|c| c.index.header.used_bytes).sum(),
+        Ordering::Relaxed,
+    );
+
+    set_phase(2);
+    publish(
+        args,
+        &ns_dir,
+        &import_dir,
+        &capture_dir,
+        &work,
+        &contents,
+        layout.as_ref(),
+    )?;
+    drop(ticker);
+    out.line(&prog.json());
+    drop(cleanup);
+
+    let contents_json: Vec<serde_json::Value> = contents.iter().map(content_json).collect();
+    Ok(serde_json::json!({
+        "event": "result",
+        "sourceSha256": source_sha,
+        "format": kind.name(),
+        "bytesFetched": fetched,
+        "layout": layout,
+        "contents": contents_json,
+    }))
+}
+
+fn content_json(c: &Captured) -> serde_json::Value {
+    let h = &c.index.header;
+    let mut v = serde_json::json!({
+        "name": c.name,
+        "partitionNumber": c.number,
+        "usedBytes": h.used_bytes,
+        "sizeBytes": h.partition_size,
+        "lastExtentEnd": h.last_extent_end,
+        "blockSize": h.block_size,
+        "pieceLength": h.piece_length,
+        "streamSha256": c.index.stream_sha256_hex(),
+        "indexSha256": c.index_sha256,
+    });
+    if let Some(m) = v.as_object_mut() {
+        if !h.fs_type.is_empty() {
+            m.insert("fsType".into(), h.fs_type.clone().into());
+        }
+        if !h.uuid.is_empty() {
+            m.insert("uuid".into(), h.uuid_string().into());
+        }
+        if !h.label.is_empty() {
+            m.insert("label".into(), h.label.clone().into());
+        }
+    }
+    v
+}
+
+/// Publishes every content as `<ns>/<name>/{index,stream}` and the layout
+/// as `<ns>/.imports/<import>/layout.json`, never overwriting: every name
+/// is checked first, each directory is claimed with mkdir (fails if it
+/// exists) and replaced by the full one with rename(2) (which replaces only
+/// an empty directory); a failure removes what this run published.
+fn publish(
+    args: &IngestArgs,
+    ns_dir: &Path,
+    import_dir: &Path,
+    capture_dir: &Path,
+    work: &Path,
+    contents: &[Captured],
+    layout: Option<&Layout>,
+) -> Result<(), Failure> {
+    let taken = |what: String| Failure::new("ContentExists", what);
+    for c in contents {
+        let t = ns_dir.join(&c.name);
+        if t.symlink_metadata().is_ok() {
+            return Err(taken(format!(
+                "content {}/{} already exists ({}); nothing was published",
+                args.namespace,
+                c.name,
+                t.display()
+            )));
+        }
+    }
+    if import_dir.symlink_metadata().is_ok() {
+        return Err(taken(format!(
+            "import {}/{} already exists ({}); nothing was published",
+            args.namespace,
+            args.import,
+            import_dir.display()
+        )));
+    }
+    // assemble `<work>/pub/<name>/{index,stream}`
+    let pub_root = work.join("pub");
+    for c in contents {
+        let d = pub_root.join(&c.name);
+        std::fs::create_dir_all(&d).map_err(|e| store_err("creating", &d, &e))?;
+        let (ip, sp) = capture::content_paths(capture_dir, &c.capture_name);
+        for (from, to) in [(ip, d.join("index")), (sp, d.join("stream"))] {
+            std::fs::rename(&from, &to).map_err(|e| store_err("moving", &from, &e))?;
+            File::open(&to)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| store_err("syncing", &to, &e))?;
+        }
+    }
+    let mut published: Vec<PathBuf> = Vec::new();
+    let rollback = |published: &[PathBuf]| {
+        for p in published {
+            if let Err(e) = std::fs::remove_dir_all(p) {
+                tracing::warn!(path = %p.display(), error = %e, "rolling back a published content");
+            }
+        }
+    };
+    for c in contents {
+        let target = ns_dir.join(&c.name);
+        if let Err(e) = std::fs::create_dir(&target) {
+            rollback(&published);
+            return Err(if e.kind() == io::ErrorKind::AlreadyExists {
+                taken(format!(
+                    "content {}/{} appeared while publishing ({}); nothing was published",
+                    args.namespace,
+                    c.name,
+                    target.display()
+                ))
+            } else {
+                store_err("creating", &target, &e)
+            });
+        }
+        // rename(2) replaces only an empty directory: if someone wrote into
+        // the one we claimed, this fails and their files stay
+        let from = pub_root.join(&c.name);
+        if let Err(e) = std::fs::rename(&from, &target) {
+            let _ = std::fs::remove_dir(&target);
+            rollback(&published);
+            return Err(store_err("publishing", &target, &e));
+        }
+        published.push(target);
+    }
+    if let Some(l) = layout {
+        let r = (|| -> Result<(), Failure> {
+            let parent = import_dir.parent().unwrap_or(ns_dir);
+            std::fs::create_dir_all(parent).map_err(|e| store_err("creating", parent, &e))?;
+            std::fs::create_dir(import_dir).map_err(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    taken(format!(
+                        "import {}/{} appeared while publishing; nothing was published",
+                        args.namespace, args.import
+                    ))
+                } else {
+                    store_err("creating", import_dir, &e)
+                }
+            })?;
+            let p = import_dir.join("layout.json");
+            let json =
+                serde_json::to_vec_pretty(l).map_err(|e| store_err("serialising", &p, &e))?;
+            write_atomic(&p, &json).map_err(|e| store_err("writing", &p, &e))
+        })();
+        if let Err(f) = r {
+            rollback(&published);
+            return Err(f);
+        }
+    }
+    if let Ok(d) = File::open(ns_dir) {
+        let _ = d.sync_all();
+    }
+    tracing::info!(
+        namespace = %args.namespace,
+        contents = contents.len(),
+        "published"
+    );
+    Ok(())
+}
+
+/// Copies `input` into a new sparse file at `path` (all-zero 4 KiB blocks
+/// are holes).
+fn spool(mut input: impl Read, path: &Path) -> io::Result<u64> {
+    let mut f = File::create(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let mut n = 0;
+        while n < buf.len() {
+            match input.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        for blk in buf[..n].chunks(4096) {
+            if blk.iter().all(|b| *b == 0) {
+                f.seek(SeekFrom::Current(blk.len() as i64))?;
+            } else {
+                f.write_all(blk)?;
+            }
+        }
+        size += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    f.set_len(size)?;
+    f.sync_all()?;
+    Ok(size)
+}
+
+/// Errors of unpacking a tar archive.
+#[derive(Debug, thiserror::Error)]
+enum TarError {
+    /// Writing the unpacked files (or reading the source).
+    #[error("unpacking")]
+    Io(#[from] io::Error),
+    /// Not an archive we unpack.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn tar_octal(field: &[u8]) -> Result<u64, TarError> {
+    // GNU base-256 for large sizes
+    if field.first().is_some_and(|b| b & 0x80 != 0) {
+        let mut v: u64 = u64::from(field[0] & 0x7f);
+        for b in &field[1..] {
+            v = v
+                .checked_mul(256)
+                .and_then(|x| x.checked_add(u64::from(*b)))
+                .ok_or_else(|| TarError::Invalid("size field overflows".into()))?;
+        }
+        return Ok(v);
+    }
+    let s: String = field
+        .iter()
+        .take_while(|b| **b != 0)
+        .map(|b| *b as char)
+        .collect();
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(0);
+    }
+    u64::from_str_radix(s, 8).map_err(|_| TarError::Invalid(format!("bad octal field {s:?}")))
+}
+
+fn tar_str(field: &[u8]) -> String {
+    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
+/// A relative path inside `root`, refusing absolute paths and `..`.
+fn safe_join(root: &Path, name: &str) -> Result<Option<PathBuf>, TarError> {
+    let p = Path::new(name);
+    let mut out = root.to_path_buf();
+    let mut any = false;
+    for c in p.components() {
+        match c {
+            Component::Normal(s) => {
+                out.push(s);
+                any = true;
+            }
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => {
+                return Err(TarError::Invalid(format!(
+                    "entry {name:?} is absolute or contains '..'"
+                )));
+            }
+        }
+    }
+    Ok(any.then_some(out))
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<bool, TarError> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) if n == 0 => return Ok(false),
+            Ok(0) => return Err(TarError::Invalid("truncated archive".into())),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(TarError::Io(e)),
+        }
+    }
+    Ok(true)
+}
+
+/// Unpacks a ustar/GNU tar stream into `dir` (regular files and
+/// directories; pax headers skipped, GNU long names honoured; links and
+/// devices refused).
+fn untar(mut r: impl Read, dir: &Path) -> Result<(), TarError> {
+    std::fs::create_dir_all(dir)?;
+    let mut hdr = [0u8; 512];
+    let mut long_name: Option<String> = None;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        if !read_full(&mut r, &mut hdr)? {
+            return Ok(());
+        }
+        if hdr.iter().all(|b| *b == 0) {
+            return Ok(());
+        }
+        let sum: u64 = hdr
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u64::from(*b)
+                }
+            })
+            .sum();
+        if tar_octal(&hdr[148..156])? != sum {
+            return Err(TarError::Invalid("header checksum mismatch".into()));
+        }
+        let size = tar_octal(&hdr[124..136])?;
+        let typ = hdr[156];
+        let mut name = tar_str(&hdr[0..100]);
+        if &hdr[257..262] == b"ustar" && hdr[263] == b'0' {
+            // POSIX ustar: prefix field
+            let prefix = tar_str(&hdr[345..500]);
+            if !prefix.is_empty() {
+                name = format!("{prefix}/{name}");
+            }
+        }
+        if let Some(l) = long_name.take() {
+            name = l;
+        }
+        let padded = size.div_ceil(512) * 512;
+        match typ {
+            b'L' => {
+                if size > 4096 {
+                    return Err(TarError::Invalid("long name too long".into()));
+                }
+                let mut v = vec![0u8; padded as usize];
+                if !read_full(&mut r, &mut v)? {
+                    return Err(TarError::Invalid("truncated archive".into()));
+                }
+                long_name = Some(tar_str(&v[..size as usize]));
+            }
+            b'x' | b'g' => skip(&mut r, padded, &mut buf)?,
+            b'5' => {
+                if let Some(p) = safe_join(dir, &name)? {
+                    std::fs::create_dir_all(&p)?;
+                }
+                skip(&mut r, padded, &mut buf)?;
+            }
+            b'0' | 0 | b'7' => {
+                let p = safe_join(dir, &name)?
+                    .ok_or_else(|| TarError::Invalid("file entry without a name".into()))?;
+                if let Some(parent) = p.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&p)
+                    .map_err(|e| {
+                        if e.kind() == io::ErrorKind::AlreadyExists {
+                            TarError::Invalid(format!("entry {name:?} appears twice"))
+                        } else {
+                            TarError::Io(e)
+                        }
+                    })?;
+                let mut left = size;
+                while left > 0 {
+                    let n = (buf.len() as u64).min(left) as usize;
+                    if !read_full(&mut r, &mut buf[..n])? {
+                        return Err(TarError::Invalid("truncated archive".into()));
+                    }
+                    f.write_all(&buf[..n])?;
+                    left -= n as u64;
+                }
+                skip(&mut r, padded - size, &mut buf)?;
+            }
+            t => {
+                return Err(TarError::Invalid(format!(
+                    "entry {name:?} has unsupported type {:?} (only files and directories)",
+                    t as char
+                )));
+            }
+        }
+    }
+}
+
+fn skip(r: &mut impl Read, mut n: u64, buf: &mut [u8]) -> Result<(), TarError> {
+    while n > 0 {
+        let k = (buf.len() as u64).min(n) as usize;
+        if !read_full(r, &mut buf[..k])? {
+            return Err(TarError::Invalid("truncated archive".into()));
+        }
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+/// The directory holding `<disk>-pt.sf`: `dir` itself or one level below.
+fn clonezilla_root(dir: &Path) -> Option<PathBuf> {
+    let has_pt = |d: &Path| {
+        std::fs::read_dir(d).ok().is_some_and(|rd| {
+            rd.filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with("-pt.sf"))
+        })
+    };
+    if has_pt(dir) {
+        return Some(dir.to_owned());
+    }
+    let subs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && has_pt(p))
+        .collect();
+    match subs.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection() {
+        let mut tar = vec![0u8; 512];
+        tar[257..262].copy_from_slice(b"ustar");
+        assert_eq!(detect(b"QFI\xfb\0\0\0\x03", None), Kind::Qcow2);
+        assert_eq!(detect(&tar, None), Kind::ClonezillaTar);
+        assert_eq!(
+            detect(&tar, Some(IngestFormat::Partclone)),
+            Kind::ClonezillaTar
+        );
+        assert_eq!(detect(b"partclone-image\0", None), Kind::Partclone);
+        assert_eq!(detect(&[0x1f, 0x8b, 8, 0], None), Kind::Partclone);
+        assert_eq!(detect(&[0u8; 512], None), Kind::Raw);
+        assert_eq!(detect(b"QFI\xfb", Some(IngestFormat::Raw)), Kind::Raw);
+    }
+
+    #[test]
+    fn checksums_and_paths() {
+        assert!(parse_checksum(&format!("sha256:{}", "ab".repeat(32))).is_ok());
+        assert!(parse_checksum("sha256:abcd").is_err());
+        assert!(parse_checksum(&format!("md5:{}", "ab".repeat(32))).is_err());
+        let root = Path::new("/r");
+        assert!(safe_join(root, "/etc/passwd").is_err());
+        assert!(safe_join(root, "a/../../x").is_err());
+        assert_eq!(
+            safe_join(root, "./a/b").unwrap(),
+            Some(PathBuf::from("/r/a/b"))
+        );
+        assert_eq!(safe_join(root, "./").unwrap(), None);
+    }
+
+    #[test]
+    fn tar_round_trip_and_refusals() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(src.join("img")).unwrap();
+        std::fs::write(src.join("img/sda-pt.sf"), b"label: gpt\n").unwrap();
+        std::fs::write(src.join("img/big"), vec![7u8; 70_000]).unwrap();
+        let ar = d.path().join("a.tar");
+        let st = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&src)
+            .arg("-cf")
+            .arg(&ar)
+            .arg("img")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = d.path().join("out");
+        untar(File::open(&ar).unwrap(), &out).unwrap();
+        assert_eq!(
+            std::fs::read(out.join("img/big")).unwrap(),
+            vec![7u8; 70_000]
+        );
+        assert_eq!(clonezilla_root(&out), Some(out.join("img")));
+        // a hand-made entry with `..`
+        let mut h = [0u8; 512];
+        h[..8].copy_from_slice(b"../evil\0");
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..136].copy_from_slice(b"00000000000\0");
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].fill(b' ');
+        let sum: u64 = h.iter().map(|b| u64::from(*b)).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        let e = untar(&h[..], &d.path().join("out2")).unwrap_err();
+        assert!(
+            matches!(e, TarError::Invalid(ref m) if m.contains("..")),
+            "{e:?}"
+        );
+        assert!(!d.path().join("evil").exists());
+    }
+}
