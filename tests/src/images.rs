@@ -120,6 +120,7 @@ pub fn sha256_file(path: &Path) -> String {
 /// connection, whole files): 200 with Content-Length, 404 for a missing
 /// file. With a rate, bodies are sent at about that many bytes per second.
 /// Stops (and joins its thread) when dropped.
+#[derive(Debug)]
 pub struct FileServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
