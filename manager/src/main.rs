@@ -28,7 +28,7 @@ enum Command {
     /// Run the manager (controllers behind leader election, agent API,
     /// /metrics) against the cluster of the ambient kubeconfig (KUBECONFIG
     /// or in-cluster).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -110,10 +110,9 @@ impl ContentArgs {
             return Ok(None);
         };
         let (executor, store_name) = if kind == "process" {
-            let dir = self
-                .content_dir
-                .clone()
-                .context("--workload-executor process needs --content-dir DIR (the content store)")?;
+            let dir = self.content_dir.clone().context(
+                "--workload-executor process needs --content-dir DIR (the content store)",
+            )?;
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("creating the content store {}", dir.display()))?;
             let bin_dir = match &self.workload_bin_dir {
@@ -262,7 +261,7 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the runtime")?;
-            rt.block_on(run(args))?;
+            rt.block_on(run(*args))?;
         }
     }
     Ok(())

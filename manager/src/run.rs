@@ -183,7 +183,10 @@ impl Runtime {
         );
         self.spawn(crate::ipam::ID.name, crate::ipam::controller(scope.clone()));
         if let Some(cfg) = &self.content {
-            self.spawn("content", crate::content::controller(scope.clone(), cfg.clone()));
+            self.spawn(
+                "content",
+                crate::content::controller(scope.clone(), cfg.clone()),
+            );
         }
         if let Some((cfg, _)) = &self.lifecycle {
             let cfg = cfg.clone();

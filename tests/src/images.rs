@@ -36,7 +36,17 @@ pub fn gpt_disk(dir: &Path, size_mib: u64, data_mib: u64) -> PathBuf {
         .unwrap();
     let p3_mib = size_mib - 1 - 32 - 16 - 8 - 1;
     run(Command::new("sgdisk")
-        .args(["-o", "-n", "1:2048:+32M", "-t", "1:ef00", "-n", "2:0:+16M", "-t", "2:8200"])
+        .args([
+            "-o",
+            "-n",
+            "1:2048:+32M",
+            "-t",
+            "1:ef00",
+            "-n",
+            "2:0:+16M",
+            "-t",
+            "2:8200",
+        ])
         .arg(format!("-n=3:0:+{p3_mib}M"))
         .args(["-t", "3:8300", "-n", "4:0:+8M", "-t", "4:8300"])
         .arg(&raw));
@@ -47,9 +57,16 @@ pub fn gpt_disk(dir: &Path, size_mib: u64, data_mib: u64) -> PathBuf {
     let esp_tree = dir.join("esp");
     std::fs::create_dir_all(esp_tree.join("EFI/BOOT")).unwrap();
     std::fs::write(esp_tree.join("EFI/BOOT/BOOTX64.EFI"), noise(1, 300_000)).unwrap();
-    std::fs::write(esp_tree.join("startup.nsh"), b"fs0:\\EFI\\BOOT\\BOOTX64.EFI\n").unwrap();
+    std::fs::write(
+        esp_tree.join("startup.nsh"),
+        b"fs0:\\EFI\\BOOT\\BOOTX64.EFI\n",
+    )
+    .unwrap();
     let esp = dir.join("esp.img");
-    run(Command::new("mkfs.vfat").args(["-C", "-n", "ESP"]).arg(&esp).arg("32768"));
+    run(Command::new("mkfs.vfat")
+        .args(["-C", "-n", "ESP"])
+        .arg(&esp)
+        .arg("32768"));
     run(Command::new("mcopy")
         .args(["-s", "-i"])
         .arg(&esp)
@@ -59,7 +76,10 @@ pub fn gpt_disk(dir: &Path, size_mib: u64, data_mib: u64) -> PathBuf {
     place(&esp, &raw, p1 * 512);
     std::fs::remove_file(&esp).unwrap();
     let swap = dir.join("swap.img");
-    std::fs::File::create(&swap).unwrap().set_len(16 << 20).unwrap();
+    std::fs::File::create(&swap)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
     run(Command::new("mkswap").args(["-U", SWAP_UUID]).arg(&swap));
     place(&swap, &raw, p2 * 512);
     std::fs::remove_file(&swap).unwrap();
@@ -68,7 +88,11 @@ pub fn gpt_disk(dir: &Path, size_mib: u64, data_mib: u64) -> PathBuf {
     std::fs::write(tree.join("etc/hostname"), b"imported\n").unwrap();
     let chunk = 4u64 << 20;
     for i in 0..data_mib.div_ceil(4) {
-        std::fs::write(tree.join(format!("blob{i}")), noise(100 + i, chunk as usize)).unwrap();
+        std::fs::write(
+            tree.join(format!("blob{i}")),
+            noise(100 + i, chunk as usize),
+        )
+        .unwrap();
     }
     run(Command::new("mke2fs")
         .args(["-q", "-F", "-t", "ext4", "-L", "root", "-E"])
@@ -86,7 +110,12 @@ fn place(src: &Path, dst: &Path, offset: u64) {
     run(Command::new("dd")
         .arg(format!("if={}", src.display()))
         .arg(format!("of={}", dst.display()))
-        .args(["bs=1M", "conv=notrunc,sparse", "status=none", "oflag=seek_bytes"])
+        .args([
+            "bs=1M",
+            "conv=notrunc,sparse",
+            "status=none",
+            "oflag=seek_bytes",
+        ])
         .arg(format!("seek={offset}")));
 }
 
@@ -181,7 +210,12 @@ impl Drop for FileServer {
     }
 }
 
-fn serve_one(conn: TcpStream, root: &Path, rate: Option<u64>, stop: &AtomicBool) -> std::io::Result<()> {
+fn serve_one(
+    conn: TcpStream,
+    root: &Path,
+    rate: Option<u64>,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut reader = BufReader::new(conn.try_clone()?);
@@ -193,7 +227,11 @@ fn serve_one(conn: TcpStream, root: &Path, rate: Option<u64>, stop: &AtomicBool)
             break;
         }
     }
-    let path = line.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/');
+    let path = line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("/")
+        .trim_start_matches('/');
     let mut conn = conn;
     let file = if path.contains("..") {
         None
@@ -201,7 +239,9 @@ fn serve_one(conn: TcpStream, root: &Path, rate: Option<u64>, stop: &AtomicBool)
         std::fs::File::open(root.join(path)).ok()
     };
     let Some(mut file) = file else {
-        conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found")?;
+        conn.write_all(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found",
+        )?;
         return Ok(());
     };
     let len = file.metadata()?.len();

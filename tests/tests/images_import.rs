@@ -19,9 +19,9 @@ use anneal_api::{
 use anneal_image::format::ContentIndex;
 use anneal_manager::content::ContentConfig;
 use anneal_manager::workload::{Executor, process::ProcessExecutor};
+use anneal_testinfra::ControlPlane;
 use anneal_tests::images::{FileServer, SWAP_UUID, gpt_disk, sha256_file};
 use anneal_tests::{artifacts, eventually};
-use anneal_testinfra::ControlPlane;
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -80,7 +80,14 @@ async fn warning_events(client: &Client, object: &str) -> Vec<(String, String)> 
 
 /// A failed import: its reason, message naming `needle`, a Warning Event,
 /// and no Image or content of its names.
-async fn assert_refused(client: &Client, name: &str, reason: &str, needle: &str, image: &str, prefix: &str) {
+async fn assert_refused(
+    client: &Client,
+    name: &str,
+    reason: &str,
+    needle: &str,
+    image: &str,
+    prefix: &str,
+) {
     let i = finished(client, name).await;
     assert_eq!(
         i.status.as_ref().and_then(|s| s.state),
@@ -89,8 +96,15 @@ async fn assert_refused(client: &Client, name: &str, reason: &str, needle: &str,
         i.status
     );
     let (status, r, message) = condition(&i, types::SUCCEEDED);
-    assert_eq!((status.as_str(), r.as_str()), ("False", reason), "{name}: {message}");
-    assert!(message.contains(needle), "{name}: message {message:?} lacks {needle:?}");
+    assert_eq!(
+        (status.as_str(), r.as_str()),
+        ("False", reason),
+        "{name}: {message}"
+    );
+    assert!(
+        message.contains(needle),
+        "{name}: message {message:?} lacks {needle:?}"
+    );
     let events = eventually(&format!("a Warning Event for {name}"), WAIT, || async {
         let ev = warning_events(client, name).await;
         ev.iter().any(|(r, _)| r == reason).then_some(ev)
@@ -98,7 +112,10 @@ async fn assert_refused(client: &Client, name: &str, reason: &str, needle: &str,
     .await;
     assert!(events.iter().any(|(_, m)| m.contains(needle)), "{events:?}");
     let images: Api<Image> = Api::namespaced(client.clone(), NS);
-    assert!(images.get_opt(image).await.unwrap().is_none(), "{name} created Image {image}");
+    assert!(
+        images.get_opt(image).await.unwrap().is_none(),
+        "{name} created Image {image}"
+    );
     let contents: Api<PartitionContent> = Api::namespaced(client.clone(), NS);
     let made: Vec<String> = contents
         .list(&ListParams::default())
@@ -133,12 +150,42 @@ fn index(path: &Path) -> ContentIndex {
 fn assert_matches_capture(pc: &PartitionContent, idx: &ContentIndex) {
     let h = &idx.header;
     let s = &pc.spec;
-    assert_eq!(s.used_bytes, h.used_bytes as i64, "{} usedBytes", pc.name_any());
-    assert_eq!(s.size_bytes, h.partition_size as i64, "{} sizeBytes", pc.name_any());
-    assert_eq!(s.last_extent_end, h.last_extent_end as i64, "{} lastExtentEnd", pc.name_any());
-    assert_eq!(s.block_size, i64::from(h.block_size), "{} blockSize", pc.name_any());
-    assert_eq!(s.piece_length, i64::from(h.piece_length), "{} pieceLength", pc.name_any());
-    assert_eq!(s.fs_type.as_deref(), Some(h.fs_type.as_str()), "{} fsType", pc.name_any());
+    assert_eq!(
+        s.used_bytes,
+        h.used_bytes as i64,
+        "{} usedBytes",
+        pc.name_any()
+    );
+    assert_eq!(
+        s.size_bytes,
+        h.partition_size as i64,
+        "{} sizeBytes",
+        pc.name_any()
+    );
+    assert_eq!(
+        s.last_extent_end,
+        h.last_extent_end as i64,
+        "{} lastExtentEnd",
+        pc.name_any()
+    );
+    assert_eq!(
+        s.block_size,
+        i64::from(h.block_size),
+        "{} blockSize",
+        pc.name_any()
+    );
+    assert_eq!(
+        s.piece_length,
+        i64::from(h.piece_length),
+        "{} pieceLength",
+        pc.name_any()
+    );
+    assert_eq!(
+        s.fs_type.as_deref(),
+        Some(h.fs_type.as_str()),
+        "{} fsType",
+        pc.name_any()
+    );
     let status = pc.status.as_ref().unwrap();
     assert_eq!(status.state, Some(ContentState::Ready), "{}", pc.name_any());
     assert_eq!(
@@ -192,22 +239,27 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         .unwrap();
 
     let bin_dir = agent.parent().unwrap().to_path_buf();
-    let runtime = anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
-        .with_content(ContentConfig {
-            executor: Executor::Process(ProcessExecutor::new(bin_dir, &store)),
-            store_name: "test-store".into(),
-            max_source_bytes: Some(1 << 30),
-            ingest_deadline_secs: 600,
-        });
+    let runtime =
+        anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
+            .with_content(ContentConfig {
+                executor: Executor::Process(ProcessExecutor::new(bin_dir, &store)),
+                store_name: "test-store".into(),
+                max_source_bytes: Some(1 << 30),
+                ingest_deadline_secs: 600,
+            });
     let shutdown = runtime.shutdown_token();
     let manager = tokio::spawn(runtime.run());
 
     // --- raw, with its checksum: Succeeded, progress seen at least twice.
     let imports: Api<ImageImport> = Api::namespaced(client.clone(), NS);
-    create_import(&client, "deb-raw", json!({
-        "source": {"url": server.url("disk.raw"), "checksum": format!("sha256:{raw_sum}")},
-        "imageName": "deb", "contentPrefix": "deb",
-    }))
+    create_import(
+        &client,
+        "deb-raw",
+        json!({
+            "source": {"url": server.url("disk.raw"), "checksum": format!("sha256:{raw_sum}")},
+            "imageName": "deb", "contentPrefix": "deb",
+        }),
+    )
     .await;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let raw = eventually("deb-raw finished, progress recorded", WAIT, || {
@@ -228,10 +280,18 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     })
     .await;
     let st = raw.status.clone().unwrap();
-    assert_eq!(st.state, Some(ImportState::Succeeded), "{:?}", st.conditions);
+    assert_eq!(
+        st.state,
+        Some(ImportState::Succeeded),
+        "{:?}",
+        st.conditions
+    );
     let seen = seen.lock().unwrap().clone();
     let moving: Vec<_> = seen.iter().filter(|(d, _)| *d > 0).collect();
-    assert!(moving.len() >= 2, "fewer than two progress updates seen: {seen:?}");
+    assert!(
+        moving.len() >= 2,
+        "fewer than two progress updates seen: {seen:?}"
+    );
     let p = st.progress.unwrap();
     assert_eq!((p.percent, p.bytes_total), (100, 256 << 20), "{p:?}");
     assert_eq!(st.image_ref.as_ref().map(|r| r.name.as_str()), Some("deb"));
@@ -256,9 +316,17 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     assert_eq!(slots[1].role, SlotRole::Swap);
     assert_eq!(slots[1].uuid.as_deref(), Some(SWAP_UUID));
     assert_eq!(slots[2].role, SlotRole::Data);
-    assert_eq!(slots[3].content_ref.as_ref().map(|r| r.name.as_str()), Some("deb-p4"));
+    assert_eq!(
+        slots[3].content_ref.as_ref().map(|r| r.name.as_str()),
+        Some("deb-p4")
+    );
     for (slot, captured) in slots.iter().zip(layout["slots"].as_array().unwrap()) {
-        assert_eq!(slot.size_bytes, captured["sizeBytes"].as_i64(), "slot {}", slot.number);
+        assert_eq!(
+            slot.size_bytes,
+            captured["sizeBytes"].as_i64(),
+            "slot {}",
+            slot.number
+        );
         assert_eq!(
             slot.part_uuid.as_deref().map(str::to_uppercase),
             captured["partUuid"].as_str().map(str::to_uppercase),
@@ -276,7 +344,8 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
             let contents = contents.clone();
             async move {
                 let pc = contents.get(name).await.ok()?;
-                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
+                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
+                    .then_some(pc)
             }
         })
         .await;
@@ -287,16 +356,30 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
             sha256_file(&local.join(format!("{local_name}.stream"))),
             "{name}: stored stream differs from the local capture"
         );
-        assert!(pc.finalizers().iter().any(|f| f == "anneal.dev/content-protection"));
+        assert!(
+            pc.finalizers()
+                .iter()
+                .any(|f| f == "anneal.dev/content-protection")
+        );
     }
-    assert!(store.join(NS).join(".imports/deb-raw/layout.json").is_file());
+    assert!(
+        store
+            .join(NS)
+            .join(".imports/deb-raw/layout.json")
+            .is_file()
+    );
 
     // The content server serves the verified stream, byte-identical.
     let port = anneal_testinfra::free_port().unwrap();
     let serve = anneal_testinfra::ChildGroup::spawn(
         "content-server",
         Command::new(&agent)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--content-dir"])
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--content-dir",
+            ])
             .arg(&store),
     )
     .unwrap();
@@ -325,13 +408,19 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     }))
     .await;
     let q = finished(&client, "deb-qcow").await;
-    assert_eq!(q.status.as_ref().and_then(|s| s.state), Some(ImportState::Succeeded), "{:?}", q.status);
+    assert_eq!(
+        q.status.as_ref().and_then(|s| s.state),
+        Some(ImportState::Succeeded),
+        "{:?}",
+        q.status
+    );
     for (name, local_name) in [("debq-p1", "p1"), ("debq-p3", "p3")] {
         let pc = eventually(&format!("{name} Ready"), WAIT, || {
             let contents = contents.clone();
             async move {
                 let pc = contents.get(name).await.ok()?;
-                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
+                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
+                    .then_some(pc)
             }
         })
         .await;
@@ -343,57 +432,127 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         .filter(|e| e.file_name() == ".staging")
         .flat_map(|e| walk_files(&e.path()))
         .collect();
-    assert!(leftovers.is_empty(), "staging or scratch files left: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "staging or scratch files left: {leftovers:?}"
+    );
 
     // --- refusals: nothing created, the reason in status and an Event.
     let wrong = "0".repeat(64);
-    create_import(&client, "bad-sum", json!({
-        "source": {"url": server.url("disk.raw"), "checksum": format!("sha256:{wrong}")},
-        "imageName": "bad-sum", "contentPrefix": "badsum",
-    }))
+    create_import(
+        &client,
+        "bad-sum",
+        json!({
+            "source": {"url": server.url("disk.raw"), "checksum": format!("sha256:{wrong}")},
+            "imageName": "bad-sum", "contentPrefix": "badsum",
+        }),
+    )
     .await;
-    create_import(&client, "missing", json!({
-        "source": {"url": server.url("nope.raw")},
-        "imageName": "missing", "contentPrefix": "missing",
-    }))
+    create_import(
+        &client,
+        "missing",
+        json!({
+            "source": {"url": server.url("nope.raw")},
+            "imageName": "missing", "contentPrefix": "missing",
+        }),
+    )
     .await;
-    create_import(&client, "taken", json!({
-        "source": {"url": server.url("disk.raw")},
-        "imageName": "deb", "contentPrefix": "taken",
-    }))
+    create_import(
+        &client,
+        "taken",
+        json!({
+            "source": {"url": server.url("disk.raw")},
+            "imageName": "deb", "contentPrefix": "taken",
+        }),
+    )
     .await;
-    assert_refused(&client, "bad-sum", "ChecksumMismatch", &raw_sum, "bad-sum", "badsum").await;
-    assert_refused(&client, "bad-sum", "ChecksumMismatch", &wrong, "bad-sum", "badsum").await;
-    assert_refused(&client, "missing", "SourceNotFound", "nope.raw", "missing", "missing").await;
+    assert_refused(
+        &client,
+        "bad-sum",
+        "ChecksumMismatch",
+        &raw_sum,
+        "bad-sum",
+        "badsum",
+    )
+    .await;
+    assert_refused(
+        &client,
+        "bad-sum",
+        "ChecksumMismatch",
+        &wrong,
+        "bad-sum",
+        "badsum",
+    )
+    .await;
+    assert_refused(
+        &client,
+        "missing",
+        "SourceNotFound",
+        "nope.raw",
+        "missing",
+        "missing",
+    )
+    .await;
     let t = finished(&client, "taken").await;
     let (_, reason, message) = condition(&t, types::SUCCEEDED);
     assert_eq!(reason, "NameTaken", "{message}");
     assert!(message.contains("Image deb"), "{message}");
     assert!(
-        images.get("deb").await.unwrap().labels().get("anneal.dev/import").map(String::as_str) == Some("deb-raw"),
+        images
+            .get("deb")
+            .await
+            .unwrap()
+            .labels()
+            .get("anneal.dev/import")
+            .map(String::as_str)
+            == Some("deb-raw"),
         "the existing Image was overwritten"
     );
 
     // --- deletion: refused while the Image references the content.
-    contents.delete("deb-p3", &DeleteParams::default()).await.unwrap();
+    contents
+        .delete("deb-p3", &DeleteParams::default())
+        .await
+        .unwrap();
     let blocked = eventually("deb-p3 DeletionBlocked", WAIT, || {
         let contents = contents.clone();
         async move {
             let pc = contents.get("deb-p3").await.ok()?;
-            let c = pc.status.as_ref()?.conditions.iter().find(|c| c.type_ == types::DELETION_BLOCKED)?;
+            let c = pc
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == types::DELETION_BLOCKED)?;
             (c.status == "True").then(|| c.message.clone())
         }
     })
     .await;
     assert!(blocked.contains("Image deb"), "{blocked}");
-    assert!(store.join(NS).join("deb-p3/stream").is_file(), "files removed while referenced");
-    images.delete("deb", &DeleteParams::default()).await.unwrap();
+    assert!(
+        store.join(NS).join("deb-p3/stream").is_file(),
+        "files removed while referenced"
+    );
+    images
+        .delete("deb", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("deb-p3 deleted", WAIT, || {
         let contents = contents.clone();
-        async move { contents.get_opt("deb-p3").await.ok().map(|o| o.is_none()).unwrap_or(false) }
+        async move {
+            contents
+                .get_opt("deb-p3")
+                .await
+                .ok()
+                .map(|o| o.is_none())
+                .unwrap_or(false)
+        }
     })
     .await;
-    assert!(!store.join(NS).join("deb-p3").exists(), "stored files of deb-p3 remain");
+    assert!(
+        !store.join(NS).join("deb-p3").exists(),
+        "stored files of deb-p3 remain"
+    );
 
     shutdown.cancel();
     manager.await.unwrap().unwrap();

@@ -128,7 +128,13 @@ pub fn referrers(images: &Store<Image>, pc: &PartitionContent) -> Vec<String> {
     out
 }
 
-fn event(ctx: &ContentContext, pc: &PartitionContent, type_: EventType, reason: &str, note: String) {
+fn event(
+    ctx: &ContentContext,
+    pc: &PartitionContent,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let ev = Event {
         type_,
         reason: reason.to_string(),
@@ -159,8 +165,12 @@ async fn write_status(
         "metadata": {"resourceVersion": pc.resource_version()},
         "status": status,
     });
-    api.patch_status(&pc.name_any(), &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
-        .await?;
+    api.patch_status(
+        &pc.name_any(),
+        &patch_params(FIELD_MANAGER),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     Ok(())
 }
 
@@ -174,8 +184,12 @@ async fn set_finalizers(
     let patch = json!({
         "metadata": {"resourceVersion": pc.resource_version(), "finalizers": finalizers},
     });
-    api.patch(&pc.name_any(), &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
-        .await?;
+    api.patch(
+        &pc.name_any(),
+        &patch_params(FIELD_MANAGER),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     Ok(())
 }
 
@@ -302,13 +316,22 @@ async fn reconcile(pc: Arc<PartitionContent>, ctx: Arc<Ctx>) -> Result<Action, C
                         generation,
                     );
                     write_status(&pc, &status, c).await?;
-                    event(c, &pc, EventType::Warning, reasons::VERIFICATION_FAILED, message);
+                    event(
+                        c,
+                        &pc,
+                        EventType::Warning,
+                        reasons::VERIFICATION_FAILED,
+                        message,
+                    );
                     c.executor.remove(&spec).await?;
                     Ok(Action::await_change())
                 }
                 Phase::Succeeded => {
                     let out = obs.outcome.unwrap_or_default();
-                    let sha = out.get("sha256").and_then(Value::as_str).unwrap_or_default();
+                    let sha = out
+                        .get("sha256")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
                     let pieces = out.get("pieces").and_then(Value::as_u64).unwrap_or(0);
                     status.state = Some(ContentState::Ready);
                     status.sha256 = Some(sha.to_string());

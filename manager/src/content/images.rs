@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use anneal_api::conditions::{reasons, types};
 use anneal_api::{ContentState, Image, ImageState, PartitionContent};
+use kube::ResourceExt;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::ResourceExt;
 use serde_json::json;
 
 use crate::conditions;
@@ -95,7 +95,8 @@ pub fn readiness(
             s => waiting.push(format!(
                 "{} ({})",
                 r.name,
-                s.map(|s| format!("{s:?}")).unwrap_or_else(|| "Pending".into())
+                s.map(|s| format!("{s:?}"))
+                    .unwrap_or_else(|| "Pending".into())
             )),
         }
     }
@@ -168,8 +169,9 @@ pub async fn controller(scope: Scope) {
     let (contents, content_stream) = scope.reflected::<PartitionContent>();
     let (images, image_stream) = scope.reflected::<Image>();
     let images_for_map = images.clone();
-    let controller = Controller::for_stream(image_stream, images)
-        .watches_stream(content_stream, move |pc: PartitionContent| {
+    let controller = Controller::for_stream(image_stream, images).watches_stream(
+        content_stream,
+        move |pc: PartitionContent| {
             let ns = pc.namespace().unwrap_or_default();
             let name = pc.name_any();
             images_for_map
@@ -185,7 +187,8 @@ pub async fn controller(scope: Scope) {
                 })
                 .map(|i| ObjectRef::from_obj(i.as_ref()))
                 .collect::<Vec<_>>()
-        });
+        },
+    );
     let ctx = Arc::new(Ctx {
         client: scope.client.clone(),
         contents,

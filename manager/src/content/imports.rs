@@ -212,8 +212,12 @@ async fn write_status(
         "metadata": {"resourceVersion": imp.resource_version()},
         "status": status,
     });
-    api.patch_status(&imp.name_any(), &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
-        .await?;
+    api.patch_status(
+        &imp.name_any(),
+        &patch_params(FIELD_MANAGER),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     Ok(())
 }
 
@@ -225,7 +229,9 @@ async fn fail(
 ) -> Result<Action, ImportError> {
     let mut status = imp.status.clone().unwrap_or_default();
     status.state = Some(ImportState::Failed);
-    status.completion_time.get_or_insert_with(|| Time(Timestamp::now()));
+    status
+        .completion_time
+        .get_or_insert_with(|| Time(Timestamp::now()));
     conditions::set(
         &mut status.conditions,
         types::SUCCEEDED,
@@ -260,7 +266,11 @@ fn is_content_of(name: &str, prefix: &str) -> bool {
 }
 
 /// A taken name, if any, before the ingest starts.
-async fn taken_name(imp: &ImageImport, ns: &str, ctx: &ContentContext) -> Result<Option<String>, ImportError> {
+async fn taken_name(
+    imp: &ImageImport,
+    ns: &str,
+    ctx: &ContentContext,
+) -> Result<Option<String>, ImportError> {
     let name = imp.name_any();
     let images: Api<Image> = Api::namespaced(ctx.client.clone(), ns);
     if let Some(i) = images.get_opt(&imp.spec.image_name).await?
@@ -535,7 +545,10 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
                 &imp,
                 EventType::Normal,
                 reasons::INGESTING,
-                format!("ingest job {} started for {}", spec.name, imp.spec.source.url),
+                format!(
+                    "ingest job {} started for {}",
+                    spec.name, imp.spec.source.url
+                ),
             );
             Ok(Action::requeue(POLL))
         }

@@ -81,8 +81,14 @@ impl KubeExecutor {
         let name = self.object_name(spec);
         let mut labels: BTreeMap<String, String> = spec.labels.clone();
         labels.insert(WORKLOAD_LABEL.into(), name.clone());
-        labels.insert("app.kubernetes.io/managed-by".into(), "anneal-manager".into());
-        labels.insert("app.kubernetes.io/name".into(), spec.program.binary().into());
+        labels.insert(
+            "app.kubernetes.io/managed-by".into(),
+            "anneal-manager".into(),
+        );
+        labels.insert(
+            "app.kubernetes.io/name".into(),
+            spec.program.binary().into(),
+        );
         let mut owner_refs = Vec::new();
         if let Some(o) = &spec.owner {
             if spec.namespace == self.cfg.namespace {
@@ -187,7 +193,12 @@ impl KubeExecutor {
             Kind::Job => {
                 let api: Api<Job> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
                 // A Job's pod template is immutable: apply only when absent.
-                if api.get_opt(&name).await.map_err(|e| kube_err(&name, e))?.is_none() {
+                if api
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| kube_err(&name, e))?
+                    .is_none()
+                {
                     api.patch(&name, &pp, &Patch::Apply(&obj))
                         .await
                         .map_err(|e| kube_err(&name, e))?;
@@ -218,7 +229,10 @@ impl KubeExecutor {
                 let (phase, detail) = if status.succeeded.unwrap_or(0) > 0 {
                     match finished_phase(outcome.as_ref(), true) {
                         Phase::Succeeded => (Phase::Succeeded, String::new()),
-                        p => (p, format!("Job {name} succeeded but its pod log holds no result")),
+                        p => (
+                            p,
+                            format!("Job {name} succeeded but its pod log holds no result"),
+                        ),
                     }
                 } else if status.failed.unwrap_or(0) > 0 {
                     (Phase::Failed, format!("Job {name} failed"))
@@ -243,7 +257,11 @@ impl KubeExecutor {
                     phase: Phase::Running,
                     progress: None,
                     outcome: None,
-                    detail: if ready { String::new() } else { format!("Deployment {name} has no ready replica") },
+                    detail: if ready {
+                        String::new()
+                    } else {
+                        format!("Deployment {name} has no ready replica")
+                    },
                 })
             }
         }

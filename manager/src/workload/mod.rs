@@ -292,7 +292,8 @@ mod tests {
         assert_eq!(o.as_ref().and_then(|v| v["x"].as_i64()), Some(1));
         assert_eq!(finished_phase(o.as_ref(), true), Phase::Succeeded);
         assert_eq!(finished_phase(o.as_ref(), false), Phase::Failed);
-        let (_, e) = scan_output("{\"event\":\"error\",\"reason\":\"ChecksumMismatch\",\"message\":\"m\"}");
+        let (_, e) =
+            scan_output("{\"event\":\"error\",\"reason\":\"ChecksumMismatch\",\"message\":\"m\"}");
         assert_eq!(finished_phase(e.as_ref(), true), Phase::Failed);
         let obs = Observation {
             phase: Phase::Failed,
@@ -320,10 +321,22 @@ mod tests {
             name: "w".into(),
             kind: Kind::Job,
             program: Program::Agent,
-            args: vec!["--store".into(), "${volume:store}".into(), "--x=${volume:scratch}/f".into()],
+            args: vec![
+                "--store".into(),
+                "${volume:store}".into(),
+                "--x=${volume:scratch}/f".into(),
+            ],
             volumes: vec![
-                Volume { name: "store".into(), mount_path: "/store".into(), source: VolumeSource::ContentStore },
-                Volume { name: "scratch".into(), mount_path: "/scratch".into(), source: VolumeSource::Scratch },
+                Volume {
+                    name: "store".into(),
+                    mount_path: "/store".into(),
+                    source: VolumeSource::ContentStore,
+                },
+                Volume {
+                    name: "scratch".into(),
+                    mount_path: "/scratch".into(),
+                    source: VolumeSource::Scratch,
+                },
             ],
             env: BTreeMap::new(),
             labels: BTreeMap::new(),

@@ -92,12 +92,32 @@ impl ProcessExecutor {
             .trim()
             .parse()
             .ok()?;
-        let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
         let want = format!("{WORKLOAD_ENV}={}", Self::tag(spec));
-        environ
-            .split(|b| *b == 0)
-            .any(|kv| kv == want.as_bytes())
-            .then_some(pid)
+        // A process in the middle of an exec (or a zombie) shows an empty
+        // environment for a moment: look again unless it is a zombie.
+        for _ in 0..100 {
+            let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+            if !environ.is_empty() {
+                return environ
+                    .split(|b| *b == 0)
+                    .any(|kv| kv == want.as_bytes())
+                    .then_some(pid);
+            }
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            if stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+
+    /// Whether this process started the workload and has not reaped it yet.
+    fn reaping(&self, spec: &WorkloadSpec) -> bool {
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&Self::tag(spec))
     }
 
     /// Starts the workload unless it runs or has run.
@@ -116,7 +136,11 @@ impl ProcessExecutor {
             VolumeSource::ContentStore => store.display().to_string(),
             VolumeSource::Scratch => scratch.display().to_string(),
         });
-        if spec.volumes.iter().any(|v| v.source == VolumeSource::Scratch) {
+        if spec
+            .volumes
+            .iter()
+            .any(|v| v.source == VolumeSource::Scratch)
+        {
             fs::create_dir_all(&scratch).map_err(|e| io_err(spec, "creating scratch", e))?;
         }
         let out = fs::File::create(dir.join("out")).map_err(|e| io_err(spec, "stdout file", e))?;
@@ -154,7 +178,10 @@ impl ProcessExecutor {
                 if let Err(e) = fs::write(&exit_file, format!("{code}\n")) {
                     warn!(workload = %tag, error = %e, "cannot record the exit code");
                 }
-                started.lock().unwrap_or_else(|e| e.into_inner()).remove(&tag);
+                started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&tag);
                 info!(workload = %tag, pid, code, "workload exited");
             })
             .map_err(|e| io_err(spec, "reaper thread", e))?;
@@ -190,14 +217,16 @@ impl ProcessExecutor {
                 };
                 (phase, detail)
             }
-            None if self.live_pid(spec).is_some() => (Phase::Running, String::new()),
+            // Our own child that just ended: the reaper writes `exit` next.
+            None if self.reaping(spec) || self.live_pid(spec).is_some() => {
+                (Phase::Running, String::new())
+            }
             None => match &outcome {
                 // The manager restarted after the program finished.
                 Some(o) => (finished_phase(Some(o), true), String::new()),
-                None if spec.kind == Kind::Server => (
-                    Phase::Failed,
-                    "the server process is gone".to_string(),
-                ),
+                None if spec.kind == Kind::Server => {
+                    (Phase::Failed, "the server process is gone".to_string())
+                }
                 None => (
                     Phase::Failed,
                     format!(
@@ -251,7 +280,9 @@ fn read_tail(path: &Path, max: u64) -> std::io::Result<String> {
     f.take(max).read_to_end(&mut buf)?;
     let text = String::from_utf8_lossy(&buf).into_owned();
     Ok(if start > 0 {
-        text.split_once('\n').map(|(_, r)| r.to_string()).unwrap_or_default()
+        text.split_once('\n')
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_default()
     } else {
         text
     })
@@ -341,12 +372,19 @@ mod tests {
         ex.ensure(&e).expect("ensure");
         let o = wait_done(&ex, &e);
         assert_eq!(o.phase, Phase::Failed);
-        assert_eq!(o.failure(), ("ChecksumMismatch".into(), "expected a, got b".into()));
+        assert_eq!(
+            o.failure(),
+            ("ChecksumMismatch".into(), "expected a, got b".into())
+        );
         let s = spec("silent", &["x"]);
         ex.ensure(&s).expect("ensure");
         let o = wait_done(&ex, &s);
         assert_eq!(o.phase, Phase::Failed);
-        assert!(o.detail.contains("code 3") && o.detail.contains("boom"), "{}", o.detail);
+        assert!(
+            o.detail.contains("code 3") && o.detail.contains("boom"),
+            "{}",
+            o.detail
+        );
     }
 
     #[test]
@@ -362,9 +400,12 @@ mod tests {
         }
         // A second executor over the same store (the manager restarted).
         let again = ProcessExecutor::new(ex.bin_dir.clone(), ex.store.clone());
-        assert_eq!(again.observe(&s).expect("observe").phase, Phase::Running);
+        let o = again.observe(&s).expect("observe");
+        assert_eq!(o.phase, Phase::Running, "{o:?} {:?}", fs::read_dir(again.state_dir(&s)).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()));
         let pid = again.live_pid(&s).expect("adopted pid");
-        again.ensure(&s).expect("ensure does not start a second copy");
+        again
+            .ensure(&s)
+            .expect("ensure does not start a second copy");
         assert_eq!(again.live_pid(&s), Some(pid));
         again.remove(&s).expect("remove");
         let deadline = Instant::now() + Duration::from_secs(10);
