@@ -104,7 +104,10 @@ impl ProcessExecutor {
                     .then_some(pid);
             }
             let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            if stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) {
+            if stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -401,7 +404,13 @@ mod tests {
         // A second executor over the same store (the manager restarted).
         let again = ProcessExecutor::new(ex.bin_dir.clone(), ex.store.clone());
         let o = again.observe(&s).expect("observe");
-        assert_eq!(o.phase, Phase::Running, "{o:?} {:?}", fs::read_dir(again.state_dir(&s)).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()));
+        assert_eq!(
+            o.phase,
+            Phase::Running,
+            "{o:?} {:?}",
+            fs::read_dir(again.state_dir(&s))
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
         let pid = again.live_pid(&s).expect("adopted pid");
         again
             .ensure(&s)

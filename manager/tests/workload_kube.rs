@@ -1,0 +1,248 @@
+//! The `kubernetes` executor against a real API server: the Job of an
+//! ImageImport's ingest and a server Deployment are accepted by server-side
+//! apply and hold, field by field, what the workload spec says; applying
+//! again changes nothing; `observe` and `remove` work on them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use anneal_api::ImageImport;
+use anneal_manager::content::ContentContext;
+use anneal_manager::content::imports::ingest_spec;
+use anneal_manager::workload::kubernetes::{KubeConfig, KubeExecutor};
+use anneal_manager::workload::{
+    Executor, Kind, Phase, Program, Volume, VolumeSource, WorkloadSpec,
+};
+use anneal_testinfra::ControlPlane;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use kube::runtime::events::Recorder;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+async fn namespace(client: &kube::Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_and_deployments_hold_the_workload_spec() {
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    namespace(&client, "anneal-system").await;
+    namespace(&client, "tenant").await;
+
+    // A real ImageImport, so the owner reference carries its UID.
+    let imports: Api<ImageImport> = Api::namespaced(client.clone(), "tenant");
+    let imp: ImageImport = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
+        "metadata": {"name": "debian-12"},
+        "spec": {"source": {"url": "https://images.example/debian-12.qcow2",
+                            "checksum": format!("sha256:{}", "a".repeat(64)), "format": "qcow2"},
+                 "imageName": "debian-12", "contentPrefix": "deb12"},
+    }))
+    .unwrap();
+    let imp = imports.create(&PostParams::default(), &imp).await.unwrap();
+
+    let kube_ex = KubeExecutor::new(
+        client.clone(),
+        KubeConfig {
+            namespace: "anneal-system".into(),
+            image: "registry.example/anneal/agent:1.2.3".into(),
+            content_claim: "content-site-a".into(),
+        },
+    );
+    let ctx = ContentContext {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), anneal_manager::controller::reporter(None)),
+        executor: Executor::Kubernetes(kube_ex.clone()),
+        store_name: "content-site-a".into(),
+        max_source_bytes: Some(10 << 30),
+        ingest_deadline_secs: 3600,
+    };
+    let spec = ingest_spec(&imp, &ctx);
+    let ex = Executor::Kubernetes(kube_ex.clone());
+    assert_eq!(ex.observe(&spec).await.unwrap().phase, Phase::Absent);
+    ex.ensure(&spec).await.unwrap();
+
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "anneal-system");
+    let name = kube_ex.object_name(&spec);
+    assert_eq!(name, "tenant-ingest-debian-12");
+    let job = jobs.get(&name).await.unwrap();
+    let labels = job.labels();
+    assert_eq!(
+        labels.get("anneal.dev/import").map(String::as_str),
+        Some("debian-12")
+    );
+    assert_eq!(
+        labels.get("anneal.dev/workload").map(String::as_str),
+        Some(name.as_str())
+    );
+    assert_eq!(
+        labels.get("anneal.dev/owner-namespace").map(String::as_str),
+        Some("tenant")
+    );
+    assert_eq!(
+        labels.get("anneal.dev/owner-uid").map(String::as_str),
+        imp.uid().as_deref()
+    );
+    assert!(
+        job.owner_references().is_empty(),
+        "an owner reference cannot cross namespaces"
+    );
+    let js = job.spec.as_ref().unwrap();
+    assert_eq!(js.backoff_limit, Some(0));
+    assert_eq!(js.active_deadline_seconds, Some(3600));
+    let pod = js.template.spec.as_ref().unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(
+        (psc.run_as_non_root, psc.run_as_user),
+        (Some(true), Some(65532))
+    );
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some("registry.example/anneal/agent:1.2.3")
+    );
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["/anneal-agent".to_string()][..])
+    );
+    let args = c.args.clone().unwrap();
+    let expect: Vec<String> = [
+        "ingest",
+        "--url",
+        "https://images.example/debian-12.qcow2",
+        "--store",
+        "/store",
+        "--scratch",
+        "/scratch",
+        "--namespace",
+        "tenant",
+        "--import",
+        "debian-12",
+        "--prefix",
+        "deb12",
+        "--checksum",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        format!("sha256:{}", "a".repeat(64)),
+        "--format".into(),
+        "qcow2".into(),
+        "--max-bytes".into(),
+        (10u64 << 30).to_string(),
+    ])
+    .collect();
+    assert_eq!(args, expect);
+    let env = c.env.clone().unwrap();
+    assert!(
+        env.iter().any(|e| e.name == "ANNEAL_WORKLOAD"
+            && e.value.as_deref() == Some("tenant/ingest-debian-12"))
+    );
+    let csc = c.security_context.as_ref().unwrap();
+    assert_eq!(csc.allow_privilege_escalation, Some(false));
+    assert_eq!(csc.read_only_root_filesystem, Some(true));
+    let mounts: Vec<(String, String)> = c
+        .volume_mounts
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.name, m.mount_path))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("store".to_string(), "/store".to_string()),
+            ("scratch".into(), "/scratch".into())
+        ]
+    );
+    let vols = pod.volumes.clone().unwrap();
+    assert_eq!(
+        vols[0]
+            .persistent_volume_claim
+            .as_ref()
+            .map(|p| p.claim_name.as_str()),
+        Some("content-site-a")
+    );
+    assert!(vols[1].empty_dir.is_some());
+    let limits = c.resources.as_ref().unwrap().limits.clone().unwrap();
+    assert_eq!(limits.get("memory").map(|q| q.0.as_str()), Some("256Mi"));
+    // Applying again changes nothing.
+    ex.ensure(&spec).await.unwrap();
+    let again = jobs.get(&name).await.unwrap();
+    assert_eq!(again.resource_version(), job.resource_version());
+    // No kubelet here: the Job exists and has not finished.
+    assert_eq!(ex.observe(&spec).await.unwrap().phase, Phase::Running);
+
+    // A server in the workload namespace: a Deployment with an owner
+    // reference, one replica, Recreate.
+    let owner = imp.controller_owner_ref(&()).unwrap();
+    let server = WorkloadSpec {
+        namespace: "anneal-system".into(),
+        name: "content-site-a".into(),
+        kind: Kind::Server,
+        program: Program::Agent,
+        args: vec![
+            "serve".into(),
+            "--content-dir".into(),
+            "${volume:store}".into(),
+        ],
+        volumes: vec![Volume {
+            name: "store".into(),
+            mount_path: "/store".into(),
+            source: VolumeSource::ContentStore,
+        }],
+        env: [("RUST_LOG".to_string(), "info".to_string())].into(),
+        labels: Default::default(),
+        owner: Some(owner.clone()),
+        deadline_secs: None,
+    };
+    ex.ensure(&server).await.unwrap();
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let d = deps.get("content-site-a").await.unwrap();
+    assert_eq!(d.owner_references(), [owner]);
+    let ds = &d.spec;
+    assert_eq!(ds.replicas, Some(1));
+    assert_eq!(
+        ds.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+        Some("Recreate")
+    );
+    let c = &ds.template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        c.args.clone().unwrap(),
+        ["serve", "--content-dir", "/store"]
+    );
+    assert_eq!(
+        ds.selector
+            .match_labels
+            .as_ref()
+            .and_then(|l| l.get("anneal.dev/workload"))
+            .map(String::as_str),
+        Some("content-site-a")
+    );
+
+    ex.remove(&spec).await.unwrap();
+    ex.remove(&server).await.unwrap();
+    assert!(
+        jobs.get_opt(&name)
+            .await
+            .unwrap()
+            .map_or(true, |j| j.metadata.deletion_timestamp.is_some())
+    );
+    assert!(
+        deps.get_opt("content-site-a")
+            .await
+            .unwrap()
+            .map_or(true, |d| d.metadata.deletion_timestamp.is_some())
+    );
+    // Removing what is gone is fine.
+    ex.remove(&spec).await.unwrap();
+}
