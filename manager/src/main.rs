@@ -92,6 +92,10 @@ struct ContentArgs {
     /// PersistentVolumeClaim of the content store (kubernetes executor).
     #[arg(long, default_value = "anneal-content")]
     content_claim: String,
+    /// Run the content server (`anneal-agent serve` over the store) listening
+    /// here, e.g. `0.0.0.0:8088`; unset: no content server.
+    #[arg(long)]
+    content_listen: Option<String>,
     /// Refuse import sources larger than this many bytes.
     #[arg(long)]
     max_source_bytes: Option<u64>,
@@ -154,6 +158,7 @@ impl ContentArgs {
             store_name,
             max_source_bytes: self.max_source_bytes,
             ingest_deadline_secs: self.ingest_deadline_secs,
+            server_listen: self.content_listen.clone(),
         }))
     }
 }

@@ -271,3 +271,73 @@ fn serve_one(
         }
     }
 }
+
+/// Sector ranges (start, count) of the ESP and the ext4 partition of
+/// [`gpt_disk`] with `size_mib`.
+pub fn gpt_disk_parts(size_mib: u64) -> [(u64, u64); 2] {
+    let p3_mib = size_mib - 1 - 32 - 16 - 8 - 1;
+    [(2048, 32 << 11), (2048 + (48 << 11), p3_mib << 11)]
+}
+
+fn sh(script: &str) {
+    run(Command::new("sh").args(["-c", script]));
+}
+
+/// A single partclone image (`partclone.ext4 -c`) of the ext4 partition of
+/// a [`gpt_disk`] of `size_mib`: `<dir>/root.pcl`.
+pub fn partclone_of_root(dir: &Path, disk: &Path, size_mib: u64) -> PathBuf {
+    let (skip, count) = gpt_disk_parts(size_mib)[1];
+    let part = dir.join("root.part");
+    let out = dir.join("root.pcl");
+    sh(&format!(
+        "dd if={} of={} bs=512 skip={skip} count={count} status=none && partclone.ext4 -c -q -L {}/pcl.log -s {} -o {} && rm {}",
+        disk.display(),
+        part.display(),
+        dir.display(),
+        part.display(),
+        out.display(),
+        part.display()
+    ));
+    out
+}
+
+/// A Clonezilla image directory of a [`gpt_disk`] of `size_mib` (sfdisk
+/// dump, the ESP as gzip'd partclone.vfat, the root as zstd'd
+/// partclone.ext4 split in two parts, the swap's info), and the same as a
+/// tar: returns (directory, tar).
+pub fn clonezilla_of(dir: &Path, disk: &Path, size_mib: u64) -> (PathBuf, PathBuf) {
+    let name = "2026-12-01-img";
+    let cz = dir.join(name);
+    std::fs::create_dir_all(&cz).unwrap();
+    sh(&format!(
+        "sfdisk -d {disk} | sed -E 's#^[^ ]*raw([0-9]+) :#/dev/sda\\1 :#' > {cz}/sda-pt.sf && echo sda > {cz}/disk && echo 'sda1 sda2 sda3 sda4' > {cz}/parts",
+        disk = disk.display(),
+        cz = cz.display()
+    ));
+    let [esp, root] = gpt_disk_parts(size_mib);
+    for (n, tool, comp, (skip, count)) in [(1, "vfat", "gz", esp), (3, "ext4", "zst", root)] {
+        let part = dir.join(format!("p{n}.part"));
+        let compress = if comp == "gz" {
+            "gzip -c"
+        } else {
+            "zstd -q -c"
+        };
+        sh(&format!(
+            "dd if={disk} of={part} bs=512 skip={skip} count={count} status=none && \
+             partclone.{tool} -c -q -L {d}/pc.log -s {part} -o - | {compress} > {d}/cz.tmp && \
+             split -n 2 {d}/cz.tmp {cz}/sda{n}.{tool}-ptcl-img.{comp}. && rm {d}/cz.tmp {part}",
+            disk = disk.display(),
+            part = part.display(),
+            d = dir.display(),
+            cz = cz.display()
+        ));
+    }
+    std::fs::write(
+        cz.join("swappt-sda2.info"),
+        format!("UUID=\"{SWAP_UUID}\"\nLABEL=\"\"\n"),
+    )
+    .unwrap();
+    let tar = dir.join("cz.tar");
+    sh(&format!("cd {} && tar -cf cz.tar {name}", dir.display()));
+    (cz, tar)
+}

@@ -20,7 +20,9 @@ use anneal_image::format::ContentIndex;
 use anneal_manager::content::ContentConfig;
 use anneal_manager::workload::{Executor, process::ProcessExecutor};
 use anneal_testinfra::ControlPlane;
-use anneal_tests::images::{FileServer, SWAP_UUID, gpt_disk, sha256_file};
+use anneal_tests::images::{
+    FileServer, SWAP_UUID, clonezilla_of, gpt_disk, partclone_of_root, sha256_file,
+};
 use anneal_tests::{artifacts, eventually};
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -131,15 +133,20 @@ async fn assert_refused(
 
 /// `anneal-agent capture` of `disk` into `out`; the index of each content.
 fn capture(agent: &Path, disk: &Path, out: &Path) -> serde_json::Value {
+    capture_with(agent, disk, out, &[]);
+    serde_json::from_slice(&std::fs::read(out.join("layout.json")).unwrap()).unwrap()
+}
+
+fn capture_with(agent: &Path, src: &Path, out: &Path, args: &[&str]) {
     let o = Command::new(agent)
         .arg("capture")
-        .arg(disk)
+        .arg(src)
         .arg("--out")
         .arg(out)
+        .args(args)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&std::fs::read(out.join("layout.json")).unwrap()).unwrap()
 }
 
 fn index(path: &Path) -> ContentIndex {
@@ -224,6 +231,16 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     let qcow_sum = sha256_file(&qcow);
     let local = work.path().join("local");
     let layout = capture(&agent, &disk, &local);
+    let pcl = partclone_of_root(&src, &disk, 256);
+    let local_pcl = work.path().join("local-pcl");
+    capture_with(&agent, &pcl, &local_pcl, &["--format", "partclone"]);
+    let (cz_dir, _cz_tar) = clonezilla_of(&src, &disk, 256);
+    let local_cz = work.path().join("local-cz");
+    capture_with(&agent, &cz_dir, &local_cz, &["--format", "clonezilla"]);
+    let mut hostile = b"partclone-image\0".to_vec();
+    hostile.extend(anneal_tests::images::noise(7, 4096));
+    std::fs::write(src.join("hostile.pcl"), hostile).unwrap();
+    let closed = anneal_testinfra::free_port().unwrap();
 
     // A slow source (48 MiB/s: the 256 MiB import takes about 5 s), so
     // progress is observable.
@@ -239,6 +256,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         .unwrap();
 
     let bin_dir = agent.parent().unwrap().to_path_buf();
+    let content_port = anneal_testinfra::free_port().unwrap();
     let runtime =
         anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
             .with_content(ContentConfig {
@@ -246,6 +264,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
                 store_name: "test-store".into(),
                 max_source_bytes: Some(1 << 30),
                 ingest_deadline_secs: 600,
+                server_listen: Some(format!("127.0.0.1:{content_port}")),
             });
     let shutdown = runtime.shutdown_token();
     let manager = tokio::spawn(runtime.run());
@@ -369,22 +388,10 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
             .is_file()
     );
 
-    // The content server serves the verified stream, byte-identical.
-    let port = anneal_testinfra::free_port().unwrap();
-    let serve = anneal_testinfra::ChildGroup::spawn(
-        "content-server",
-        Command::new(&agent)
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--content-dir",
-            ])
-            .arg(&store),
-    )
-    .unwrap();
+    // The manager's content server serves the verified stream,
+    // byte-identical to the local capture's.
     let fetched = work.path().join("fetched.stream");
-    let url = format!("http://127.0.0.1:{port}/content/{NS}/deb-p3/stream");
+    let url = format!("http://127.0.0.1:{content_port}/content/{NS}/deb-p3/stream");
     eventually("the content server serves deb-p3", WAIT, || {
         let (url, fetched) = (url.clone(), fetched.clone());
         async move {
@@ -399,7 +406,6 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     })
     .await;
     assert_eq!(sha256_file(&fetched), sha256_file(&local.join("p3.stream")));
-    drop(serve);
 
     // --- the same disk as qcow2: the same contents.
     create_import(&client, "deb-qcow", json!({
@@ -437,7 +443,97 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         "staging or scratch files left: {leftovers:?}"
     );
 
+    // --- a single partclone image (deleted by its TTL once done; what it
+    // made stays) and a Clonezilla image directory as tar.
+    create_import(
+        &client,
+        "root-pcl",
+        json!({
+            "source": {"url": server.url("root.pcl"), "format": "partclone"},
+            "imageName": "root-only", "contentPrefix": "pcl", "bootable": false,
+            "ttlSecondsAfterFinished": 0,
+        }),
+    )
+    .await;
+    create_import(
+        &client,
+        "cz",
+        json!({
+            "source": {"url": server.url("cz.tar"), "format": "partclone"},
+            "imageName": "cz", "contentPrefix": "cz",
+        }),
+    )
+    .await;
+    let c = finished(&client, "cz").await;
+    assert_eq!(
+        c.status.as_ref().and_then(|s| s.state),
+        Some(ImportState::Succeeded),
+        "{:?}",
+        c.status
+    );
+    for (name, local_name) in [("cz-p1", "p1"), ("cz-p3", "p3")] {
+        let pc = eventually(&format!("{name} Ready"), WAIT, || {
+            let contents = contents.clone();
+            async move {
+                let pc = contents.get(name).await.ok()?;
+                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
+                    .then_some(pc)
+            }
+        })
+        .await;
+        assert_matches_capture(&pc, &index(&local_cz.join(format!("{local_name}.index"))));
+    }
+    let cz_image = images.get("cz").await.unwrap();
+    assert_eq!(cz_image.spec.layout.slots[1].role, SlotRole::Swap);
+    assert_eq!(
+        cz_image.spec.layout.slots[1].uuid.as_deref(),
+        Some(SWAP_UUID)
+    );
+    eventually("root-pcl deleted by its TTL", WAIT, || {
+        let imports = imports.clone();
+        async move {
+            imports
+                .get_opt("root-pcl")
+                .await
+                .ok()
+                .map(|o| o.is_none())
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    let pc = eventually("pcl-p1 Ready", WAIT, || {
+        let contents = contents.clone();
+        async move {
+            let pc = contents.get("pcl-p1").await.ok()?;
+            (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
+        }
+    })
+    .await;
+    assert_matches_capture(&pc, &index(&local_pcl.join("p1.index")));
+    assert!(
+        images.get_opt("root-only").await.unwrap().is_some(),
+        "the TTL deleted what the import made"
+    );
+
     // --- refusals: nothing created, the reason in status and an Event.
+    create_import(
+        &client,
+        "gone",
+        json!({
+            "source": {"url": format!("http://127.0.0.1:{closed}/disk.raw")},
+            "imageName": "gone", "contentPrefix": "gone",
+        }),
+    )
+    .await;
+    create_import(
+        &client,
+        "hostile",
+        json!({
+            "source": {"url": server.url("hostile.pcl"), "format": "partclone"},
+            "imageName": "hostile", "contentPrefix": "hostile", "bootable": false,
+        }),
+    )
+    .await;
     let wrong = "0".repeat(64);
     create_import(
         &client,
@@ -556,6 +652,13 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
 
     shutdown.cancel();
     manager.await.unwrap().unwrap();
+    // The content server went with the manager.
+    let o = Command::new("curl")
+        .args(["-s", "-o", "/dev/null"])
+        .arg(&url)
+        .status()
+        .unwrap();
+    assert!(!o.success(), "the content server outlived the manager");
     drop(server);
 }
 

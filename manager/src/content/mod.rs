@@ -33,6 +33,82 @@ pub struct ContentConfig {
     pub max_source_bytes: Option<u64>,
     /// Longest an ingest job may run, in seconds.
     pub ingest_deadline_secs: i64,
+    /// Where the content server listens (`None`: no content server).
+    pub server_listen: Option<String>,
+}
+
+/// The content server workload: `anneal-agent serve` over the store, one
+/// per store (per Site).
+pub fn server_spec(listen: &str) -> crate::workload::WorkloadSpec {
+    use crate::workload::{Kind, Program, Volume, VolumeSource, WorkloadSpec};
+    WorkloadSpec {
+        namespace: "anneal".into(),
+        name: "content-server".into(),
+        kind: Kind::Server,
+        program: Program::Agent,
+        args: vec![
+            "serve".into(),
+            "--content-dir".into(),
+            "${volume:store}".into(),
+            "--listen".into(),
+            listen.to_string(),
+        ],
+        volumes: vec![Volume {
+            name: "store".into(),
+            mount_path: "/store".into(),
+            source: VolumeSource::ContentStore,
+        }],
+        env: std::collections::BTreeMap::new(),
+        labels: [(
+            "app.kubernetes.io/component".to_string(),
+            "content-server".to_string(),
+        )]
+        .into(),
+        owner: None,
+        deadline_secs: None,
+    }
+}
+
+/// Keeps the content server running: started when absent, restarted when
+/// it died (the executor reports it Failed), checked every 5 s until the
+/// scope is cancelled. With the process executor the server is stopped
+/// when the scope ends (shutdown or a lost lease); a Deployment stays.
+async fn supervise_server(scope: crate::controller::Scope, executor: Executor, listen: String) {
+    use crate::workload::Phase;
+    let spec = server_spec(&listen);
+    loop {
+        let step = async {
+            match executor.observe(&spec).await?.phase {
+                Phase::Running => {}
+                Phase::Absent => {
+                    executor.ensure(&spec).await?;
+                    tracing::info!(%listen, "content server started");
+                }
+                Phase::Failed | Phase::Succeeded => {
+                    tracing::warn!(%listen, "content server ended; restarting it");
+                    executor.remove(&spec).await?;
+                    executor.ensure(&spec).await?;
+                }
+            }
+            Ok::<_, crate::workload::WorkloadError>(())
+        };
+        if let Err(e) = step.await {
+            tracing::warn!(error = %e, "content server supervision failed; retrying");
+        }
+        tokio::select! {
+            () = scope.cancelled() => {
+                // A child process does not outlive the manager's term (the
+                // next leader starts its own); a Deployment stays.
+                if matches!(executor, Executor::Process(_))
+                    && let Err(e) = executor.remove(&spec).await
+                {
+                    tracing::warn!(error = %e, "stopping the content server failed");
+                }
+                return;
+            }
+            () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+        }
+    }
 }
 
 /// [`ContentConfig`] plus the client and the event recorder.
@@ -65,14 +141,20 @@ pub async fn controller(scope: crate::controller::Scope, cfg: ContentConfig) {
     let ctx = std::sync::Arc::new(ContentContext {
         client: scope.client.clone(),
         recorder: scope.recorder.clone(),
-        executor: cfg.executor,
+        executor: cfg.executor.clone(),
         store_name: cfg.store_name,
         max_source_bytes: cfg.max_source_bytes,
         ingest_deadline_secs: cfg.ingest_deadline_secs,
     });
+    let server = async {
+        if let Some(listen) = cfg.server_listen {
+            supervise_server(scope.clone(), ctx.executor.clone(), listen).await;
+        }
+    };
     futures::join!(
         imports::controller(scope.clone(), ctx.clone()),
-        contents::controller(scope.clone(), ctx),
-        images::controller(scope),
+        contents::controller(scope.clone(), ctx.clone()),
+        images::controller(scope.clone()),
+        server,
     );
 }
