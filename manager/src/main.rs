@@ -96,6 +96,10 @@ struct ContentArgs {
     /// here, e.g. `0.0.0.0:8088`; unset: no content server.
     #[arg(long)]
     content_listen: Option<String>,
+    /// Accept staged uploads (`PUT /v1/staged/<ns>/<name>`, HTTPS, a
+    /// Kubernetes bearer token) here; process executor only.
+    #[arg(long)]
+    upload_listen: Option<std::net::SocketAddr>,
     /// Refuse import sources larger than this many bytes.
     #[arg(long)]
     max_source_bytes: Option<u64>,
@@ -108,6 +112,8 @@ impl ContentArgs {
     fn config(
         &self,
         client: &kube::Client,
+        pki_namespace: &str,
+        server_names: &[String],
     ) -> anyhow::Result<Option<anneal_manager::content::ContentConfig>> {
         use anneal_manager::workload::{Executor, kubernetes, process};
         let Some(kind) = self.workload_executor.as_deref() else {
@@ -153,12 +159,28 @@ impl ContentArgs {
                 self.content_claim.clone(),
             )
         };
+        let upload = match (self.upload_listen, &executor) {
+            (Some(listen), Executor::Process(p)) => {
+                Some(anneal_manager::content::upload::UploadConfig {
+                    listen,
+                    store: p.store_dir().to_path_buf(),
+                    max_bytes: self.max_source_bytes.unwrap_or(64 << 30),
+                    pki_namespace: pki_namespace.to_string(),
+                    server_names: server_names.to_vec(),
+                })
+            }
+            (Some(_), Executor::Kubernetes(_)) => anyhow::bail!(
+                "--upload-listen needs --workload-executor process (the upload is written into the local content store)"
+            ),
+            (None, _) => None,
+        };
         Ok(Some(anneal_manager::content::ContentConfig {
             executor,
             store_name,
             max_source_bytes: self.max_source_bytes,
             ingest_deadline_secs: self.ingest_deadline_secs,
             server_listen: self.content_listen.clone(),
+            upload,
         }))
     }
 }
@@ -186,7 +208,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease,
         metrics_addr: Some(args.metrics_addr),
     };
-    let content = args.content.config(&client)?;
+    let content = args.content.config(
+        &client,
+        &args.lifecycle.manager_namespace,
+        &args.lifecycle.agent_api_names,
+    )?;
     let mut runtime = anneal_manager::Runtime::new(client, cfg);
     if let Some(content) = content {
         runtime = runtime.with_content(content);

@@ -18,6 +18,7 @@ use anneal_api::{
 };
 use anneal_image::format::ContentIndex;
 use anneal_manager::content::ContentConfig;
+use anneal_manager::content::upload::UploadConfig;
 use anneal_manager::workload::{Executor, process::ProcessExecutor};
 use anneal_testinfra::ControlPlane;
 use anneal_tests::images::{
@@ -257,6 +258,13 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
 
     let bin_dir = agent.parent().unwrap().to_path_buf();
     let content_port = anneal_testinfra::free_port().unwrap();
+    let upload_port = anneal_testinfra::free_port().unwrap();
+    let system: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "anneal-system"}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &system)
+        .await
+        .unwrap();
     let runtime =
         anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
             .with_content(ContentConfig {
@@ -265,6 +273,13 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
                 max_source_bytes: Some(1 << 30),
                 ingest_deadline_secs: 600,
                 server_listen: Some(format!("127.0.0.1:{content_port}")),
+                upload: Some(UploadConfig {
+                    listen: format!("127.0.0.1:{upload_port}").parse().unwrap(),
+                    store: store.clone(),
+                    max_bytes: 1 << 30,
+                    pki_namespace: "anneal-system".into(),
+                    server_names: vec!["127.0.0.1".into()],
+                }),
             });
     let shutdown = runtime.shutdown_token();
     let manager = tokio::spawn(runtime.run());
@@ -406,6 +421,96 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     })
     .await;
     assert_eq!(sha256_file(&fetched), sha256_file(&local.join("p3.stream")));
+
+    // --- staged upload: a ServiceAccount allowed to create imageimports
+    // uploads the disk over HTTPS; the import of staged://NAME succeeds.
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "uploader", "namespace": NS}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": NS}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "importer", "namespace": NS},
+               "rules": [{"apiGroups": ["anneal.dev"], "resources": ["imageimports"], "verbs": ["create"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "importer", "namespace": NS},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "importer"},
+               "subjects": [{"kind": "ServiceAccount", "name": "uploader", "namespace": NS}]}),
+    ] {
+        let f = work.path().join("obj.json");
+        std::fs::write(&f, obj.to_string()).unwrap();
+        anneal_testinfra::run(cp.kubectl().unwrap().arg("apply").arg("-f").arg(&f)).unwrap();
+    }
+    let token = |sa: &str| {
+        anneal_testinfra::run(
+            cp.kubectl()
+                .unwrap()
+                .args(["create", "token", sa, "-n", NS]),
+        )
+        .unwrap()
+        .trim()
+        .to_string()
+    };
+    let (good, nobody) = (token("uploader"), token("nobody"));
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "anneal-system");
+    let ca = eventually("the agent API CA Secret", WAIT, || {
+        let secrets = secrets.clone();
+        async move {
+            let s = secrets.get_opt("anneal-agent-api-ca").await.ok()??;
+            Some(s.data?.get("ca.crt")?.0.clone())
+        }
+    })
+    .await;
+    let ca_file = work.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let upload = |token: Option<&str>, name: &str| -> (String, String) {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "-o", "-", "-w", "\n%{http_code}", "--cacert"])
+            .arg(&ca_file)
+            .arg("-T")
+            .arg(&disk);
+        if let Some(t) = token {
+            c.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        let o = c
+            .arg(format!(
+                "https://127.0.0.1:{upload_port}/v1/staged/{NS}/{name}"
+            ))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
+        (code.to_string(), body.to_string())
+    };
+    let (code, body) = eventually("the upload endpoint answers", WAIT, || {
+        let r = upload(None, "disk-upload");
+        async move { (r.0 != "000").then_some(r) }
+    })
+    .await;
+    assert_eq!(code, "401", "no token: {body}");
+    let (code, body) = upload(Some(&nobody), "disk-upload");
+    assert_eq!(code, "403", "a token without create imageimports: {body}");
+    let (code, body) = upload(Some(&good), "disk-upload");
+    assert_eq!(code, "201", "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["sha256"], raw_sum.as_str());
+    assert_eq!(answer["bytes"], 256u64 << 20);
+    let (code, _) = upload(Some(&good), "disk-upload");
+    assert_eq!(code, "409", "a staged upload is never overwritten");
+    create_import(
+        &client,
+        "staged",
+        json!({
+            "source": {"url": "staged://disk-upload", "checksum": answer["checksum"]},
+            "imageName": "staged", "contentPrefix": "stg",
+        }),
+    )
+    .await;
+    let st = finished(&client, "staged").await;
+    assert_eq!(
+        st.status.as_ref().and_then(|s| s.state),
+        Some(ImportState::Succeeded),
+        "{:?}",
+        st.status
+    );
+    assert_eq!(st.status.unwrap().content_refs.len(), 3);
 
     // --- the same disk as qcow2: the same contents.
     create_import(&client, "deb-qcow", json!({

@@ -11,6 +11,7 @@
 pub mod contents;
 pub mod images;
 pub mod imports;
+pub mod upload;
 
 use kube::Client;
 use kube::runtime::events::Recorder;
@@ -35,6 +36,8 @@ pub struct ContentConfig {
     pub ingest_deadline_secs: i64,
     /// Where the content server listens (`None`: no content server).
     pub server_listen: Option<String>,
+    /// The staged upload endpoint (`None`: none).
+    pub upload: Option<upload::UploadConfig>,
 }
 
 /// The content server workload: `anneal-agent serve` over the store, one
@@ -151,7 +154,19 @@ pub async fn controller(scope: crate::controller::Scope, cfg: ContentConfig) {
             supervise_server(scope.clone(), ctx.executor.clone(), listen).await;
         }
     };
+    let uploads = async {
+        if let Some(up) = cfg.upload {
+            match upload::start(scope.client.clone(), up, scope.cancel.clone()).await {
+                Ok(addr) => tracing::info!(%addr, "staged uploads accepted"),
+                Err(e) => tracing::error!(
+                    error = %anneal_api::error_chain(&e),
+                    "the staged upload endpoint did not start"
+                ),
+            }
+        }
+    };
     futures::join!(
+        uploads,
         imports::controller(scope.clone(), ctx.clone()),
         contents::controller(scope.clone(), ctx.clone()),
         images::controller(scope.clone()),
