@@ -235,13 +235,13 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         jobs.get_opt(&name)
             .await
             .unwrap()
-            .map_or(true, |j| j.metadata.deletion_timestamp.is_some())
+            .is_none_or(|j| j.metadata.deletion_timestamp.is_some())
     );
     assert!(
         deps.get_opt("content-site-a")
             .await
             .unwrap()
-            .map_or(true, |d| d.metadata.deletion_timestamp.is_some())
+            .is_none_or(|d| d.metadata.deletion_timestamp.is_some())
     );
     // Removing what is gone is fine.
     ex.remove(&spec).await.unwrap();
