@@ -242,6 +242,46 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     hostile.extend(anneal_tests::images::noise(7, 4096));
     std::fs::write(src.join("hostile.pcl"), hostile).unwrap();
     let closed = anneal_testinfra::free_port().unwrap();
+    // Larger than the manager's --max-source-bytes (300 MiB); sparse.
+    std::fs::File::create(src.join("huge.raw"))
+        .unwrap()
+        .set_len(400 << 20)
+        .unwrap();
+    // An https server whose self-signed certificate nobody trusts.
+    let tls_port = anneal_testinfra::free_port().unwrap();
+    let o = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-days",
+            "1",
+            "-keyout",
+        ])
+        .arg(work.path().join("tls.key"))
+        .arg("-out")
+        .arg(work.path().join("tls.crt"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _tls_server = anneal_testinfra::ChildGroup::spawn(
+        "openssl-s_server",
+        Command::new("openssl")
+            .args(["s_server", "-quiet", "-WWW", "-accept"])
+            .arg(format!("127.0.0.1:{tls_port}"))
+            .arg("-cert")
+            .arg(work.path().join("tls.crt"))
+            .arg("-key")
+            .arg(work.path().join("tls.key"))
+            .current_dir(&src)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    )
+    .unwrap();
 
     // A slow source (48 MiB/s: the 256 MiB import takes about 5 s), so
     // progress is observable.
@@ -270,7 +310,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
             .with_content(ContentConfig {
                 executor: Executor::Process(ProcessExecutor::new(bin_dir, &store)),
                 store_name: "test-store".into(),
-                max_source_bytes: Some(1 << 30),
+                max_source_bytes: Some(300 << 20),
                 ingest_deadline_secs: 600,
                 server_listen: Some(format!("127.0.0.1:{content_port}")),
                 upload: Some(UploadConfig {
