@@ -210,9 +210,14 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
     let resumed = eventually("clear-error resumes", Duration::from_secs(30), || async {
         let m = machine_json(&machines, "timeout-t").await;
         let resets = vm_t.requests().iter().filter(|e| e.is_reset()).count();
+        // The annotation is removed by its own write, which may land just
+        // after the status that resumes the machine: wait for both.
         (cond(&m, "RetryHeld").map(|c| c.0) == Some("False".into())
             && m["status"]["netBoot"]["tokenHash"].is_string()
-            && resets > resets_at_hold.len())
+            && resets > resets_at_hold.len()
+            && m["metadata"]["annotations"]
+                .get("anneal.dev/clear-error")
+                .is_none())
         .then_some(m)
     })
     .await;
