@@ -204,6 +204,7 @@ pub fn gpt_disk(dir: &Path, size_mib: u64, data_mib: u64) -> anyhow::Result<Path
 /// 'daemon off;'` as a child process group with its config, pid file and
 /// logs in `dir`, serving `root` on 127.0.0.1:`port` with sendfile. Stopped
 /// (the group killed and reaped) when dropped.
+#[derive(Debug)]
 pub struct Nginx {
     /// The port it listens on.
     pub port: u16,

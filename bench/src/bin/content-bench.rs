@@ -24,7 +24,7 @@
 
 use anneal_bench::{ChildGroup, Nginx, agent_bin, median};
 use anyhow::{Context as _, bail, ensure};
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpStream;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
