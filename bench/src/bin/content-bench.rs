@@ -1,14 +1,15 @@
 //! Content server benchmark (issue 12, "Images into the cluster").
 //!
 //! A content of ~256 MiB (a GPT disk whose ext4 holds `--data-mib` of
-//! pseudo-random files, ingested from `staged://` and verified with
+//! pseudo-random files plus the filesystem's metadata and journal, ingested from `staged://` and verified with
 //! `anneal-agent store verify`) is served by `anneal-agent serve` and by our
 //! own nginx (sendfile on, `location /content/` aliased to the store
 //! directory, so both serve the same file under the same path).
 //!
 //! 1. Range throughput: the same client for both servers, `--workers` (4)
 //!    threads, each on one keep-alive connection, fetching `--range-mib` (4)
-//!    MiB ranges (`Range: bytes=a-b`) that together cover the stream once.
+//!    MiB ranges (`Range: bytes=a-b`) that together cover the stream,
+//!    `--passes` (8) times per measurement (one pass takes ~0.1 s here).
 //!    MiB/s for each, ratio ours / nginx (goal >= 0.9), median of
 //!    `--rounds` (3) per-round ratios; the order alternates each round.
 //! 2. Memory: `--readers` (50) concurrent readers against `anneal-agent
@@ -18,7 +19,8 @@
 //!
 //! Writes target/bench/content.json. Run after bench/setup.sh:
 //! `target/release/content-bench` (options: `--rounds N`, `--workers N`,
-//! `--range-mib N`, `--readers N`, `--data-mib N` (256), `--nginx-workers N`
+//! `--range-mib N`, `--passes N`, `--readers N`, `--data-mib N` (224: a
+//! ~256 MiB stream), `--nginx-workers N`
 //! (2), `--dir DIR` (/var/tmp/anneal-bench-content), `--keep`, `--agent PATH`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -177,7 +179,8 @@ fn main() -> anyhow::Result<()> {
     let workers: usize = anneal_bench::option_or("--workers", 4)?;
     let range_mib: u64 = anneal_bench::option_or("--range-mib", 4)?;
     let readers: usize = anneal_bench::option_or("--readers", 50)?;
-    let data_mib: u64 = anneal_bench::option_or("--data-mib", 256)?;
+    let data_mib: u64 = anneal_bench::option_or("--data-mib", 224)?;
+    let passes: u32 = anneal_bench::option_or("--passes", 8)?;
     let nginx_workers: u32 = anneal_bench::option_or("--nginx-workers", 2)?;
     let keep = anneal_bench::flag("--keep");
     let dir = PathBuf::from(
@@ -267,7 +270,7 @@ fn main() -> anyhow::Result<()> {
     let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
         let go = |p: u16| -> anyhow::Result<f64> {
-            let (bytes, secs) = fetch(p, &path, size, workers, range, 1)?;
+            let (bytes, secs) = fetch(p, &path, size, workers, range, passes)?;
             Ok(mib(bytes) / secs)
         };
         let (o, n) = if r % 2 == 0 {
@@ -322,6 +325,7 @@ fn main() -> anyhow::Result<()> {
             "workers": workers,
             "rangeBytes": range,
             "rounds": rounds,
+            "passesPerRound": passes,
             "mibPerSecond": { "anneal": mo, "nginx": mn },
             "nginxWorkerProcesses": nginx_workers,
             "ratio (median of per-round anneal / nginx)": ratio,

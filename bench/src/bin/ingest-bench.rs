@@ -21,7 +21,9 @@
 use anneal_bench::{Nginx, agent_bin, median, timed};
 use anyhow::{Context as _, bail, ensure};
 use std::path::{Path, PathBuf};
+use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
     anneal_bench::run(cmd).map(drop)
@@ -100,13 +102,15 @@ fn main() -> anyhow::Result<()> {
     let scratch = dir.join("scratch");
     let cap = dir.join("capture");
 
-    let ingest = |check: bool| -> anyhow::Result<f64> {
+    let ingest = |check: bool| -> anyhow::Result<(f64, [f64; 3])> {
         fresh_dir(&store)?;
         fresh_dir(&scratch)?;
         sync()?;
-        let mut stdout = String::new();
+        let mut lines = Vec::new();
+        let mut phases: Vec<(String, f64)> = Vec::new();
+        let start = Instant::now();
         let t = timed(|| {
-            let out = Command::new(&agent)
+            let mut child = Command::new(&agent)
                 .arg("ingest")
                 .arg("--url")
                 .arg(&url)
@@ -117,17 +121,30 @@ fn main() -> anyhow::Result<()> {
                 .arg(format!("sha256:{sha}"))
                 .arg("--scratch")
                 .arg(&scratch)
+                .stdout(Stdio::piped())
                 .stderr(Stdio::null())
-                .output()?;
-            stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+                .spawn()?;
+            // the time each phase is first announced (a line at each change)
+            let out = BufReader::new(child.stdout.take().context("no stdout")?);
+            for line in out.lines() {
+                let line = line?;
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && let Some(p) = v["phase"].as_str()
+                    && !phases.iter().any(|(q, _)| q == p)
+                {
+                    phases.push((p.to_owned(), start.elapsed().as_secs_f64()));
+                }
+                lines.push(line);
+            }
+            let status = child.wait()?;
             ensure!(
-                out.status.success(),
-                "ingest failed ({}): {}",
-                out.status,
-                stdout.lines().last().unwrap_or("")
+                status.success(),
+                "ingest failed ({status}): {}",
+                lines.last().map_or("", String::as_str)
             );
             sync()
         })?;
+        let stdout = lines.join("\n");
         let result = stdout
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -154,10 +171,26 @@ fn main() -> anyhow::Result<()> {
         }
         fresh_dir(&store)?;
         fresh_dir(&scratch)?;
-        Ok(t)
+        let at = |p: &str| phases.iter().find(|(q, _)| q == p).map(|(_, t)| *t);
+        let (c, p) = (at("Capturing").unwrap_or(t), at("Publishing").unwrap_or(t));
+        Ok((t, [c, p - c, t - p]))
     };
     let curl = || -> anyhow::Result<f64> {
         timed(|| run(Command::new("curl").args(["-sf", "-o", "/dev/null"]).arg(&url)))
+    };
+    // diagnostic, not in the ratio: what spooling the source to a local
+    // file costs (curl into a file, then sync)
+    let spool = || -> anyhow::Result<f64> {
+        fresh_dir(&scratch)?;
+        let t = timed(|| {
+            run(Command::new("curl")
+                .args(["-sf", "-o"])
+                .arg(scratch.join("spool.raw"))
+                .arg(&url))?;
+            sync()
+        })?;
+        fresh_dir(&scratch)?;
+        Ok(t)
     };
     let capture = || -> anyhow::Result<f64> {
         fresh_dir(&cap)?;
@@ -181,22 +214,37 @@ fn main() -> anyhow::Result<()> {
     ingest(true)?;
 
     let (mut ours, mut t_curl, mut t_cap) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ph_fetch, mut ph_cap, mut ph_pub, mut t_spool) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs {
+        let mut ours_run = || -> anyhow::Result<()> {
+            let (t, [f, c, p]) = ingest(false)?;
+            ours.push(t);
+            ph_fetch.push(f);
+            ph_cap.push(c);
+            ph_pub.push(p);
+            Ok(())
+        };
         if r % 2 == 0 {
-            ours.push(ingest(false)?);
+            ours_run()?;
             t_curl.push(curl()?);
             t_cap.push(capture()?);
         } else {
             t_curl.push(curl()?);
             t_cap.push(capture()?);
-            ours.push(ingest(false)?);
+            ours_run()?;
         }
+        t_spool.push(spool()?);
         eprintln!(
-            "run {r}: ingest {:.2}s | curl {:.2}s + capture {:.2}s = {:.2}s",
+            "run {r}: ingest {:.2}s (fetch+spool+sha {:.2}s, capture {:.2}s, publish {:.2}s) | curl {:.2}s + capture {:.2}s = {:.2}s | diagnostic: curl to a file + sync {:.2}s",
             ours[r],
+            ph_fetch[r],
+            ph_cap[r],
+            ph_pub[r],
             t_curl[r],
             t_cap[r],
-            t_curl[r] + t_cap[r]
+            t_curl[r] + t_cap[r],
+            t_spool[r]
         );
     }
     drop(nginx);
@@ -223,10 +271,27 @@ fn main() -> anyhow::Result<()> {
         "ratio (median of per-run ingest / (curl + capture))": ratio,
         "goal": "<= 1.2",
         "pass": pass,
-        "allRuns": { "ingest": ours, "curl": t_curl, "capture": t_cap },
+        "ingestPhasesSeconds (median; from the phase lines on stdout)": {
+            "fetchSpoolHash": median(&mut ph_fetch.clone()),
+            "capture": median(&mut ph_cap.clone()),
+            "publishAndSync": median(&mut ph_pub.clone()),
+        },
+        "diagnosticCurlToFileAndSyncSeconds": median(&mut t_spool.clone()),
+        "allRuns": {
+            "ingest": ours, "curl": t_curl, "capture": t_cap,
+            "ingestFetch": ph_fetch, "ingestCapture": ph_cap, "ingestPublish": ph_pub,
+            "curlToFileAndSync": t_spool,
+        },
         "loadAverage": { "before": load_before, "after": anneal_bench::load_average() },
     });
     anneal_bench::write_json("ingest", &report)?;
+    println!(
+        "ingest phases (median): fetch+spool+sha256 {:.2}s, capture {:.2}s, publish+sync {:.2}s; diagnostic curl to a file + sync {:.2}s",
+        median(&mut ph_fetch.clone()),
+        median(&mut ph_cap.clone()),
+        median(&mut ph_pub.clone()),
+        median(&mut t_spool.clone())
+    );
     println!(
         "ingest: {mo:.2}s / (curl {mc:.2}s + capture {mp:.2}s = {mr:.2}s) = {ratio:.2} (goal <= 1.2) {}",
         if pass { "PASS" } else { "FAIL" }
