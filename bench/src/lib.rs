@@ -208,7 +208,7 @@ pub fn gpt_disk(dir: &Path, size_mib: u64, data_mib: u64) -> anyhow::Result<Path
 pub struct Nginx {
     /// The port it listens on.
     pub port: u16,
-    _child: ChildGroup,
+    child: ChildGroup,
 }
 
 impl Nginx {
@@ -216,7 +216,12 @@ impl Nginx {
     /// `location /<alias>/` maps to `root` (so `/content/<ns>/<c>/stream`
     /// is `<root>/<ns>/<c>/stream`, the content server's path); without,
     /// `root` is the document root.
-    pub fn start(dir: &Path, root: &Path, workers: u32, alias: Option<&str>) -> anyhow::Result<Self> {
+    pub fn start(
+        dir: &Path,
+        root: &Path,
+        workers: u32,
+        alias: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .find(|p| Path::new(p).is_file())
@@ -263,12 +268,26 @@ impl Nginx {
                 .args(["-g", "daemon off;"]),
             &dir.join("logs/stdout.log"),
         )?;
-        wait_listening(port, 10)
-            .map_err(|e| anyhow::anyhow!("{e} (see {}/logs/error.log)", d))?;
-        Ok(Self {
-            port,
-            _child: child,
-        })
+        wait_listening(port, 10).map_err(|e| anyhow::anyhow!("{e} (see {}/logs/error.log)", d))?;
+        Ok(Self { port, child })
+    }
+}
+
+impl Drop for Nginx {
+    /// Fast shutdown of the master by PID (it stops and reaps its workers),
+    /// then the group is killed and the master reaped (`ChildGroup`'s drop),
+    /// so no worker is left behind for init to reap.
+    fn drop(&mut self) {
+        let pid = self.child.pid();
+        if pid != 0 {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while self.child.try_exit().is_none() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
     }
 }
 

@@ -51,7 +51,13 @@ impl Conn {
     /// GET `path` bytes `a..=b`; the body goes to `sink` (or is only
     /// counted when `sink` is None). Returns the body length. A reused
     /// connection the server closed meanwhile is reopened once.
-    fn range(&mut self, path: &str, a: u64, b: u64, sink: Option<&mut Vec<u8>>) -> anyhow::Result<u64> {
+    fn range(
+        &mut self,
+        path: &str,
+        a: u64,
+        b: u64,
+        sink: Option<&mut Vec<u8>>,
+    ) -> anyhow::Result<u64> {
         let reused = self.reader.is_some();
         let keep = sink.is_some();
         let (n, body) = match self.try_range(path, a, b, keep) {
@@ -67,7 +73,13 @@ impl Conn {
         Ok(n)
     }
 
-    fn try_range(&mut self, path: &str, a: u64, b: u64, keep: bool) -> anyhow::Result<(u64, Option<Vec<u8>>)> {
+    fn try_range(
+        &mut self,
+        path: &str,
+        a: u64,
+        b: u64,
+        keep: bool,
+    ) -> anyhow::Result<(u64, Option<Vec<u8>>)> {
         if self.reader.is_none() {
             let s = TcpStream::connect(("127.0.0.1", self.port))?;
             s.set_nodelay(true)?;
@@ -93,7 +105,9 @@ impl Conn {
             if let Some((k, v)) = l.split_once(':') {
                 if k.eq_ignore_ascii_case("content-length") {
                     len = Some(v.trim().parse::<u64>()?);
-                } else if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+                } else if k.eq_ignore_ascii_case("connection")
+                    && v.trim().eq_ignore_ascii_case("close")
+                {
                     close = true;
                 }
             }
@@ -125,7 +139,14 @@ impl Conn {
 /// `workers` threads fetch the ranges of `range` bytes covering `size`
 /// bytes (worker w takes ranges w, w + workers, ...), each `passes` times.
 /// Returns (bytes, seconds).
-fn fetch(port: u16, path: &str, size: u64, workers: usize, range: u64, passes: u32) -> anyhow::Result<(u64, f64)> {
+fn fetch(
+    port: u16,
+    path: &str,
+    size: u64,
+    workers: usize,
+    range: u64,
+    passes: u32,
+) -> anyhow::Result<(u64, f64)> {
     let n_ranges = size.div_ceil(range);
     let t = Instant::now();
     let total = std::thread::scope(|s| -> anyhow::Result<u64> {
@@ -149,7 +170,9 @@ fn fetch(port: u16, path: &str, size: u64, workers: usize, range: u64, passes: u
             .collect();
         let mut total = 0;
         for h in handles {
-            total += h.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+            total += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
         }
         Ok(total)
     })?;
@@ -165,9 +188,13 @@ fn fetch(port: u16, path: &str, size: u64, workers: usize, range: u64, passes: u
 /// A `/proc/PID/status` field in KiB.
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next()?.parse().ok())
+    s.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| {
+        v.trim_start_matches(':')
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -280,7 +307,10 @@ fn main() -> anyhow::Result<()> {
             let n = go(nginx.port)?;
             (go(port)?, n)
         };
-        eprintln!("round {r}: anneal-agent serve {o:.0} MiB/s, nginx {n:.0} MiB/s, ratio {:.2}", o / n);
+        eprintln!(
+            "round {r}: anneal-agent serve {o:.0} MiB/s, nginx {n:.0} MiB/s, ratio {:.2}",
+            o / n
+        );
         ours.push(o);
         theirs.push(n);
         ratios.push(o / n);
@@ -309,7 +339,9 @@ fn main() -> anyhow::Result<()> {
     };
     let mem_run = fetch_readers(port, &path, size, readers, range);
     stop.store(true, Ordering::SeqCst);
-    sampler.join().map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
     let (mem_bytes, mem_secs) = mem_run?;
     let hwm = status_kib(pid, "VmHWM").context("no VmHWM for the server")?;
     let rss_peak = peak.load(Ordering::SeqCst);
@@ -368,7 +400,13 @@ fn main() -> anyhow::Result<()> {
 
 /// `readers` threads, each on its own connection reading the whole stream
 /// in ranges, all at once. Returns (bytes, seconds).
-fn fetch_readers(port: u16, path: &str, size: u64, readers: usize, range: u64) -> anyhow::Result<(u64, f64)> {
+fn fetch_readers(
+    port: u16,
+    path: &str,
+    size: u64,
+    readers: usize,
+    range: u64,
+) -> anyhow::Result<(u64, f64)> {
     let t = Instant::now();
     let total = std::thread::scope(|s| -> anyhow::Result<u64> {
         let handles: Vec<_> = (0..readers)
@@ -388,11 +426,16 @@ fn fetch_readers(port: u16, path: &str, size: u64, readers: usize, range: u64) -
             .collect();
         let mut total = 0;
         for h in handles {
-            total += h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+            total += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
         }
         Ok(total)
     })?;
-    ensure!(total == size * readers as u64, "readers fetched {total} bytes");
+    ensure!(
+        total == size * readers as u64,
+        "readers fetched {total} bytes"
+    );
     Ok((total, t.elapsed().as_secs_f64()))
 }
 

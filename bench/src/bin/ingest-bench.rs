@@ -20,8 +20,8 @@
 
 use anneal_bench::{Nginx, agent_bin, median, timed};
 use anyhow::{Context as _, bail, ensure};
-use std::path::{Path, PathBuf};
 use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -116,7 +116,14 @@ fn main() -> anyhow::Result<()> {
                 .arg(&url)
                 .arg("--store")
                 .arg(&store)
-                .args(["--namespace", "bench", "--import", "disk", "--prefix", "disk"])
+                .args([
+                    "--namespace",
+                    "bench",
+                    "--import",
+                    "disk",
+                    "--prefix",
+                    "disk",
+                ])
                 .arg("--checksum")
                 .arg(format!("sha256:{sha}"))
                 .arg("--scratch")
@@ -176,7 +183,11 @@ fn main() -> anyhow::Result<()> {
         Ok((t, [c, p - c, t - p]))
     };
     let curl = || -> anyhow::Result<f64> {
-        timed(|| run(Command::new("curl").args(["-sf", "-o", "/dev/null"]).arg(&url)))
+        timed(|| {
+            run(Command::new("curl")
+                .args(["-sf", "-o", "/dev/null"])
+                .arg(&url))
+        })
     };
     // diagnostic, not in the ratio: what spooling the source to a local
     // file costs (curl into a file, then sync)
