@@ -98,6 +98,32 @@ impl Debug for Scope {
     }
 }
 
+/// Publishes an Event about `obj` off the reconcile path (an event write
+/// must not hold one of the reconcile slots); a failure is logged at debug.
+pub fn publish_event(
+    recorder: &Recorder,
+    obj: &impl Resource<DynamicType = ()>,
+    type_: kube::runtime::events::EventType,
+    action: &str,
+    reason: &str,
+    note: String,
+) {
+    let ev = kube::runtime::events::Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: action.to_string(),
+        secondary: None,
+    };
+    let recorder = recorder.clone();
+    let reference = obj.object_ref(&());
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            debug!(error = %e, "publishing event failed");
+        }
+    });
+}
+
 /// The reporter of the manager's Events: `anneal-manager`, with the
 /// replica's identity when there is one.
 pub fn reporter(identity: Option<String>) -> Reporter {

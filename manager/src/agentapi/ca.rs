@@ -146,3 +146,24 @@ pub async fn load_or_create(
         ca_sha256,
     })
 }
+
+impl AgentPki {
+    /// The rustls server configuration serving this PKI's certificate
+    /// (HTTP/1.1 by ALPN): the agent API and the staged upload endpoint.
+    /// `None` when the PEM does not parse.
+    pub fn server_tls(&self) -> Option<rustls::ServerConfig> {
+        let certs: Vec<_> = rustls_pemfile::certs(&mut self.serving_chain_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let key = rustls_pemfile::private_key(&mut self.serving_key_pem.as_bytes()).ok()??;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .ok()?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .ok()?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Some(tls)
+    }
+}

@@ -32,7 +32,7 @@ use anneal_api::{
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -707,22 +707,7 @@ async fn event(
     reason: &str,
     note: String,
 ) {
-    let ev = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Bind".to_string(),
-        secondary: None,
-    };
-    // Published off the reconcile path: an event write must not hold one of
-    // the reconcile slots.
-    let recorder = ctx.recorder.clone();
-    let reference = obj.object_ref(&());
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&ev, &reference).await {
-            debug!(error = %e, "publishing event failed");
-        }
-    });
+    crate::controller::publish_event(&ctx.recorder, obj, type_, "Bind", reason, note);
 }
 
 async fn write_bound(

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use anneal_api::conditions::{reasons, types};
 use anneal_api::{ContentState, Image, NameRef, PartitionContent, PartitionContentStatus};
+use kube::ResourceExt;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::info;
 
@@ -135,20 +135,7 @@ fn event(
     reason: &str,
     note: String,
 ) {
-    let ev = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Publish".to_string(),
-        secondary: None,
-    };
-    let recorder = ctx.recorder.clone();
-    let reference = pc.object_ref(&());
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&ev, &reference).await {
-            tracing::debug!(error = %e, "publishing event failed");
-        }
-    });
+    crate::controller::publish_event(&ctx.recorder, pc, type_, "Publish", reason, note);
 }
 
 async fn write_status(

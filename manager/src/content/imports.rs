@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Deserialize;
@@ -182,20 +182,7 @@ pub fn ingest_spec(imp: &ImageImport, ctx: &ContentContext) -> WorkloadSpec {
 }
 
 fn event(ctx: &ContentContext, imp: &ImageImport, type_: EventType, reason: &str, note: String) {
-    let ev = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Import".to_string(),
-        secondary: None,
-    };
-    let recorder = ctx.recorder.clone();
-    let reference = imp.object_ref(&());
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&ev, &reference).await {
-            tracing::debug!(error = %e, "publishing event failed");
-        }
-    });
+    crate::controller::publish_event(&ctx.recorder, imp, type_, "Import", reason, note);
 }
 
 async fn write_status(

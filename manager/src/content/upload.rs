@@ -115,20 +115,7 @@ pub async fn start(
         crate::agentapi::ca::load_or_create(client.clone(), &cfg.pki_namespace, &cfg.server_names)
             .await
             .map_err(UploadError::Ca)?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut pki.serving_chain_pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|_| UploadError::Tls)?;
-    let key = rustls_pemfile::private_key(&mut pki.serving_key_pem.as_bytes())
-        .map_err(|_| UploadError::Tls)?
-        .ok_or(UploadError::Tls)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|_| UploadError::Tls)?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|_| UploadError::Tls)?;
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = pki.server_tls().ok_or(UploadError::Tls)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let listener = TcpListener::bind(cfg.listen)
         .await
