@@ -491,16 +491,13 @@ fn handle(client: &AgentClient, action: NextAction) {
             run_shell();
         }
         NextAction::Deploy { plan } => {
-            let run_id = plan
-                .get("runId")
-                .and_then(|r| r.as_str())
-                .unwrap_or_default()
-                .to_string();
+            let run_id = plan.run_id.clone();
             say!("deploy of run {run_id} requested, but this agent build cannot deploy yet");
             let res = client.result(&ResultRequest {
                 run_id,
                 outcome: Outcome::Failed {
                     reason: "this agent build cannot deploy".into(),
+                    phase: None,
                 },
             });
             if let Err(e) = res {

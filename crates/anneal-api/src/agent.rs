@@ -313,11 +313,10 @@ pub enum NextAction {
         #[serde(default)]
         retry_after_seconds: u32,
     },
-    /// Deploy. The plan's shape belongs to the deploy contract; until that
-    /// lands it is carried as an opaque JSON object.
+    /// Deploy: everything the agent needs for one DeployRun, and nothing else.
     Deploy {
         /// The deploy plan.
-        plan: serde_json::Value,
+        plan: Box<DeployPlan>,
     },
     /// Power off.
     #[serde(rename = "poweroff")]
@@ -326,6 +325,107 @@ pub enum NextAction {
     Reboot,
     /// Open a debug shell on the console.
     Shell,
+}
+
+/// The plan of one DeployRun, handed to the agent by `next`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeployPlan {
+    /// The DeployRun's name; every `progress` and `result` names it.
+    pub run_id: String,
+    /// One entry per disk written: the OS image first, then data images.
+    pub disks: Vec<PlannedDisk>,
+    /// The post-install steps, in order (OS Image's hooks, then the claim's).
+    #[serde(default)]
+    pub steps: Vec<PlannedStep>,
+    /// What to do after success: `Reboot` (into the deployed OS) or `PowerOff`.
+    pub after_deploy: AfterDeploy,
+    /// Seconds between two `progress` reports (the agent reports at least this
+    /// often while a run is active).
+    pub progress_interval_seconds: u32,
+    /// The machine's architecture (`x86_64` or `aarch64`): picks the
+    /// removable-media fallback path (`BOOTX64.EFI` or `BOOTAA64.EFI`).
+    pub architecture: String,
+}
+
+/// What the agent does after a successful run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AfterDeploy {
+    /// Reboot into the deployed OS.
+    Reboot,
+    /// Power off.
+    PowerOff,
+}
+
+/// One target disk of a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlannedDisk {
+    /// The Image written to this disk.
+    pub image: String,
+    /// True for the OS image (post-install builtins act on this disk).
+    pub os: bool,
+    /// Device path the hint resolved to (`/dev/sda`); the agent re-checks the
+    /// serial number or WWN below before writing, since names drift.
+    pub device_name: String,
+    /// Serial number the hint resolved to, when the disk reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// WWN the hint resolved to, when the disk reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    /// The disk layout in the `layout.json` format of `anneal-image`
+    /// (`partitionTable`, `sectorSize`, `diskSize`, `diskGuid`, `slots[]` with
+    /// `startBytes`/`sizeBytes`/...); a slot's `contentRef` names an entry of
+    /// `contents` by its `name`.
+    pub layout: serde_json::Value,
+    /// The contents to restore onto this disk's slots.
+    #[serde(default)]
+    pub contents: Vec<PlannedContent>,
+}
+
+/// One PartitionContent to fetch and restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlannedContent {
+    /// The PartitionContent's name (a slot's `contentRef` in the layout).
+    pub name: String,
+    /// Partition number it is written to.
+    pub slot: u32,
+    /// HTTP URL of the index on the content server.
+    pub index_url: String,
+    /// HTTP URL of the stream on the content server (read with Range).
+    pub stream_url: String,
+    /// Lowercase hex SHA-256 of the index (from PartitionContent status): the
+    /// agent refuses an index that differs.
+    pub index_sha256: String,
+    /// Lowercase hex SHA-256 of the whole stream (PartitionContent status).
+    pub stream_sha256: String,
+    /// Stream length in bytes (used bytes).
+    pub stream_bytes: u64,
+}
+
+/// One resolved post-install step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlannedStep {
+    /// The PostHook it comes from.
+    pub hook: String,
+    /// The step's name (or `step-<i>`, 1-based, when unnamed).
+    pub step: String,
+    /// A builtin: `mkswap`, `efibootmgr`, `growLastPartition`,
+    /// `install-removable-fallback`; exactly one of `builtin` and `script`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<String>,
+    /// A script body, already templated by the manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// Seconds before the step is killed and the run fails.
+    pub timeout_seconds: u32,
+    /// The merged params (hook defaults < Image params < claim params), for
+    /// builtins that take options (`loader` of install-removable-fallback).
+    #[serde(default)]
+    pub params: std::collections::BTreeMap<String, String>,
 }
 
 /// Progress of one partition.
@@ -351,6 +451,13 @@ pub struct ProgressRequest {
     /// Per-partition bytes.
     #[serde(default)]
     pub partitions: Vec<PartitionProgress>,
+    /// Bytes fetched over HTTP so far in this run.
+    #[serde(default)]
+    pub http_bytes: u64,
+    /// Console lines since the last report (kept in ConfigMap
+    /// `<run>-log`, bounded).
+    #[serde(default)]
+    pub log_lines: Vec<String>,
 }
 
 /// The answer to a progress report.
@@ -391,6 +498,9 @@ pub enum Outcome {
     Failed {
         /// What failed.
         reason: String,
+        /// The run phase it failed in (`WritingContent`, `RunningPostHook`, ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        phase: Option<String>,
     },
 }
 
@@ -517,12 +627,30 @@ mod tests {
             run_id: "r1".into(),
             outcome: Outcome::Failed {
                 reason: "disk gone".into(),
+                phase: Some("WritingContent".into()),
             },
         };
         assert_eq!(
             serde_json::to_string(&failed).unwrap(),
-            r#"{"runId":"r1","outcome":{"status":"failed","reason":"disk gone"}}"#
+            r#"{"runId":"r1","outcome":{"status":"failed","reason":"disk gone","phase":"WritingContent"}}"#
         );
+    }
+
+    #[test]
+    fn deploy_plan_round_trips_and_refuses_unknown_fields() {
+        let json = r#"{"action":"deploy","plan":{"runId":"m1-run-1","disks":[{"image":"debian","os":true,"deviceName":"/dev/vda","serialNumber":"S1","layout":{"partitionTable":"gpt","sectorSize":512,"diskSize":1073741824,"slots":[]},"contents":[{"name":"debian-p1","slot":1,"indexUrl":"http://10.0.0.1:8081/content/default/debian-p1/index","streamUrl":"http://10.0.0.1:8081/content/default/debian-p1/stream","indexSha256":"aa","streamSha256":"bb","streamBytes":4096}]}],"steps":[{"hook":"anneal-default-finalize","step":"mkswap","builtin":"mkswap","timeoutSeconds":60,"params":{}}],"afterDeploy":"Reboot","progressIntervalSeconds":2,"architecture":"x86_64"}}"#;
+        let got: NextAction = serde_json::from_str(json).unwrap();
+        let NextAction::Deploy { plan } = &got else {
+            panic!("not a deploy: {got:?}");
+        };
+        assert_eq!(plan.run_id, "m1-run-1");
+        assert_eq!(plan.disks[0].contents[0].stream_bytes, 4096);
+        assert_eq!(plan.steps[0].builtin.as_deref(), Some("mkswap"));
+        let back: serde_json::Value = serde_json::to_value(&got).unwrap();
+        let want: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(back, want);
+        let bad = json.replace(r#""os":true"#, r#""os":true,"token":"x""#);
+        assert!(serde_json::from_str::<NextAction>(&bad).is_err());
     }
 
     #[test]
