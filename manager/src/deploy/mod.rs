@@ -1,0 +1,3 @@
+//! Deploy: planning DeployRuns from bound claims (issue 13).
+
+pub mod plan;
