@@ -22,6 +22,7 @@
 //! lists Machines.
 
 pub mod ca;
+pub mod runs;
 
 use anneal_api::conditions::{reasons, types};
 use std::collections::HashMap;
@@ -414,6 +415,20 @@ impl Server {
                 Ok((m, _)) => self.next(&m).await,
                 Err(r) => r,
             },
+            (Method::POST, agent::paths::PROGRESS) => match self.authenticate(bearer).await {
+                Ok((m, _)) => match runs::progress(&self.client, &m, &body).await {
+                    Ok(action) => json_reply(StatusCode::OK, &agent::ProgressResponse { action }),
+                    Err(r) => refused(&m, r),
+                },
+                Err(r) => r,
+            },
+            (Method::POST, agent::paths::RESULT) => match self.authenticate(bearer).await {
+                Ok((m, _)) => match runs::result(&self.client, &m, &body).await {
+                    Ok(()) => no_content(),
+                    Err(r) => refused(&m, r),
+                },
+                Err(r) => r,
+            },
             _ => fail(StatusCode::NOT_FOUND, ErrorCode::BadRequest, "no such path"),
         };
         tracing::info!(%peer, %path, status = resp.status().as_u16(), "agent api request");
@@ -747,6 +762,31 @@ impl Server {
             ) {
                 return json_reply(StatusCode::OK, &NextAction::PowerOff);
             }
+            if state == Some(MachineState::Provisioning)
+                && let Some(run) = current
+                    .as_ref()
+                    .and_then(|m| m.status.as_ref())
+                    .and_then(|s| s.current_run_ref.as_ref())
+            {
+                match crate::deploy::runs::read_plan(&self.client, &ns, &run.name).await {
+                    Ok(Some(plan)) => {
+                        tracing::info!(machine = %name, run = %run.name, "deploy plan handed to the agent");
+                        return json_reply(
+                            StatusCode::OK,
+                            &NextAction::Deploy {
+                                plan: Box::new(plan),
+                            },
+                        );
+                    }
+                    Ok(None) => {
+                        tracing::warn!(machine = %name, run = %run.name, "the run has no plan secret yet");
+                    }
+                    Err(e) => {
+                        tracing::warn!(machine = %name, error = %e, "cannot read the deploy plan");
+                        return internal();
+                    }
+                }
+            }
             if tokio::time::Instant::now() >= deadline {
                 return json_reply(
                     StatusCode::OK,
@@ -757,6 +797,27 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             current = api.get_opt(&name).await.ok().flatten();
+        }
+    }
+}
+
+fn no_content() -> Resp {
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .header(agent::SCHEMA_HEADER, agent::SCHEMA_VERSION)
+        .body(Full::new(Bytes::new()))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn refused(m: &Machine, r: runs::Refusal) -> Resp {
+    match r {
+        runs::Refusal::BadRequest(msg) => {
+            fail(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, &msg)
+        }
+        runs::Refusal::NotCurrent(msg) => fail(StatusCode::CONFLICT, ErrorCode::Conflict, &msg),
+        runs::Refusal::Api(e) => {
+            tracing::warn!(machine = %m.name_any(), error = %e, "cannot record the run report");
+            internal()
         }
     }
 }

@@ -87,6 +87,8 @@ pub struct LifecycleConfig {
     /// reservation to go live before a Warning Event (repeated every such
     /// period); it keeps waiting either way.
     pub dhcp_reservation_timeout: Duration,
+    /// Where agents fetch contents, progress cadence.
+    pub deploy: crate::deploy::runs::DeployConfig,
 }
 
 impl Default for LifecycleConfig {
@@ -99,6 +101,10 @@ impl Default for LifecycleConfig {
             max_restarts: 3,
             prefer_http_boot: false,
             dhcp_reservation_timeout: Duration::from_secs(120),
+            deploy: crate::deploy::runs::DeployConfig {
+                content_url: None,
+                progress_interval_seconds: 2,
+            },
         }
     }
 }
@@ -244,6 +250,23 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
     let waiting = store.clone();
     let controller = controller
         .owns(scope.api::<MachineHardware>(), watcher::Config::default())
+        // A run's status (progress, result) wakes its Machine.
+        .owns(
+            scope.api::<anneal_api::DeployRun>(),
+            watcher::Config::default(),
+        )
+        // A claim's edit (image, hooks, params) may start a new run.
+        .watches(
+            scope.api::<anneal_api::MachineClaim>(),
+            watcher::Config::default(),
+            |claim: anneal_api::MachineClaim| {
+                let ns = claim.namespace().unwrap_or_default();
+                claim
+                    .status
+                    .and_then(|s| s.machine_name)
+                    .map(|m| ObjectRef::<Machine>::new(&m).within(&ns))
+            },
+        )
         .watches(
             scope.api::<Secret>(),
             watcher::Config::default(),
