@@ -286,7 +286,7 @@ pub async fn result(client: &Client, m: &Machine, body: &[u8]) -> Result<(), Ref
                 types::SUCCEEDED,
                 false,
                 reasons::DEPLOY_FAILED,
-                &format!("{at}: {reason}"),
+                format!("{at}: {reason}"),
                 generation,
             );
         }

@@ -176,12 +176,21 @@ pub fn builtin_name(b: Builtin) -> &'static str {
     }
 }
 
+/// `/dev/<name>` for a kernel name; a path stays as it is.
+fn dev_path(name: &str) -> String {
+    if name.starts_with('/') {
+        name.to_string()
+    } else {
+        format!("/dev/{name}")
+    }
+}
+
 fn hints_text(h: &DiskHints) -> String {
     serde_json::to_string(h).unwrap_or_default()
 }
 
 fn disk_text(d: &HardwareDisk) -> String {
-    let mut s = format!("/dev/{} ({} bytes", d.device_name, d.size_bytes);
+    let mut s = format!("{} ({} bytes", dev_path(&d.device_name), d.size_bytes);
     if let Some(v) = &d.serial_number {
         s.push_str(&format!(", serial {v}"));
     }
@@ -499,7 +508,7 @@ fn image<'i>(images: &'i BTreeMap<String, Image>, name: &str) -> Result<&'i Imag
 fn resolved(image_name: &str, d: &HardwareDisk) -> ResolvedDisk {
     ResolvedDisk {
         image_ref: NameRef::new(image_name),
-        device_name: format!("/dev/{}", d.device_name),
+        device_name: dev_path(&d.device_name),
         serial_number: d.serial_number.clone(),
         wwn: d.wwn.clone(),
         size_bytes: Some(d.size_bytes),
@@ -563,7 +572,7 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
         planned_disks.push(PlannedDisk {
             image: i.name_any(),
             os: *os,
-            device_name: format!("/dev/{}", d.device_name),
+            device_name: dev_path(&d.device_name),
             serial_number: d.serial_number.clone(),
             wwn: d.wwn.clone(),
             layout: serde_json::to_value(&layout).unwrap_or_default(),
@@ -627,7 +636,7 @@ fn steps(
         values.insert(
             "targetDisk".into(),
             os_disk
-                .map(|d| format!("/dev/{}", d.device_name))
+                .map(|d| dev_path(&d.device_name))
                 .unwrap_or_default(),
         );
         for (n, st) in spec.steps.iter().enumerate() {
@@ -670,7 +679,7 @@ fn steps(
             let declared: BTreeSet<&String> = spec.params.keys().collect();
             let params = values
                 .iter()
-                .filter(|(k, _)| declared.contains(k) || st.builtin.is_some())
+                .filter(|(k, _)| declared.contains(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             out.push(PlannedStep {
