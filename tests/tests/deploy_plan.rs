@@ -312,6 +312,15 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     let st = r.status.unwrap();
     assert_eq!(st.phase, Some(anneal_api::RunPhase::WritingContent));
     assert_eq!(st.partitions[0].percent, 50);
+    assert_eq!(st.percent, Some(50));
+    assert!(st.last_progress_time.is_some());
+    // kubectl get machines: image and percent of the current run.
+    eventually("dp-1 shows 50%", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "dp-1").await;
+        (m["status"]["deploy"]["percent"] == 50 && m["status"]["deploy"]["image"] == "os-a")
+            .then_some(())
+    })
+    .await;
     assert_eq!(st.phase_timings.len(), 2);
     assert!(st.phase_timings[0].end.is_some() && st.phase_timings[1].end.is_none());
     let logs: Api<ConfigMap> = Api::namespaced(client.clone(), "default");

@@ -202,6 +202,22 @@ pub async fn progress(
         return Ok(ProgressAction::Abort);
     }
     let now = Timestamp::now();
+    let done: u64 = req.partitions.iter().map(|p| p.bytes_done).sum();
+    let total: u64 = req.partitions.iter().map(|p| p.bytes_total).sum();
+    let before: i64 = st.partitions.iter().map(|p| p.bytes_done).sum();
+    if let Some(last) = &st.last_progress_time {
+        let secs = now.duration_since(last.0).as_secs_f64();
+        let delta = i64::try_from(done)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(before);
+        if secs >= 0.5 && delta >= 0 {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+            let mib = (delta as f64 / secs / f64::from(1u32 << 20)) as i64;
+            st.throughput_mib_ps = Some(mib);
+        }
+    }
+    st.percent = Some(percent(done, total));
+    st.last_progress_time = Some(Time(now));
     enter(&mut st.phase_timings, phase, now);
     st.phase = Some(phase);
     st.partitions = req
@@ -258,6 +274,7 @@ pub async fn result(client: &Client, m: &Machine, body: &[u8]) -> Result<(), Ref
                 p.bytes_done = p.bytes_total;
                 p.percent = 100;
             }
+            st.percent = Some(100);
             crate::conditions::set(
                 &mut st.conditions,
                 types::SUCCEEDED,

@@ -44,6 +44,16 @@ pub struct DeployConfig {
     pub content_url: Option<String>,
     /// Seconds between two progress reports of an agent.
     pub progress_interval_seconds: u32,
+    /// A started run whose agent reports nothing for this long fails (the
+    /// machine lost power, the agent died); None: never.
+    pub stall_timeout: Option<std::time::Duration>,
+}
+
+fn run_image(spec: &DeployRunSpec) -> Option<String> {
+    spec.image_ref
+        .as_ref()
+        .or_else(|| spec.data_images.first().map(|d| &d.image_ref))
+        .map(|r| r.name.clone())
 }
 
 /// The Secret holding a run's plan.
@@ -77,7 +87,10 @@ pub async fn view(
     {
         return Ok(match runs.get_opt(&cur.name).await? {
             Some(r) => {
-                let rs = r.status.clone().unwrap_or_default();
+                let mut rs = r.status.clone().unwrap_or_default();
+                if let Some(stalled) = stalled(&rs, cfg) {
+                    fail_run(&runs, &r, &mut rs, &stalled).await?;
+                }
                 let message = rs
                     .conditions
                     .iter()
@@ -88,12 +101,16 @@ pub async fn view(
                     run: cur.name.clone(),
                     phase: rs.phase,
                     message,
+                    image: run_image(&r.spec),
+                    percent: rs.percent,
                 }
             }
             None => DeployView::Current {
                 run: cur.name.clone(),
                 phase: Some(RunPhase::Failed),
                 message: format!("DeployRun {} was deleted while active", cur.name),
+                image: None,
+                percent: None,
             },
         });
     }
@@ -123,6 +140,7 @@ pub async fn view(
     {
         return Ok(DeployView::UpToDate);
     }
+    let image = run_image(&planned.spec);
     let run = ensure_run(
         client,
         m,
@@ -131,7 +149,65 @@ pub async fn view(
         st.last_attempted_run_ref.as_ref().map(|r| r.name.as_str()),
     )
     .await?;
-    Ok(DeployView::Ready { run })
+    Ok(DeployView::Ready { run, image })
+}
+
+/// The stall message when a started run's agent has been silent longer than
+/// the stall timeout.
+fn stalled(rs: &DeployRunStatus, cfg: &DeployConfig) -> Option<String> {
+    let timeout = cfg.stall_timeout?;
+    if matches!(
+        rs.phase,
+        None | Some(RunPhase::Pending | RunPhase::Succeeded | RunPhase::Failed)
+    ) {
+        return None;
+    }
+    let last = rs.last_progress_time.as_ref()?;
+    let secs = k8s_openapi::jiff::Timestamp::now()
+        .duration_since(last.0)
+        .as_secs();
+    (secs >= i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX)).then(|| {
+        format!(
+            "{:?}: the agent sent no progress for {secs} s (the machine lost power or the agent died); a new run follows",
+            rs.phase.unwrap_or(RunPhase::Pending)
+        )
+    })
+}
+
+async fn fail_run(
+    runs: &Api<DeployRun>,
+    r: &DeployRun,
+    rs: &mut DeployRunStatus,
+    message: &str,
+) -> Result<(), kube::Error> {
+    rs.phase = Some(RunPhase::Failed);
+    if let Some(last) = rs.phase_timings.last_mut()
+        && last.end.is_none()
+    {
+        last.end = Some(anneal_api::Time(k8s_openapi::jiff::Timestamp::now()));
+    }
+    crate::conditions::set(
+        &mut rs.conditions,
+        anneal_api::conditions::types::SUCCEEDED,
+        false,
+        anneal_api::conditions::reasons::DEPLOY_FAILED,
+        message,
+        r.metadata.generation,
+    );
+    runs.patch_status(
+        &r.name_any(),
+        &PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&json!({
+            "metadata": {"resourceVersion": r.resource_version()},
+            "status": rs,
+        })),
+    )
+    .await?;
+    tracing::warn!(run = %r.name_any(), message, "deploy run stalled");
+    Ok(())
 }
 
 async fn gather_and_plan(

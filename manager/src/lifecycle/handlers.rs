@@ -117,6 +117,8 @@ pub enum DeployView {
     Ready {
         /// Its name.
         run: String,
+        /// Its image (OS image, else the first data image).
+        image: Option<String>,
     },
     /// The run in `status.currentRunRef`, as read.
     Current {
@@ -126,6 +128,10 @@ pub enum DeployView {
         phase: Option<anneal_api::RunPhase>,
         /// The Succeeded condition's message.
         message: String,
+        /// The run's image (OS image, else the first data image).
+        image: Option<String>,
+        /// Whole percent written.
+        percent: Option<i32>,
     },
 }
 
@@ -949,7 +955,9 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
 /// deploy.
 fn deploy_or_report(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Option<Outcome> {
     match p.snap.deploy.clone() {
-        DeployView::Ready { run } => Some(start_run(p, &run, client, http_boot)),
+        DeployView::Ready { run, image } => {
+            Some(start_run(p, &run, image.as_deref(), client, http_boot))
+        }
         DeployView::PlanFailed(message) => {
             plan_failed(p, &message);
             Some(Outcome::Wait {
@@ -980,11 +988,22 @@ fn plan_failed(p: &mut Pass<'_, '_>, message: &str) {
 }
 
 /// Starts a run: Provisioning, `currentRunRef`, a net boot armed.
-fn start_run(p: &mut Pass<'_, '_>, run: &str, client: bool, http_boot: bool) -> Outcome {
+fn start_run(
+    p: &mut Pass<'_, '_>,
+    run: &str,
+    image: Option<&str>,
+    client: bool,
+    http_boot: bool,
+) -> Outcome {
     p.transition(MachineState::Provisioning);
     let r = anneal_api::NameRef::new(run);
     p.d.status.current_run_ref = Some(r.clone());
     p.d.status.last_attempted_run_ref = Some(r);
+    p.d.status.deploy = Some(anneal_api::MachineDeploy {
+        image: image.map(str::to_string),
+        phase: Some("Pending".into()),
+        percent: Some(0),
+    });
     p.cond(
         types::PROGRESSING,
         true,
@@ -1014,6 +1033,19 @@ fn start_run(p: &mut Pass<'_, '_>, run: &str, client: bool, http_boot: bool) -> 
 /// Restart failure and a new run, held after `max_restarts`.
 fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
     let health = p.cfg().health_interval;
+    if let DeployView::Current {
+        phase,
+        image,
+        percent,
+        ..
+    } = &p.snap.deploy
+    {
+        p.d.status.deploy = Some(anneal_api::MachineDeploy {
+            image: image.clone(),
+            phase: phase.map(|ph| format!("{ph:?}")),
+            percent: *percent,
+        });
+    }
     match p.snap.deploy.clone() {
         DeployView::Current {
             run,
@@ -1048,6 +1080,7 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
             run,
             phase: Some(anneal_api::RunPhase::Failed),
             message,
+            ..
         } => run_failed(p, &format!("DeployRun {run} failed: {message}")),
         DeployView::Current { .. } => {
             // Running or waiting for the agent: the boot token bounds the
@@ -1078,7 +1111,7 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
                 requeue: Some(health.min(Duration::from_secs(10))),
             }
         }
-        DeployView::Ready { run } => start_run(p, &run, client, http_boot),
+        DeployView::Ready { run, image } => start_run(p, &run, image.as_deref(), client, http_boot),
         DeployView::PlanFailed(message) => {
             plan_failed(p, &message);
             Outcome::Wait {
@@ -1801,6 +1834,7 @@ mod tests {
             answer(false),
             DeployView::Ready {
                 run: "m1-abc-1".into(),
+                image: Some("os".into()),
             },
         ));
         assert_eq!(state(&d), MachineState::Provisioning);
@@ -1809,6 +1843,11 @@ mod tests {
         let st = &d.draft.status;
         assert_eq!(st.current_run_ref.as_ref().unwrap().name, "m1-abc-1");
         assert_eq!(st.last_attempted_run_ref.as_ref().unwrap().name, "m1-abc-1");
+        let summary = st.deploy.as_ref().unwrap();
+        assert_eq!(
+            (summary.image.as_deref(), summary.percent),
+            (Some("os"), Some(0))
+        );
         assert!(reasons(&d).contains(&"DeployStarted"));
         assert_eq!(
             cond(&d, types::PROGRESSING).unwrap().reason,
@@ -1873,6 +1912,8 @@ mod tests {
                 run: "r1".into(),
                 phase: Some(anneal_api::RunPhase::Succeeded),
                 message: String::new(),
+                image: None,
+                percent: None,
             },
         ));
         assert_eq!(state(&d), MachineState::Provisioned);
@@ -1890,6 +1931,8 @@ mod tests {
                 run: "r1".into(),
                 phase: Some(anneal_api::RunPhase::WritingContent),
                 message: String::new(),
+                image: None,
+                percent: None,
             },
         ));
         assert_eq!(state(&d), MachineState::Provisioning);
@@ -1915,6 +1958,8 @@ mod tests {
                     run: "r1".into(),
                     phase: Some(anneal_api::RunPhase::Failed),
                     message: "WritingContent: piece 7 of os-p3 stayed corrupt".into(),
+                    image: None,
+                    percent: None,
                 },
             ));
             let st = &d.draft.status;
@@ -1953,7 +1998,10 @@ mod tests {
             &m,
             &cfg,
             answer(true),
-            DeployView::Ready { run: "r2".into() },
+            DeployView::Ready {
+                run: "r2".into(),
+                image: None,
+            },
         ));
         assert_eq!(state(&d), MachineState::Provisioning);
         assert!(matches!(

@@ -104,6 +104,7 @@ impl Default for LifecycleConfig {
             deploy: crate::deploy::runs::DeployConfig {
                 content_url: None,
                 progress_interval_seconds: 2,
+                stall_timeout: Some(Duration::from_secs(600)),
             },
         }
     }
@@ -386,6 +387,17 @@ pub struct LifecycleArgs {
     /// power-on stays held until it is.
     #[arg(long, default_value = "2m")]
     pub dhcp_reservation_timeout: String,
+    /// Base URL agents fetch contents from (the content server, e.g.
+    /// `http://10.0.0.1:8088`); without it no deploy can be planned.
+    #[arg(long)]
+    pub content_url: Option<String>,
+    /// How often a deploying agent reports progress (`2s`).
+    #[arg(long, default_value = "2s")]
+    pub deploy_progress_interval: String,
+    /// A deploy whose agent reports nothing for this long fails and is
+    /// retried (`10m`).
+    #[arg(long, default_value = "10m")]
+    pub deploy_stall_timeout: String,
 }
 
 /// Errors of [`start_from_args`].
@@ -419,6 +431,14 @@ impl LifecycleArgs {
             graceful_shutdown_timeout: dur(&self.graceful_shutdown_timeout)?,
             prefer_http_boot: self.prefer_http_boot,
             dhcp_reservation_timeout: dur(&self.dhcp_reservation_timeout)?,
+            deploy: crate::deploy::runs::DeployConfig {
+                content_url: self.content_url.clone(),
+                progress_interval_seconds: u32::try_from(
+                    dur(&self.deploy_progress_interval)?.as_secs().max(1),
+                )
+                .unwrap_or(2),
+                stall_timeout: Some(dur(&self.deploy_stall_timeout)?),
+            },
             ..LifecycleConfig::default()
         };
         let api = crate::agentapi::AgentApiConfig {
