@@ -374,7 +374,14 @@ impl Lab {
             cpus: CPUS,
             nics: vec![nic],
             disks,
-            extra_args: vec!["-S".into(), "-no-shutdown".into()],
+            extra_args: {
+                let mut a = vec!["-S".to_string(), "-no-shutdown".to_string()];
+                if self.store.is_some() {
+                    // The deployed test OS prints the DMI serial as its name.
+                    a.extend(["-smbios".to_string(), format!("type=1,serial={MACHINE}")]);
+                }
+                a
+            },
             no_reboot: false,
             ..VmConfig::default()
         };

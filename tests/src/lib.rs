@@ -26,6 +26,7 @@ pub mod e2e;
 pub mod images;
 pub mod lab;
 pub mod lifecycle;
+pub mod ovmf;
 pub mod wait;
 
 pub use wait::{eventually, eventually_blocking};
