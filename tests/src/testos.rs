@@ -179,7 +179,8 @@ fn image_bytes() -> u64 {
 
 /// The content of `/anneal-marker` (4 KiB of text, deterministic).
 pub fn marker_bytes() -> Vec<u8> {
-    let mut s = String::from("anneal test OS marker: deployed by anneal, read by the test OS /init\n");
+    let mut s =
+        String::from("anneal test OS marker: deployed by anneal, read by the test OS /init\n");
     let mut i = 0u32;
     while s.len() < 4096 - 64 {
         s.push_str(&format!(
@@ -277,14 +278,20 @@ fn sha256_file(path: &Path) -> anyhow::Result<Vec<u8>> {
 pub fn test_os() -> anyhow::Result<TestOs> {
     for (path, pkg) in [(UKI_STUB, "systemd-boot-efi"), (BUSYBOX, "busybox-static")] {
         if !Path::new(path).is_file() {
-            anyhow::bail!("{path} is missing: install the Debian package {pkg} (tests/setup.sh does)");
+            anyhow::bail!(
+                "{path} is missing: install the Debian package {pkg} (tests/setup.sh does)"
+            );
         }
     }
     let kernel = debian_kernel()?;
     let mut h = Sha256::new();
     h.update(RECIPE);
     h.update(kernel.version.as_bytes());
-    for p in [kernel.vmlinuz.as_path(), Path::new(UKI_STUB), Path::new(BUSYBOX)] {
+    for p in [
+        kernel.vmlinuz.as_path(),
+        Path::new(UKI_STUB),
+        Path::new(BUSYBOX),
+    ] {
         h.update(sha256_file(p)?);
     }
     h.update(init_script());
@@ -302,7 +309,8 @@ pub fn test_os() -> anyhow::Result<TestOs> {
         .prefix(&format!(".build-{key}-"))
         .tempdir_in(&base)?;
     let started = Instant::now();
-    build(tmp.path(), &kernel).with_context(|| format!("building the test OS in {}", tmp.path().display()))?;
+    build(tmp.path(), &kernel)
+        .with_context(|| format!("building the test OS in {}", tmp.path().display()))?;
     let manifest = serde_json::json!({
         "image": "disk.img",
         "image_bytes": os.image_bytes,
@@ -330,9 +338,8 @@ pub fn test_os() -> anyhow::Result<TestOs> {
         // Another caller won the race: its image is the same.
         Err(_) if dir.join("testos.json").is_file() => {}
         Err(e) => {
-            return Err(e).with_context(|| {
-                format!("rename {} to {}", tmp.path().display(), dir.display())
-            });
+            return Err(e)
+                .with_context(|| format!("rename {} to {}", tmp.path().display(), dir.display()));
         }
     }
     Ok(os)
@@ -375,9 +382,7 @@ fn build(dir: &Path, kernel: &anneal_testinfra::DebianKernel) -> anyhow::Result<
 
     let image = dir.join("disk.img");
     fs::File::create(&image)?.set_len(image_bytes())?;
-    let mut script = format!(
-        "label: gpt\nlabel-id: {DISK_GUID}\nunit: sectors\nfirst-lba: 2048\n"
-    );
+    let mut script = format!("label: gpt\nlabel-id: {DISK_GUID}\nunit: sectors\nfirst-lba: 2048\n");
     for (p, name) in [(&esp, "ESP"), (&swap, "swap"), (&root, "root")] {
         script.push_str(&format!(
             "start={}, size={}, type={}, uuid={}, name=\"{name}\"\n",
@@ -395,7 +400,13 @@ fn build(dir: &Path, kernel: &anneal_testinfra::DebianKernel) -> anyhow::Result<
 
 fn sfdisk(image: &Path, script: &str) -> anyhow::Result<()> {
     let mut child = Command::new("sfdisk")
-        .args(["--quiet", "--no-reread", "--no-tell-kernel", "--wipe", "never"])
+        .args([
+            "--quiet",
+            "--no-reread",
+            "--no-tell-kernel",
+            "--wipe",
+            "never",
+        ])
         .arg(image)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -466,8 +477,12 @@ fn write_initramfs(
         compression: Compression::Zstd,
         level: 9,
     };
-    let (mut archive, report) = anneal_initramfs::build_archive(&inputs)
-        .with_context(|| format!("packing the test OS initramfs from {}", kernel.modules.display()))?;
+    let (mut archive, report) = anneal_initramfs::build_archive(&inputs).with_context(|| {
+        format!(
+            "packing the test OS initramfs from {}",
+            kernel.modules.display()
+        )
+    })?;
     // The module files in load order, for the init's insmod loop.
     let index = anneal_kmod::ModuleIndex::load(&kernel.modules)?;
     let mut list = String::from("# insmod order (relative to /lib/modules/<release>)\n");
@@ -518,7 +533,11 @@ fn stub_layout(stub: &Path) -> anyhow::Result<(u64, u64)> {
                 .flatten()
         })
         .with_context(|| format!("no SectionAlignment in `objdump -p {}`", stub.display()))?;
-    anyhow::ensure!(end > 0 && align > 0, "cannot read the sections of {}", stub.display());
+    anyhow::ensure!(
+        end > 0 && align > 0,
+        "cannot read the sections of {}",
+        stub.display()
+    );
     Ok((end, align))
 }
 
@@ -550,8 +569,44 @@ fn build_uki(dir: &Path, vmlinuz: &Path, initrd: &Path, out: &Path) -> anyhow::R
     }
     cmd.arg(UKI_STUB).arg(out);
     run(&mut cmd).context("objcopy (package binutils) building the UKI")?;
+    let mut pe = fs::read(out)?;
+    pe_set_timestamp(&mut pe, u32::try_from(EPOCH)?)
+        .with_context(|| format!("{} is not a PE image", out.display()))?;
+    fs::write(out, pe)?;
     fs::remove_file(&osrel)?;
     fs::remove_file(&cmdline_file)?;
+    Ok(())
+}
+
+/// Sets the COFF TimeDateStamp of a PE image (objcopy writes the build
+/// time there) and recomputes the optional header's CheckSum, so the UKI is
+/// reproducible.
+fn pe_set_timestamp(pe: &mut [u8], stamp: u32) -> anyhow::Result<()> {
+    let u32_at = |b: &[u8], o: usize| -> anyhow::Result<u32> {
+        let w = b.get(o..o + 4).context("truncated PE header")?;
+        Ok(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    let lfanew = usize::try_from(u32_at(pe, 0x3c)?)?;
+    anyhow::ensure!(
+        pe.get(lfanew..lfanew + 4) == Some(b"PE\0\0".as_slice()),
+        "no PE signature"
+    );
+    let stamp_at = lfanew + 8;
+    let sum_at = lfanew + 4 + 20 + 64;
+    anyhow::ensure!(pe.len() > sum_at + 4, "truncated PE optional header");
+    pe[stamp_at..stamp_at + 4].copy_from_slice(&stamp.to_le_bytes());
+    pe[sum_at..sum_at + 4].fill(0);
+    let mut sum: u64 = 0;
+    for (i, w) in pe.chunks(2).enumerate() {
+        if (sum_at..sum_at + 4).contains(&(i * 2)) {
+            continue;
+        }
+        sum += u64::from(w[0]) | (w.get(1).map_or(0, |&b| u64::from(b)) << 8);
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    let total = u32::try_from(sum + pe.len() as u64)?;
+    pe[sum_at..sum_at + 4].copy_from_slice(&total.to_le_bytes());
     Ok(())
 }
 
@@ -567,12 +622,22 @@ fn mtools(args: &[&str], image: &str) -> anyhow::Result<String> {
 
 fn build_esp(esp: &Path, len: u64, uki: &Path) -> anyhow::Result<()> {
     run(Command::new("mkfs.vfat")
-        .args(["-F", "32", "-n", "ANNEAL-ESP", "-i", ESP_VOLUME_ID, "--invariant", "-C"])
+        .args([
+            "-F",
+            "32",
+            "-n",
+            "ANNEAL-ESP",
+            "-i",
+            ESP_VOLUME_ID,
+            "--invariant",
+            "-C",
+        ])
         .arg(esp)
         .arg((len / 1024).to_string()))
     .context("mkfs.vfat (package dosfstools)")?;
     let img = esp.display().to_string();
     mtools(&["mmd", "::/EFI", "::/EFI/anneal"], &img)?;
+    set_mtime(uki)?;
     let uki_s = uki.display().to_string();
     mtools(&["mcopy", "-m", &uki_s, LOADER_MTOOLS], &img)?;
     fs::remove_file(uki)?;
@@ -619,13 +684,39 @@ fn build_root(dir: &Path, img: &Path, len: u64) -> anyhow::Result<()> {
     fs::File::create(img)?.set_len(len)?;
     run(Command::new("mke2fs")
         .env("E2FSPROGS_FAKE_TIME", EPOCH.to_string())
-        .args(["-q", "-F", "-t", "ext4", "-L", "anneal-root", "-U", ROOT_FS_UUID])
+        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-L", "anneal-root"])
+        .args(["-U", ROOT_FS_UUID])
         .arg("-E")
         .arg(format!("hash_seed={ROOT_FS_UUID},root_owner=0:0"))
         .arg("-d")
         .arg(&staging)
         .arg(img))
     .context("mke2fs (package e2fsprogs)")?;
+    // `mke2fs -d` (1.47.0) copies the staging files' atime and ctime, which
+    // are the build's: set every inode's times to the epoch.
+    let mut script = String::new();
+    let mut paths = vec![
+        "/".to_string(),
+        "/lost+found".to_string(),
+        "/anneal-marker".to_string(),
+        "/data".to_string(),
+    ];
+    paths.extend((0..DATA_FILES).map(|i| format!("/data/blob-{i:02}.bin")));
+    for p in &paths {
+        for field in ["atime", "ctime", "mtime", "crtime"] {
+            script.push_str(&format!("set_inode_field {p} {field} @{EPOCH}\n"));
+        }
+    }
+    let script_file = dir.join("debugfs.cmds");
+    fs::write(&script_file, script)?;
+    run(Command::new("debugfs")
+        .env("E2FSPROGS_FAKE_TIME", EPOCH.to_string())
+        .arg("-w")
+        .arg("-f")
+        .arg(&script_file)
+        .arg(img))
+    .context("debugfs (package e2fsprogs)")?;
+    fs::remove_file(&script_file)?;
     fs::remove_dir_all(&staging)?;
     Ok(())
 }

@@ -50,15 +50,11 @@ fn probe(image: &Path, offset: u64) -> (String, String) {
 fn check_layout(os: &TestOs) {
     let len = std::fs::metadata(&os.image).unwrap().len();
     assert_eq!(len, os.image_bytes);
-    assert!(
-        (600 << 20..=1 << 30).contains(&len),
-        "image is {len} bytes"
-    );
+    assert!((600 << 20..=1 << 30).contains(&len), "image is {len} bytes");
     // The GPT as sfdisk reads it.
-    let table: serde_json::Value = serde_json::from_str(
-        &run(Command::new("sfdisk").arg("--json").arg(&os.image)).unwrap(),
-    )
-    .unwrap();
+    let table: serde_json::Value =
+        serde_json::from_str(&run(Command::new("sfdisk").arg("--json").arg(&os.image)).unwrap())
+            .unwrap();
     let table = &table["partitiontable"];
     assert_eq!(table["label"], "gpt", "{table}");
     let parts = table["partitions"].as_array().unwrap();
@@ -77,10 +73,7 @@ fn check_layout(os: &TestOs) {
             "{got}"
         );
     }
-    assert_eq!(
-        (os.esp.number, os.swap.number, os.root.number),
-        (1, 2, 3)
-    );
+    assert_eq!((os.esp.number, os.swap.number, os.root.number), (1, 2, 3));
     // Filesystems where the layout says.
     assert_eq!(probe(&os.image, os.esp.offset()).0, "vfat");
     assert_eq!(
@@ -102,7 +95,8 @@ fn check_layout(os: &TestOs) {
     assert_eq!(os.loader, r"\EFI\anneal\linux.efi");
     assert!(os.data_bytes >= 200 << 20);
     assert!(
-        os.cmdline.contains(&format!("root=UUID={}", os.root_fs_uuid)),
+        os.cmdline
+            .contains(&format!("root=UUID={}", os.root_fs_uuid)),
         "{}",
         os.cmdline
     );
@@ -137,7 +131,12 @@ async fn the_test_os_boots_from_the_removable_path_and_prints_its_marker() {
     .unwrap();
     let loader = work.path().join("linux.efi");
     let esp = os.esp.mtools_image(&disk);
-    mtools("mcopy", &esp, &[LOADER_MTOOLS, &loader.display().to_string()]).unwrap();
+    mtools(
+        "mcopy",
+        &esp,
+        &[LOADER_MTOOLS, &loader.display().to_string()],
+    )
+    .unwrap();
     mtools("mmd", &esp, &["::/EFI/BOOT"]).unwrap();
     mtools(
         "mcopy",
