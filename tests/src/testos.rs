@@ -648,7 +648,7 @@ fn build_esp(esp: &Path, len: u64, uki: &Path) -> anyhow::Result<()> {
 struct SplitMix(u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -673,7 +673,7 @@ fn build_root(dir: &Path, img: &Path, len: u64) -> anyhow::Result<()> {
     let mut buf = vec![0u8; DATA_FILE_MIB * MIB as usize];
     for i in 0..DATA_FILES {
         for chunk in buf.chunks_exact_mut(8) {
-            chunk.copy_from_slice(&rng.next().to_le_bytes());
+            chunk.copy_from_slice(&rng.next_u64().to_le_bytes());
         }
         let f = data.join(format!("blob-{i:02}.bin"));
         fs::write(&f, &buf)?;

@@ -21,6 +21,12 @@ fn mtools(tool: &str, image: &str, args: &[&str]) -> anyhow::Result<String> {
         .args(args))
 }
 
+/// `line` from `tag` on.
+fn tagged(line: String, tag: &str) -> String {
+    let at = line.find(tag).unwrap();
+    line[at..].trim().to_string()
+}
+
 /// Every file and directory of the ESP, as `mdir -/ -b` lists them.
 fn esp_listing(os: &TestOs, image: &Path) -> Vec<String> {
     mtools("mdir", &os.esp.mtools_image(image), &["-/", "-b", "::/"])
@@ -175,7 +181,14 @@ async fn the_test_os_boots_from_the_removable_path_and_prints_its_marker() {
     };
     let mut vm = Vm::launch(&cfg, None).unwrap();
     let timeout = Duration::from_secs(240);
-    let marker = vm.wait_for_line(r"^ANNEAL-MARKER ", timeout).await.unwrap();
+    // The marker lines, from their tag on (a kernel message may share the
+    // console line).
+    let marker = tagged(
+        vm.wait_for_line(r"ANNEAL-MARKER [0-9a-f]{64}", timeout)
+            .await
+            .unwrap(),
+        "ANNEAL-MARKER",
+    );
     let to_marker = vm.uptime();
     assert_eq!(
         marker,
@@ -183,17 +196,24 @@ async fn the_test_os_boots_from_the_removable_path_and_prints_its_marker() {
         "wrong marker hash; console:\n{}",
         vm.serial_text()
     );
-    let deployed = vm
-        .wait_for_line(r"^ANNEAL-DEPLOYED ", timeout)
-        .await
-        .unwrap();
-    assert_eq!(deployed, format!("ANNEAL-DEPLOYED {serial}"));
-    let root = vm.wait_for_line(r"^ANNEAL-ROOT ", timeout).await.unwrap();
-    assert!(
-        root.starts_with(&format!("ANNEAL-ROOT {} /dev/vda3", os.root_fs_uuid)),
-        "{root}"
+    let deployed = tagged(
+        vm.wait_for_line(r"ANNEAL-DEPLOYED ", timeout)
+            .await
+            .unwrap(),
+        "ANNEAL-DEPLOYED",
     );
-    let data = vm.wait_for_line(r"^ANNEAL-DATA ", timeout).await.unwrap();
+    assert_eq!(deployed, format!("ANNEAL-DEPLOYED {serial}"));
+    let root = tagged(
+        vm.wait_for_line(r"ANNEAL-ROOT ", timeout).await.unwrap(),
+        "ANNEAL-ROOT",
+    );
+    assert_eq!(root, format!("ANNEAL-ROOT {} /dev/vda3", os.root_fs_uuid));
+    let data = tagged(
+        vm.wait_for_line(r"ANNEAL-DATA [0-9]+KiB", timeout)
+            .await
+            .unwrap(),
+        "ANNEAL-DATA",
+    );
     let kib: u64 = data
         .trim_start_matches("ANNEAL-DATA ")
         .trim_end_matches("KiB")
