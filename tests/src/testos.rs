@@ -305,6 +305,7 @@ pub fn test_os() -> anyhow::Result<TestOs> {
         return Ok(os);
     }
     fs::create_dir_all(&base).with_context(|| format!("create {}", base.display()))?;
+    remove_stale_builds(&base);
     let tmp = tempfile::Builder::new()
         .prefix(&format!(".build-{key}-"))
         .tempdir_in(&base)?;
@@ -343,6 +344,25 @@ pub fn test_os() -> anyhow::Result<TestOs> {
         }
     }
     Ok(os)
+}
+
+/// Removes build directories a killed test left behind (older than an hour:
+/// a live build takes well under a minute).
+fn remove_stale_builds(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > 3600);
+        if stale && e.file_name().to_string_lossy().starts_with(".build-") {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 fn describe(dir: &Path) -> TestOs {
