@@ -487,6 +487,18 @@ fn handle(client: &AgentClient, action: NextAction) {
             say!("powering off (asked by the manager)");
             reboot_now(RebootMode::RB_POWER_OFF);
         }
+        NextAction::Wipe { id, .. } => {
+            let res = client.result(&ResultRequest {
+                run_id: id,
+                outcome: Outcome::Failed {
+                    reason: "this agent build cannot wipe".into(),
+                    phase: Some("Wiping".into()),
+                },
+            });
+            if let Err(e) = res {
+                say!("reporting the wipe result failed: {}", error_chain(&e));
+            }
+        }
         NextAction::Shell => {
             run_shell();
         }

@@ -392,6 +392,109 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
         "os-b"
     );
     assert_eq!(state(&machines, "dp-1").await, "Provisioning");
+    // Finish run 2, then release the claim under Recycle (as the claim
+    // controller does: Released with RecyclePending, claimRef cleared): the
+    // machine boots to wipe every disk and comes back Available.
+    let token = eventually("dp-1 armed for run 2", Duration::from_secs(30), || async {
+        boot_token(&client, "dp-1").await
+    })
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, body) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": run2, "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    eventually(
+        "dp-1 Provisioned again",
+        Duration::from_secs(30),
+        || async { (state(&machines, "dp-1").await == "Provisioned").then_some(()) },
+    )
+    .await;
+    let m = machines.get("dp-1").await.unwrap();
+    let mut conds = m.status.clone().unwrap().conditions;
+    conds.retain(|c| c.type_ != "Ready");
+    let mut conds = serde_json::to_value(conds).unwrap();
+    conds
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "Ready", "status": "False",
+        "reason": "RecyclePending", "message": "claim c1 was deleted",
+        "lastTransitionTime": "2026-12-01T00:00:00Z"}));
+    machines
+        .patch_status(
+            "dp-1",
+            &pp,
+            &Patch::Merge(&json!({"status": {"state": "Released", "conditions": conds}})),
+        )
+        .await
+        .unwrap();
+    machines
+        .patch(
+            "dp-1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"claimRef": null}})),
+        )
+        .await
+        .unwrap();
+    let token = eventually(
+        "dp-1 Deprovisioning and armed",
+        Duration::from_secs(30),
+        || async {
+            if state(&machines, "dp-1").await != "Deprovisioning" {
+                return None;
+            }
+            boot_token(&client, "dp-1").await
+        },
+    )
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, next) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&session),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        next,
+        json!({"action": "wipe", "id": "dp-1-wipe", "disks": ["/dev/vda", "/dev/vdb"]})
+    );
+    let (code, body) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": "dp-1-wipe", "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    eventually(
+        "dp-1 Available after the wipe",
+        Duration::from_secs(30),
+        || async {
+            let m = machine_json(&machines, "dp-1").await;
+            (m["status"]["state"] == "Available"
+                && cond(&m, "Ready").is_some_and(|c| c.0 == "True"))
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(boot_token(&client, "dp-1").await.is_none());
+
     // The label-only edit started nothing: only these two runs exist.
     let mut names: Vec<String> = runs
         .list(&ListParams::default())

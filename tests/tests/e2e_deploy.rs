@@ -18,9 +18,12 @@ use anneal_tests::images::{FileServer, sha256_file};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     let os = tokio::task::spawn_blocking(anneal_tests::testos::test_os);
-    let mut lab = Lab::start_with(&|s| println!("e2e-deploy: {s}"), LabOptions { deploy: true })
-        .await
-        .unwrap();
+    let mut lab = Lab::start_with(
+        &|s| println!("e2e-deploy: {s}"),
+        LabOptions { deploy: true },
+    )
+    .await
+    .unwrap();
     let os = os.await.unwrap().unwrap();
     let src = lab.dir.join("src");
     std::fs::create_dir_all(&src).unwrap();
@@ -28,9 +31,14 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     let sum = sha256_file(&src.join("testos.raw"));
     let server = FileServer::start(&src, None);
     let t = Instant::now();
-    lab.import("testos", &server.url("testos.raw"), &sum, Duration::from_secs(900))
-        .await
-        .unwrap();
+    lab.import(
+        "testos",
+        &server.url("testos.raw"),
+        &sum,
+        Duration::from_secs(900),
+    )
+    .await
+    .unwrap();
     println!("e2e-deploy: imported in {:.1} s", t.elapsed().as_secs_f64());
 
     lab.launch_vm().await.unwrap();
@@ -44,9 +52,14 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     let power_on = Instant::now();
-    lab.claim("deploy", "testos", e2e::DEPLOY_DISKS[0].1, serde_json::json!({}))
-        .await
-        .unwrap();
+    lab.claim(
+        "deploy",
+        "testos",
+        e2e::DEPLOY_DISKS[0].1,
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
     lab.wait_state("Provisioned", Duration::from_secs(1500), &mut log)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -76,9 +89,17 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
         .filter(|e| e.description.starts_with("anneal"))
         .collect();
     assert_eq!(ours.len(), 1, "exactly one anneal entry: {entries:?}");
-    assert_eq!(order.first(), Some(&ours[0].number), "first in BootOrder: {order:?}");
     assert_eq!(
-        ours[0].file.as_deref().map(str::to_ascii_uppercase).as_deref(),
+        order.first(),
+        Some(&ours[0].number),
+        "first in BootOrder: {order:?}"
+    );
+    assert_eq!(
+        ours[0]
+            .file
+            .as_deref()
+            .map(str::to_ascii_uppercase)
+            .as_deref(),
         Some(r"\EFI\BOOT\BOOTX64.EFI")
     );
     println!("{}", lab.kubectl_get_machines().unwrap());

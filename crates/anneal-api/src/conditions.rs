@@ -234,6 +234,14 @@ pub mod reasons {
     /// DeployRun Succeeded=False: the agent reported a failure (the message
     /// names the phase and the reason).
     pub const DEPLOY_FAILED: &str = "DeployFailed";
+    /// Progressing=True: a released Recycle machine is being wiped.
+    pub const WIPING: &str = "Wiping";
+    /// Progressing=False: the agent reported the wipe done (the Machine
+    /// returns to Available).
+    pub const WIPED: &str = "Wiped";
+    /// Progressing=False: the agent reported the wipe failed (a Restart
+    /// failure; the message names the disk and the cause).
+    pub const WIPE_FAILED: &str = "WipeFailed";
 }
 
 #[cfg(test)]

@@ -762,6 +762,26 @@ impl Server {
             ) {
                 return json_reply(StatusCode::OK, &NextAction::PowerOff);
             }
+            if state == Some(MachineState::Deprovisioning)
+                && let Some(m) = current.as_ref()
+            {
+                return match runs::wipe_disks(&self.client, m).await {
+                    Ok(disks) => {
+                        tracing::info!(machine = %name, disks = disks.len(), "wipe handed to the agent");
+                        json_reply(
+                            StatusCode::OK,
+                            &NextAction::Wipe {
+                                id: runs::wipe_id(m),
+                                disks,
+                            },
+                        )
+                    }
+                    Err(e) => {
+                        tracing::warn!(machine = %name, error = %e, "cannot read the inventory to wipe");
+                        internal()
+                    }
+                };
+            }
             if state == Some(MachineState::Provisioning)
                 && let Some(run) = current
                     .as_ref()

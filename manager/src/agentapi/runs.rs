@@ -247,10 +247,70 @@ fn percent(done: u64, total: u64) -> i32 {
     i32::try_from(done.min(total).saturating_mul(100) / total).unwrap_or(100)
 }
 
+/// The id of a Machine's wipe (what `wipe` hands out and `result` names).
+pub fn wipe_id(m: &Machine) -> String {
+    format!("{}-wipe", m.name_any())
+}
+
+/// The disks a Recycle wipes: every disk of the inventory.
+pub async fn wipe_disks(client: &Client, m: &Machine) -> Result<Vec<String>, kube::Error> {
+    let hw = Api::<anneal_api::MachineHardware>::namespaced(
+        client.clone(),
+        &m.namespace().unwrap_or_default(),
+    )
+    .get_opt(&m.name_any())
+    .await?;
+    Ok(hw
+        .map(|h| {
+            h.spec
+                .disks
+                .iter()
+                .map(|d| {
+                    if d.device_name.starts_with('/') {
+                        d.device_name.clone()
+                    } else {
+                        format!("/dev/{}", d.device_name)
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The result of a wipe: the Progressing condition the lifecycle acts on.
+async fn wipe_result(client: &Client, m: &Machine, outcome: &Outcome) -> Result<(), Refusal> {
+    let (reason, message) = match outcome {
+        Outcome::Succeeded => (reasons::WIPED, "the agent wiped every disk".to_string()),
+        Outcome::Failed { reason, .. } => (reasons::WIPE_FAILED, agent::sanitize_reason(reason)),
+    };
+    let mut conditions = m.status.clone().unwrap_or_default().conditions;
+    crate::conditions::set(
+        &mut conditions,
+        types::PROGRESSING,
+        false,
+        reason,
+        &message,
+        m.metadata.generation,
+    );
+    let patch = json!({
+        "metadata": {"resourceVersion": m.resource_version()},
+        "status": {"conditions": conditions},
+    });
+    Api::<Machine>::namespaced(client.clone(), &m.namespace().unwrap_or_default())
+        .patch_status(&m.name_any(), &patch_params(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
 /// `POST /v1/agent/result`.
 pub async fn result(client: &Client, m: &Machine, body: &[u8]) -> Result<(), Refusal> {
     let req: ResultRequest = serde_json::from_slice(body)
         .map_err(|_| Refusal::BadRequest("invalid result body".into()))?;
+    if m.status.as_ref().and_then(|s| s.state) == Some(MachineState::Deprovisioning)
+        && req.run_id == wipe_id(m)
+    {
+        return wipe_result(client, m, &req.outcome).await;
+    }
     current_run(m, &req.run_id)?;
     let ns = m.namespace().unwrap_or_default();
     let api: Api<DeployRun> = Api::namespaced(client.clone(), &ns);

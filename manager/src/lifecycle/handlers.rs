@@ -703,6 +703,7 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
         MachineState::Available | MachineState::Released => available(&mut p, client, http_boot),
         MachineState::Provisioning => provisioning(&mut p, client, http_boot),
         MachineState::Provisioned => provisioned(&mut p, client, http_boot),
+        MachineState::Deprovisioning => deprovisioning(&mut p, client, http_boot),
         // Parked: only `unpark` (above) moves it.
         MachineState::Parked => Outcome::Wait {
             reason: "parked",
@@ -930,6 +931,32 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
             other => other,
         };
     }
+    // Released by a claim under reclaimPolicy Recycle: wipe.
+    if p.state() == MachineState::Released
+        && p.m().spec.claim_ref.is_none()
+        && condition(&p.d.status.conditions, types::READY)
+            .is_some_and(|c| c.reason == reasons::RECYCLE_PENDING)
+    {
+        p.transition(MachineState::Deprovisioning);
+        p.cond(
+            types::PROGRESSING,
+            true,
+            reasons::WIPING,
+            "reclaimPolicy Recycle: the agent wipes the disks",
+        );
+        p.d.status.current_run_ref = None;
+        return match arm(p, client, http_boot) {
+            Outcome::Wait {
+                reason: "boot armed",
+                requeue,
+            } => Outcome::Transition {
+                next: MachineState::Deprovisioning,
+                event: "Recycle",
+                requeue,
+            },
+            other => other,
+        };
+    }
     if p.state() == MachineState::Available
         && p.m().spec.claim_ref.is_some()
         && let Some(outcome) = deploy_or_report(p, client, http_boot)
@@ -1129,6 +1156,12 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
 /// A failed attempt: a Restart failure; the next pass plans a new run (and
 /// arms a new boot) unless `max_restarts` holds the machine.
 fn run_failed(p: &mut Pass<'_, '_>, message: &str) -> Outcome {
+    failed_attempt(p, reasons::DEPLOY_FAILED, message)
+}
+
+/// A failed deploy or wipe attempt (`reason`): a Restart failure; the next
+/// pass starts a new attempt unless `max_restarts` holds the machine.
+fn failed_attempt(p: &mut Pass<'_, '_>, reason: &'static str, message: &str) -> Outcome {
     let st = &mut p.d.status;
     let restarts = st.restart_count.unwrap_or(0).saturating_add(1);
     st.restart_count = Some(restarts);
@@ -1140,12 +1173,8 @@ fn run_failed(p: &mut Pass<'_, '_>, message: &str) -> Outcome {
     st.net_boot = None;
     st.agent = None;
     p.token = TokenOp::Delete;
-    p.cond(types::PROGRESSING, false, reasons::DEPLOY_FAILED, message);
-    p.event(
-        EventType::Warning,
-        reasons::DEPLOY_FAILED,
-        message.to_string(),
-    );
+    p.cond(types::PROGRESSING, false, reason, message);
+    p.event(EventType::Warning, reason, message.to_string());
     let max = p.cfg().max_restarts;
     if restarts >= max {
         p.cond(
@@ -1157,7 +1186,7 @@ fn run_failed(p: &mut Pass<'_, '_>, message: &str) -> Outcome {
         p.event(
             EventType::Warning,
             reasons::BOOT_RETRY_EXHAUSTED,
-            format!("{restarts} consecutive failed deploys; holding"),
+            format!("{restarts} consecutive failed attempts ({reason}); holding"),
         );
         return Outcome::Held {
             reason: reasons::BOOT_RETRY_EXHAUSTED,
@@ -1166,6 +1195,68 @@ fn run_failed(p: &mut Pass<'_, '_>, message: &str) -> Outcome {
     Outcome::Wait {
         reason: "deploy failed; a new run follows",
         requeue: Some(SOON),
+    }
+}
+
+/// Deprovisioning (Recycle): the agent's wipe result comes back as the
+/// Progressing condition (written by the agent API): Wiped → Available,
+/// WipeFailed → a Restart failure and a new boot; an agent that never
+/// registers before its token expires is a Restart failure too.
+fn deprovisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    let progressing = condition(&p.d.status.conditions, types::PROGRESSING)
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    match progressing {
+        Some((r, _)) if r == reasons::WIPED => {
+            p.transition(MachineState::Available);
+            let st = &mut p.d.status;
+            st.net_boot = None;
+            st.agent = None;
+            st.last_successful_run_ref = None;
+            st.deploy = None;
+            p.token = TokenOp::Delete;
+            p.cond(
+                types::READY,
+                true,
+                reasons::WIPED,
+                "wiped; available for a new claim",
+            );
+            return Outcome::Transition {
+                next: MachineState::Available,
+                event: reasons::WIPED,
+                requeue: Some(SOON),
+            };
+        }
+        Some((r, message)) if r == reasons::WIPE_FAILED => {
+            let outcome =
+                failed_attempt(p, reasons::WIPE_FAILED, &format!("wipe failed: {message}"));
+            p.cond(
+                types::PROGRESSING,
+                true,
+                reasons::WIPING,
+                "reclaimPolicy Recycle: the agent wipes the disks (retry)",
+            );
+            return outcome;
+        }
+        _ => {}
+    }
+    let now = p.snap.now.as_millisecond();
+    let expires =
+        p.d.status
+            .net_boot
+            .as_ref()
+            .and_then(|n| n.expires_at.as_ref())
+            .map(|t| t.0.as_millisecond());
+    match expires {
+        None => arm(p, client, http_boot),
+        Some(exp) if exp <= now && p.d.status.agent.is_none() => failed_attempt(
+            p,
+            reasons::WIPE_FAILED,
+            "the agent did not register for the wipe before its boot token expired",
+        ),
+        Some(_) => Outcome::Wait {
+            reason: "wiping",
+            requeue: Some(p.cfg().health_interval.min(Duration::from_secs(10))),
+        },
     }
 }
 
