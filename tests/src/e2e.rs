@@ -198,6 +198,7 @@ impl Lab {
                 server_names: vec![SERVER_IP.into(), "127.0.0.1".into(), "localhost".into()],
                 session_ttl: Duration::from_secs(600),
                 long_poll: Duration::from_secs(5),
+                fast_track_window: None,
             },
             cancel.clone(),
         )

@@ -39,6 +39,7 @@ fn configs() -> (LifecycleConfig, AgentApiConfig) {
             server_names: vec!["127.0.0.1".into()],
             session_ttl: Duration::from_secs(600),
             long_poll: Duration::from_secs(2),
+            fast_track_window: None,
         },
     )
 }
@@ -508,4 +509,133 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     let mut want = vec![run.clone(), run2.clone()];
     want.sort();
     assert_eq!(names, want);
+}
+
+/// Fast-track: an inspected machine's agent keeps polling (`wait`, not
+/// `poweroff`) inside the window; a claim bound then deploys through the
+/// same session, with no new boot token and no power cycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_track_deploys_through_the_running_agent() {
+    let cp = ControlPlane::start().await.unwrap();
+    let client = prepare(&cp, &[]).await;
+    let (mut lc, mut api_cfg) = configs();
+    lc.fast_track_window = Some(Duration::from_secs(300));
+    api_cfg.fast_track_window = lc.fast_track_window;
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), "default");
+    machines
+        .create(
+            &PostParams::default(),
+            &machine("ft-1", "52:54:00:7f:20:02", None),
+        )
+        .await
+        .unwrap();
+    let token = eventually("ft-1 armed", Duration::from_secs(30), || async {
+        boot_token(&client, "ft-1").await
+    })
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/ft-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let mut hw = two_disks();
+    hw["disks"].as_array_mut().unwrap().truncate(1);
+    let (code, _) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some(&session),
+            Some("1"),
+            Some(hw),
+        )
+        .await;
+    assert_eq!(code, 204);
+    eventually("ft-1 Available", Duration::from_secs(30), || async {
+        (state(&machines, "ft-1").await == "Available").then_some(())
+    })
+    .await;
+    // Inside the window the agent is told to wait, not to power off.
+    let (code, next) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&session),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (code, next["action"].as_str()),
+        (200, Some("wait")),
+        "{next}"
+    );
+    assert!(boot_token(&client, "ft-1").await.is_none());
+
+    image(&client, "os-ft").await;
+    let claim: MachineClaim = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+        "metadata": {"name": "ft", "namespace": "default"},
+        "spec": {"machineName": "ft-1", "imageRef": {"name": "os-ft"}}}))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let pp = PatchParams::default();
+    claims
+        .patch_status(
+            "ft",
+            &pp,
+            &Patch::Merge(&json!({"status": {"phase": "Bound", "machineName": "ft-1"}})),
+        )
+        .await
+        .unwrap();
+    machines
+        .patch(
+            "ft-1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"claimRef": {"name": "ft"}}})),
+        )
+        .await
+        .unwrap();
+    // The same session's next poll gets the plan.
+    let plan = eventually(
+        "the plan through the running agent",
+        Duration::from_secs(30),
+        || async {
+            let (code, next) = agent
+                .call(
+                    Method::GET,
+                    anneal_api::agent::paths::NEXT,
+                    Some(&session),
+                    Some("1"),
+                    None,
+                )
+                .await;
+            assert_eq!(code, 200, "{next}");
+            (next["action"] == "deploy").then_some(next)
+        },
+    )
+    .await;
+    let run = plan["plan"]["runId"].as_str().unwrap().to_string();
+    let m = machine_json(&machines, "ft-1").await;
+    assert_eq!(m["status"]["state"], "Provisioning");
+    assert_eq!(m["status"]["currentRunRef"]["name"], run.as_str());
+    assert!(m["status"]["netBoot"].is_null(), "no boot armed: {m}");
+    assert!(
+        boot_token(&client, "ft-1").await.is_none(),
+        "no new boot token"
+    );
+    let (code, _) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": run, "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204);
+    eventually("ft-1 Provisioned", Duration::from_secs(30), || async {
+        (state(&machines, "ft-1").await == "Provisioned").then_some(())
+    })
+    .await;
 }

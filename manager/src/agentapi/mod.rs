@@ -97,6 +97,10 @@ pub struct AgentApiConfig {
     pub session_ttl: Duration,
     /// Longest hold of `GET /v1/agent/next`.
     pub long_poll: Duration,
+    /// Fast-track: an Available machine's agent is kept running (`next`
+    /// answers `wait`) this long after its registration, so a claim bound
+    /// meanwhile deploys without a new boot; None: off (`poweroff`).
+    pub fast_track_window: Option<Duration>,
 }
 
 impl Default for AgentApiConfig {
@@ -107,6 +111,7 @@ impl Default for AgentApiConfig {
             server_names: vec!["localhost".into(), "127.0.0.1".into()],
             session_ttl: Duration::from_secs(3600),
             long_poll: Duration::from_secs(25),
+            fast_track_window: None,
         }
     }
 }
@@ -756,10 +761,20 @@ impl Server {
                 .as_ref()
                 .and_then(|m| m.status.as_ref())
                 .and_then(|s| s.state);
-            if matches!(
-                state,
-                Some(MachineState::Available | MachineState::Released | MachineState::Parked)
-            ) {
+            let fast_track = state == Some(MachineState::Available)
+                && current.as_ref().is_some_and(|m| {
+                    crate::lifecycle::handlers::fast_track_live(
+                        m,
+                        self.cfg.fast_track_window,
+                        Timestamp::now(),
+                    )
+                });
+            if !fast_track
+                && matches!(
+                    state,
+                    Some(MachineState::Available | MachineState::Released | MachineState::Parked)
+                )
+            {
                 return json_reply(StatusCode::OK, &NextAction::PowerOff);
             }
             if state == Some(MachineState::Deprovisioning)

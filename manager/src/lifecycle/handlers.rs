@@ -135,6 +135,47 @@ pub enum DeployView {
     },
 }
 
+/// Fast-track: whether `m`'s agent, registered at `status.agent.lastSeen`
+/// with a live session, is still inside the fast-track `window`.
+pub fn fast_track_live(m: &Machine, window: Option<Duration>, now: Timestamp) -> bool {
+    let Some(window) = window else {
+        return false;
+    };
+    let Some(agent) = m.status.as_ref().and_then(|s| s.agent.as_ref()) else {
+        return false;
+    };
+    let now = now.as_millisecond();
+    let session = agent
+        .expires_at
+        .as_ref()
+        .is_some_and(|t| t.0.as_millisecond() > now);
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    let inside = agent
+        .last_seen
+        .as_ref()
+        .is_some_and(|t| t.0.as_millisecond().saturating_add(window_ms) > now);
+    session && inside
+}
+
+/// When the fast-track window of `m` ends (ms), if it is live.
+fn fast_track_end(m: &Machine, window: Option<Duration>, now: Timestamp) -> Option<i64> {
+    if !fast_track_live(m, window, now) {
+        return None;
+    }
+    let w = i64::try_from(window?.as_millis()).unwrap_or(i64::MAX);
+    Some(
+        m.status
+            .as_ref()?
+            .agent
+            .as_ref()?
+            .last_seen
+            .as_ref()?
+            .0
+            .as_millisecond()
+            .saturating_add(w),
+    )
+}
+
 /// Whether the driver should plan or read runs: a claimed Machine that is
 /// Available or Provisioned, or any Machine that is Provisioning.
 pub fn wants_deploy(m: &Machine) -> bool {
@@ -963,6 +1004,17 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
     {
         return outcome;
     }
+    // Fast-track: the idle agent keeps running until its window ends.
+    if p.state() == MachineState::Available
+        && p.m().spec.claim_ref.is_none()
+        && let Some(end) = fast_track_end(p.m(), p.cfg().fast_track_window, p.snap.now)
+    {
+        let left = u64::try_from(end - p.snap.now.as_millisecond()).unwrap_or(0);
+        return Outcome::Wait {
+            reason: "fast-track window",
+            requeue: Some(Duration::from_millis(left + 200).min(p.cfg().health_interval)),
+        };
+    }
     if p.state() == MachineState::Available
         && p.m().spec.claim_ref.is_none()
         && p.d.status.powered_on == Some(true)
@@ -1037,6 +1089,23 @@ fn start_run(
         reasons::DEPLOYING,
         &format!("DeployRun {run} started"),
     );
+    if p.state() == MachineState::Provisioning
+        && p.m().status.as_ref().and_then(|s| s.state) == Some(MachineState::Available)
+        && fast_track_live(p.m(), p.cfg().fast_track_window, p.snap.now)
+    {
+        // The agent is running and polling: `next` hands it the plan; no
+        // power cycle, no new boot token.
+        p.event(
+            EventType::Normal,
+            "DeployStarted",
+            format!("DeployRun {run} started on the running agent (fast-track)"),
+        );
+        return Outcome::Transition {
+            next: MachineState::Provisioning,
+            event: "DeployStarted",
+            requeue: Some(p.cfg().health_interval.min(Duration::from_secs(10))),
+        };
+    }
     p.event(
         EventType::Normal,
         "DeployStarted",
@@ -1119,7 +1188,13 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
                     .as_ref()
                     .and_then(|n| n.expires_at.as_ref())
                     .is_some_and(|t| t.0.as_millisecond() <= now);
-            if expired && p.d.status.agent.is_none() {
+            let session_gone = p.d.status.net_boot.is_none()
+                && p.d.status.agent.as_ref().is_none_or(|a| {
+                    a.expires_at
+                        .as_ref()
+                        .is_none_or(|t| t.0.as_millisecond() <= now)
+                });
+            if (expired && p.d.status.agent.is_none()) || session_gone {
                 let run =
                     p.d.status
                         .current_run_ref

@@ -89,6 +89,9 @@ pub struct LifecycleConfig {
     pub dhcp_reservation_timeout: Duration,
     /// Where agents fetch contents, progress cadence.
     pub deploy: crate::deploy::runs::DeployConfig,
+    /// Fast-track window (the agent API's too): an Available machine's
+    /// agent keeps running this long after registering; None: off.
+    pub fast_track_window: Option<Duration>,
 }
 
 impl Default for LifecycleConfig {
@@ -106,6 +109,7 @@ impl Default for LifecycleConfig {
                 progress_interval_seconds: 2,
                 stall_timeout: Some(Duration::from_secs(600)),
             },
+            fast_track_window: None,
         }
     }
 }
@@ -398,6 +402,11 @@ pub struct LifecycleArgs {
     /// retried (`10m`).
     #[arg(long, default_value = "10m")]
     pub deploy_stall_timeout: String,
+    /// Fast-track: keep an Available machine's agent running, powered on,
+    /// this long after it registered (`30m`), so a claim bound meanwhile
+    /// deploys without a power cycle; unset: off.
+    #[arg(long)]
+    pub fast_track_window: Option<String>,
 }
 
 /// Errors of [`start_from_args`].
@@ -439,12 +448,14 @@ impl LifecycleArgs {
                 .unwrap_or(2),
                 stall_timeout: Some(dur(&self.deploy_stall_timeout)?),
             },
+            fast_track_window: self.fast_track_window.as_deref().map(dur).transpose()?,
             ..LifecycleConfig::default()
         };
         let api = crate::agentapi::AgentApiConfig {
             listen: self.agent_api_listen,
             namespace: self.manager_namespace.clone(),
             server_names: self.agent_api_names.clone(),
+            fast_track_window: cfg.fast_track_window,
             ..crate::agentapi::AgentApiConfig::default()
         };
         Ok(Some((cfg, api)))
