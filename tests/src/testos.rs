@@ -740,3 +740,37 @@ fn build_root(dir: &Path, img: &Path, len: u64) -> anyhow::Result<()> {
     fs::remove_dir_all(&staging)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pe_checksum_matches_the_one_the_stub_ships_with() {
+        // systemd-boot-efi's stub carries TimeDateStamp 0 and a valid
+        // CheckSum: rewriting the same stamp must give back the same bytes.
+        let stub = fs::read(UKI_STUB)
+            .unwrap_or_else(|e| panic!("{UKI_STUB} (install systemd-boot-efi): {e}"));
+        let mut copy = stub.clone();
+        pe_set_timestamp(&mut copy, 0).unwrap();
+        assert_eq!(copy, stub);
+        pe_set_timestamp(&mut copy, 1).unwrap();
+        assert_ne!(copy, stub);
+        assert!(pe_set_timestamp(&mut [0u8; 64], 0).is_err());
+    }
+
+    #[test]
+    fn layout_is_aligned_and_within_the_image() {
+        let [esp, swap, root] = partitions();
+        assert_eq!(esp.offset(), MIB);
+        assert_eq!(swap.offset(), esp.offset() + esp.len());
+        assert_eq!(root.offset(), swap.offset() + swap.len());
+        assert!(root.offset() + root.len() + MIB <= image_bytes());
+        for p in [&esp, &swap, &root] {
+            assert_eq!(p.offset() % MIB, 0);
+            assert!(!p.is_empty());
+        }
+        assert!(marker_bytes().len() >= 2048);
+        assert!(cmdline().contains(&format!("root=UUID={ROOT_FS_UUID}")));
+    }
+}
