@@ -252,13 +252,18 @@ fn reference(f: &Fixture) -> Vec<u8> {
 
 /// A proxy in front of the content server that flips one byte of the
 /// stream of content `p3` at `at` in every answer covering it, `times`
-/// times (usize::MAX: always). Counts the corruptions.
+/// times (usize::MAX: always), or (`cut`) closes the connection just before
+/// that byte. Counts what it did.
 struct Proxy {
     addr: SocketAddr,
     corrupted: Arc<AtomicUsize>,
 }
 
 fn proxy(upstream: SocketAddr, at: u64, times: usize) -> Proxy {
+    proxy_with(upstream, at, times, false)
+}
+
+fn proxy_with(upstream: SocketAddr, at: u64, times: usize, cut: bool) -> Proxy {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let corrupted = Arc::new(AtomicUsize::new(0));
@@ -298,7 +303,11 @@ fn proxy(upstream: SocketAddr, at: u64, times: usize) -> Proxy {
                         .is_ok()
                 {
                     let i = body_at + (at - range_start) as usize;
-                    resp[i] ^= 0xff;
+                    if cut {
+                        resp.truncate(i);
+                    } else {
+                        resp[i] ^= 0xff;
+                    }
                 }
                 let _ = c.write_all(&resp);
             });
@@ -379,6 +388,63 @@ fn a_range_corrupted_once_is_fetched_again() {
         retries[0]
     );
     assert!(std::fs::read(&target).unwrap() == reference(&f));
+}
+
+#[test]
+fn a_range_cut_short_resumes_where_it_stopped() {
+    let f = fixture();
+    let px = proxy_with(f.addr, 9 * PIECE + 77, 1, true);
+    let target = f.dir.path().join("target.img");
+    let out = deploy(f.dir.path(), &plan(&f, px.addr, &target), &[]);
+    assert!(out.ok, "{}", out.stdout);
+    assert_eq!(px.corrupted.load(Ordering::SeqCst), 1);
+    let retries: Vec<&str> = events(&out, "progress")
+        .iter()
+        .flat_map(|p| p["logLines"].as_array().unwrap())
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert_eq!(retries.len(), 1, "{}", out.stdout);
+    assert!(
+        retries[0].starts_with("retry: content p3 piece 9 ")
+            && retries[0].contains("connection closed"),
+        "{}",
+        retries[0]
+    );
+    assert!(std::fs::read(&target).unwrap() == reference(&f));
+}
+
+#[test]
+fn an_abort_stops_the_run_and_leaves_no_table() {
+    use anneal_agent::deploy::{Control, DeployOptions, Phase, no_hooks, run_plan};
+    let f = fixture();
+    let target = f.dir.path().join("target.img");
+    std::fs::copy(&f.raw, &target).unwrap();
+    let p: anneal_api::agent::DeployPlan =
+        serde_json::from_value(plan(&f, f.addr, &target)).unwrap();
+    let opts = DeployOptions {
+        allow_files: true,
+        ..DeployOptions::default()
+    };
+    let mut seen = Vec::new();
+    let mut report = |pr: &anneal_agent::deploy::Progress| {
+        seen.push(pr.phase);
+        if pr.phase == Phase::WritingContent {
+            Control::Abort
+        } else {
+            Control::Continue
+        }
+    };
+    let err = run_plan(&p, &opts, &mut report, &mut no_hooks).unwrap_err();
+    assert_eq!(err.phase, Phase::WritingContent);
+    assert!(err.wrote);
+    assert!(
+        err.reason().contains("aborted by the manager during WritingContent"),
+        "{}",
+        err.reason()
+    );
+    assert_eq!(seen.last(), Some(&Phase::WritingContent));
+    let mut t = std::fs::File::open(&target).unwrap();
+    assert!(anneal_image::layout::read_layout(&mut t).is_err());
 }
 
 #[test]
