@@ -540,3 +540,41 @@ fn wipe_leaves_no_table_and_no_signature() {
     let mut t = std::fs::File::open(&raw).unwrap();
     assert!(anneal_image::layout::read_layout(&mut t).is_err());
 }
+
+/// Detaches the loop device when dropped.
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn wipe_of_a_loop_device_discards_and_asks_for_a_table_reread() {
+    let dir = base();
+    let raw = make_disk(dir.path());
+    let dev = run(Command::new("losetup")
+        .args(["-f", "--show", "-P"])
+        .arg(&raw))
+    .trim()
+    .to_string();
+    let lo = Loop(dev);
+    let o = Command::new("blkid").arg("-p").arg(&lo.0).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("PTTYPE=\"gpt\""));
+    let rep = anneal_agent::deploy::wipe(Path::new(&lo.0)).unwrap();
+    assert!(rep.discarded, "{rep:?}");
+    assert!(rep.reread, "{rep:?}");
+    assert_eq!(rep.partitions, 3);
+    let o = Command::new("blkid").arg("-p").arg(&lo.0).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "");
+    for off in [2048u64 * 512, 18_432 * 512, 26_624 * 512] {
+        let o = Command::new("blkid")
+            .args(["-p", "-O"])
+            .arg(off.to_string())
+            .arg(&lo.0)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "", "at {off}");
+    }
+}
