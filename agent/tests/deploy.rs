@@ -47,8 +47,19 @@ fn make_disk(d: &Path) -> PathBuf {
         .unwrap();
     run(Command::new("sgdisk")
         .args([
-            "-o", "-n", "1:2048:+8M", "-t", "1:ef00", "-n", "2:0:+4M", "-t", "2:8200", "-n",
-            "3:0:+40M", "-t", "3:8300",
+            "-o",
+            "-n",
+            "1:2048:+8M",
+            "-t",
+            "1:ef00",
+            "-n",
+            "2:0:+4M",
+            "-t",
+            "2:8200",
+            "-n",
+            "3:0:+40M",
+            "-t",
+            "3:8300",
         ])
         .arg(&raw));
     let esp = d.join("esp");
@@ -355,7 +366,10 @@ fn deploy_over_http_matches_a_local_restore() {
     let got = std::fs::read(&target).unwrap();
     let want = reference(&f);
     assert_eq!(got.len(), want.len());
-    assert!(got == want, "the deployed disk differs from a local restore");
+    assert!(
+        got == want,
+        "the deployed disk differs from a local restore"
+    );
     let v = run(Command::new("sgdisk").arg("-v").arg(&target));
     assert!(v.contains("No problems found"), "{v}");
     // the swap slot got its header back (blank slot of the layout)
@@ -438,7 +452,8 @@ fn an_abort_stops_the_run_and_leaves_no_table() {
     assert_eq!(err.phase, Phase::WritingContent);
     assert!(err.wrote);
     assert!(
-        err.reason().contains("aborted by the manager during WritingContent"),
+        err.reason()
+            .contains("aborted by the manager during WritingContent"),
         "{}",
         err.reason()
     );
@@ -472,7 +487,11 @@ fn a_range_corrupted_always_fails_naming_the_piece_and_leaves_no_table() {
     assert_eq!(err[0]["diskInvalidated"], true);
     let mut t = std::fs::File::open(&target).unwrap();
     assert!(anneal_image::layout::read_layout(&mut t).is_err());
-    let o = Command::new("blkid").arg("-p").arg(&target).output().unwrap();
+    let o = Command::new("blkid")
+        .arg("-p")
+        .arg(&target)
+        .output()
+        .unwrap();
     assert!(
         !String::from_utf8_lossy(&o.stdout).contains("PTTYPE"),
         "{}",
@@ -503,7 +522,10 @@ fn a_wrong_index_hash_is_refused_before_any_write() {
     );
     assert_eq!(err[0]["phase"], "Partitioning");
     assert_eq!(err[0]["diskInvalidated"], false);
-    assert!(std::fs::read(&target).unwrap() == before, "the target was written");
+    assert!(
+        std::fs::read(&target).unwrap() == before,
+        "the target was written"
+    );
 }
 
 #[test]

@@ -15,7 +15,11 @@ use crate::say;
 
 /// Runs `plan`, reporting to the manager. `Ok` after a reported success;
 /// `Err` with the one console line of a failure (already reported).
-pub fn run(client: &AgentClient, plan: &DeployPlan, hooks: &mut HookRunner<'_>) -> Result<(), String> {
+pub fn run(
+    client: &AgentClient,
+    plan: &DeployPlan,
+    hooks: &mut HookRunner<'_>,
+) -> Result<(), String> {
     let total: u64 = plan
         .disks
         .iter()
@@ -30,7 +34,9 @@ pub fn run(client: &AgentClient, plan: &DeployPlan, hooks: &mut HookRunner<'_>) 
         total as f64 / (1u64 << 20) as f64
     );
     let opts = DeployOptions {
-        progress_interval: Duration::from_secs(u64::from(plan.progress_interval_seconds.clamp(1, 60))),
+        progress_interval: Duration::from_secs(u64::from(
+            plan.progress_interval_seconds.clamp(1, 60),
+        )),
         ..DeployOptions::default()
     };
     let start = Instant::now();

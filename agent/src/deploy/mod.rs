@@ -41,7 +41,9 @@ pub enum DeployError {
     #[error("the deploy plan is invalid: {0}; check the DeployRun's plan")]
     Plan(String),
     /// The disk at the path is not the disk the plan resolved.
-    #[error("disk {device}: {what}; the disk names drifted or the hardware changed: re-inspect the Machine")]
+    #[error(
+        "disk {device}: {what}; the disk names drifted or the hardware changed: re-inspect the Machine"
+    )]
     Identity {
         /// device path
         device: String,
@@ -100,7 +102,9 @@ pub enum DeployError {
         source: std::io::Error,
     },
     /// The index differs from the one the PartitionContent recorded.
-    #[error("content {content}: the index at {url} has SHA-256 {got}, the plan expects {want}; refused before any write (the content store holds another index than the PartitionContent's status)")]
+    #[error(
+        "content {content}: the index at {url} has SHA-256 {got}, the plan expects {want}; refused before any write (the content store holds another index than the PartitionContent's status)"
+    )]
     IndexHash {
         /// content name
         content: String,
@@ -121,7 +125,9 @@ pub enum DeployError {
         source: FormatError,
     },
     /// A range kept failing.
-    #[error("content {content}: piece {piece} (stream bytes {start}..{end}) could not be fetched after {attempts} attempts: {reason}; check the content server")]
+    #[error(
+        "content {content}: piece {piece} (stream bytes {start}..{end}) could not be fetched after {attempts} attempts: {reason}; check the content server"
+    )]
     Range {
         /// content name
         content: String,
@@ -137,7 +143,9 @@ pub enum DeployError {
         reason: String,
     },
     /// A piece kept failing its SHA-1.
-    #[error("content {content}: piece {piece} (stream bytes {start}..{end}) failed its SHA-1 {attempts} times; the content server serves corrupt data for it: run `anneal-agent store verify` on the content")]
+    #[error(
+        "content {content}: piece {piece} (stream bytes {start}..{end}) failed its SHA-1 {attempts} times; the content server serves corrupt data for it: run `anneal-agent store verify` on the content"
+    )]
     PieceHash {
         /// content name
         content: String,
@@ -446,7 +454,7 @@ pub fn run_plan(
     opts: &DeployOptions,
     report: &mut dyn FnMut(&Progress) -> Control,
     hooks: &mut HookRunner<'_>,
-) -> Result<Finished, Failed> {
+) -> Result<Finished, Box<Failed>> {
     let started = Instant::now();
     let mut rep = Reporter {
         cb: report,
@@ -491,12 +499,12 @@ pub fn run_plan(
                     }
                 }
             }
-            Err(Failed {
+            Err(Box::new(Failed {
                 phase: rep.progress.phase,
                 error,
                 timings: rep.timings,
                 wrote,
-            })
+            }))
         }
     }
 }
@@ -710,16 +718,12 @@ fn prepare<'p>(
             contents.push(None);
             continue;
         };
-        let c = d
-            .contents
-            .iter()
-            .find(|c| c.name == name)
-            .ok_or_else(|| {
-                DeployError::Plan(format!(
-                    "disk {dev}: slot {} names content {name}, which the plan does not carry",
-                    slot.number
-                ))
-            })?;
+        let c = d.contents.iter().find(|c| c.name == name).ok_or_else(|| {
+            DeployError::Plan(format!(
+                "disk {dev}: slot {} names content {name}, which the plan does not carry",
+                slot.number
+            ))
+        })?;
         if c.slot != slot.number {
             return Err(DeployError::Plan(format!(
                 "content {name} is planned for partition {} but the layout puts it in slot {}",
@@ -831,7 +835,10 @@ fn finalize(d: &mut Prepared<'_>) -> Result<(), DeployError> {
                 anneal_image::fs::swap_header(*size, &uuid, slot.label.as_deref().unwrap_or(""));
             d.target
                 .write_at(&hdr, slot.start_bytes)
-                .map_err(step(format!("writing the swap header of slot {}", slot.number)))?;
+                .map_err(step(format!(
+                    "writing the swap header of slot {}",
+                    slot.number
+                )))?;
         } else if let Some(fs) = slot.fs_type.as_deref() {
             d.target
                 .sync()

@@ -90,9 +90,7 @@ pub fn wipe(disk: &Path) -> Result<WipeReport, WipeError> {
         .map_err(|e| open("inspecting", e))?
         .file_type()
         .is_block_device();
-    let size = f
-        .seek(SeekFrom::End(0))
-        .map_err(|e| open("sizing", e))?;
+    let size = f.seek(SeekFrom::End(0)).map_err(|e| open("sizing", e))?;
     let mut rep = WipeReport {
         size_bytes: size,
         ..WipeReport::default()

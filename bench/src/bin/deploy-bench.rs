@@ -74,7 +74,13 @@ fn bench(
 ) -> anyhow::Result<()> {
     let raw = anneal_bench::gpt_disk(dir, 1024, data_mib)?;
     let cap = dir.join("cap");
-    anneal_bench::run(Command::new(agent).arg("capture").arg(&raw).arg("--out").arg(&cap))?;
+    anneal_bench::run(
+        Command::new(agent)
+            .arg("capture")
+            .arg(&raw)
+            .arg("--out")
+            .arg(&cap),
+    )?;
     std::fs::remove_file(&raw)?;
     let layout: serde_json::Value =
         serde_json::from_slice(&std::fs::read(cap.join("layout.json"))?)?;
