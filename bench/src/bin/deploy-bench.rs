@@ -164,6 +164,12 @@ fn bench(
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        // a slow round must not hide a retry: say so
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let retries = stdout.matches("retry:").count();
+        if retries > 0 {
+            eprintln!("ours: {retries} range retries in this round");
+        }
         Ok(secs)
     };
     let reference = || -> anyhow::Result<f64> {
