@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anneal_api::agent::{NextAction, Outcome, RegisterRequest, ResultRequest};
+use anneal_api::agent::{AfterDeploy, NextAction, RegisterRequest};
 use anneal_api::error_chain;
 use nix::mount::{MsFlags, mount};
 use nix::sys::reboot::{RebootMode, reboot};
@@ -503,17 +503,20 @@ fn handle(client: &AgentClient, action: NextAction) {
             run_shell();
         }
         NextAction::Deploy { plan } => {
-            let run_id = plan.run_id.clone();
-            say!("deploy of run {run_id} requested, but this agent build cannot deploy yet");
-            let res = client.result(&ResultRequest {
-                run_id,
-                outcome: Outcome::Failed {
-                    reason: "this agent build cannot deploy".into(),
-                    phase: None,
-                },
-            });
-            if let Err(e) = res {
-                say!("reporting the deploy result failed: {}", error_chain(&e));
+            // post-install steps: the runner of agent/src/posthook goes here
+            // (until wired, a plan with steps fails naming its first step)
+            match crate::deploy::agent::run(client, &plan, &mut crate::deploy::no_hooks) {
+                Ok(()) if plan.after_deploy == AfterDeploy::PowerOff => {
+                    say!("deploy done; powering off");
+                    reboot_now(RebootMode::RB_POWER_OFF);
+                }
+                Ok(()) => {
+                    say!("deploy done; rebooting into the deployed OS");
+                    reboot_now(RebootMode::RB_AUTOBOOT);
+                }
+                // PID 1 then opens the debug shell (anneal.debug=shell) or
+                // reboots after its delay
+                Err(line) => stop(&line),
             }
         }
     }

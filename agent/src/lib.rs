@@ -4,6 +4,7 @@
 pub mod client;
 pub mod cmdline;
 pub mod console;
+pub mod deploy;
 pub mod fetch;
 pub mod imaging;
 pub mod ingest;
