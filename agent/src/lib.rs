@@ -12,5 +12,6 @@ pub mod inventory;
 pub mod jsonl;
 pub mod modules;
 pub mod net;
+pub mod posthook;
 pub mod serve;
 pub mod store;
