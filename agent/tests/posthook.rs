@@ -205,7 +205,13 @@ fn install_removable_fallback_copies_shim_and_its_siblings() {
     assert!(listing.to_lowercase().contains("mmx64.efi"), "{listing}");
     assert!(!listing.to_lowercase().contains("fbx64.efi"), "{listing}");
     // The file system stays clean for the firmware.
-    sh(&format!("fsck.vfat -n --offset 2048 {}", img.display()));
+    let esp = dir.path().join("esp.img");
+    sh(&format!(
+        "dd if={} of={} bs=512 skip=2048 count=65536 status=none && fsck.vfat -n {}",
+        img.display(),
+        esp.display(),
+        esp.display()
+    ));
 }
 
 #[test]
@@ -490,13 +496,21 @@ fn script_over_its_timeout_is_killed_with_its_process_group() {
     // Nowhere near the sleep's 300 s: the whole group was killed.
     assert!(t0.elapsed() < Duration::from_secs(60));
     let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    // The background sleep is dead (gone, or a zombie waiting for its reaper).
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(") ").map(|(_, r)| r.chars().next());
-    assert!(
-        matches!(state, None | Some(Some('Z')) | Some(Some('X'))),
-        "sleep {pid} still alive: {stat}"
-    );
+    // The background sleep got SIGKILL: the pipe closed (its files are
+    // released first in exit), and it reaches the dead state (gone, or a
+    // zombie waiting for its reaper) without anyone else signalling it.
+    let limit = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+        if matches!(state, None | Some('Z') | Some('X')) {
+            break;
+        }
+        // SIGKILL pending: field 31 (signal) is irrelevant; a live sleep would
+        // sit in S for 300 s.
+        assert!(Instant::now() < limit, "sleep {pid} still alive: {stat}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]

@@ -236,6 +236,14 @@ fn run_tool(
 /// Grows the last partition and its file system.
 pub fn run(ctx: &Context, log: &mut dyn FnMut(&str)) -> Result<(), GrowError> {
     let g = grow_table(&ctx.os_disk)?;
+    // resize2fs truncates a regular file to the file system's size, ignoring
+    // `?offset=` (it cuts the backup GPT of a disk image): remember the length
+    // to restore it (and the backup table) afterwards. Block devices are not
+    // affected.
+    let file_len = std::fs::metadata(&ctx.os_disk)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len());
     log(&format!(
         "growLastPartition: partition {} {} -> {} bytes",
         g.number, g.old_size, g.new_size
@@ -277,6 +285,20 @@ pub fn run(ctx: &Context, log: &mut dyn FnMut(&str)) -> Result<(), GrowError> {
                 &path,
                 log,
             )?;
+            if let Some(len) = file_len {
+                let f = super::open_rw(&ctx.os_disk).map_err(|source| GrowError::Open {
+                    disk: ctx.os_disk.clone(),
+                    source,
+                })?;
+                if f.metadata().map(|m| m.len()).unwrap_or(len) != len {
+                    f.set_len(len).map_err(|source| GrowError::Open {
+                        disk: ctx.os_disk.clone(),
+                        source,
+                    })?;
+                    drop(f);
+                    grow_table(&ctx.os_disk)?;
+                }
+            }
         }
         "swap" => {
             drop(disk);
