@@ -7,6 +7,8 @@
 //! by Debian's efibootmgr 17 on a loop device (`regen.sh` there reproduces
 //! them); the bytes anneal encodes for the same entry must be identical.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use anneal_agent::posthook::{self, Context, StepError, efi};
 use anneal_api::agent::PlannedStep;
 use anneal_image::layout::{self, Role};
@@ -170,7 +172,11 @@ fn load_options_match_efibootmgr_golden_vectors() {
             "Boot0000* {desc}\t{}",
             efi::device_path_text(&opt.file_path_list).unwrap()
         );
-        assert_eq!(line, fixture(&format!("{name}.txt")).trim_end(), "vector {name}");
+        assert_eq!(
+            line,
+            fixture(&format!("{name}.txt")).trim_end(),
+            "vector {name}"
+        );
     }
 }
 
@@ -191,7 +197,11 @@ fn install_removable_fallback_copies_shim_and_its_siblings() {
     let ctx = context(&img, dir.path());
     let (r, log) = run(&ctx, &[builtin("install-removable-fallback")]);
     r.unwrap();
-    assert!(log.iter().any(|l| l.contains("shimx64.efi -> \\EFI\\BOOT\\BOOTX64.EFI")), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("shimx64.efi -> \\EFI\\BOOT\\BOOTX64.EFI")),
+        "{log:?}"
+    );
     let m = mtools(&img);
     assert_eq!(
         sh(&format!("mtype {m} ::/EFI/BOOT/BOOTX64.EFI")),
@@ -217,10 +227,15 @@ fn install_removable_fallback_copies_shim_and_its_siblings() {
 #[test]
 fn install_removable_fallback_picks_grub_or_the_only_loader_or_says_what_it_looked_for() {
     let dir = tempfile::tempdir().unwrap();
-    let img = make_disk(dir.path(), &["EFI/debian/grubaa64.efi", "EFI/debian/fbaa64.efi"]);
+    let img = make_disk(
+        dir.path(),
+        &["EFI/debian/grubaa64.efi", "EFI/debian/fbaa64.efi"],
+    );
     let mut ctx = context(&img, dir.path());
     ctx.architecture = "aarch64".into();
-    run(&ctx, &[builtin("install-removable-fallback")]).0.unwrap();
+    run(&ctx, &[builtin("install-removable-fallback")])
+        .0
+        .unwrap();
     assert_eq!(
         sh(&format!("mtype {} ::/EFI/BOOT/BOOTAA64.EFI", mtools(&img))),
         "loader EFI/debian/grubaa64.efi\n".repeat(1000)
@@ -229,7 +244,9 @@ fn install_removable_fallback_picks_grub_or_the_only_loader_or_says_what_it_look
     let dir = tempfile::tempdir().unwrap();
     let img = make_disk(dir.path(), &["EFI/Linux/debian-6.1.efi"]);
     let ctx = context(&img, dir.path());
-    run(&ctx, &[builtin("install-removable-fallback")]).0.unwrap();
+    run(&ctx, &[builtin("install-removable-fallback")])
+        .0
+        .unwrap();
     assert_eq!(
         sh(&format!("mtype {} ::/EFI/BOOT/BOOTX64.EFI", mtools(&img))),
         "loader EFI/Linux/debian-6.1.efi\n".repeat(1000)
@@ -238,7 +255,9 @@ fn install_removable_fallback_picks_grub_or_the_only_loader_or_says_what_it_look
     // An explicit loader param wins.
     let img = make_disk(dir.path(), &["EFI/a/one.efi", "EFI/b/two.efi"]);
     let ctx = context(&img, dir.path());
-    let e = run(&ctx, &[builtin("install-removable-fallback")]).0.unwrap_err();
+    let e = run(&ctx, &[builtin("install-removable-fallback")])
+        .0
+        .unwrap_err();
     let reason = e.reason();
     assert!(
         reason.contains("hook anneal-default-finalize, step install-removable-fallback")
@@ -248,7 +267,8 @@ fn install_removable_fallback_picks_grub_or_the_only_loader_or_says_what_it_look
         "{reason}"
     );
     let mut st = builtin("install-removable-fallback");
-    st.params.insert("loader".into(), "\\EFI\\b\\two.efi".into());
+    st.params
+        .insert("loader".into(), "\\EFI\\b\\two.efi".into());
     run(&ctx, &[st]).0.unwrap();
     assert_eq!(
         sh(&format!("mtype {} ::/EFI/BOOT/BOOTX64.EFI", mtools(&img))),
@@ -257,7 +277,10 @@ fn install_removable_fallback_picks_grub_or_the_only_loader_or_says_what_it_look
 
     let img = make_disk(dir.path(), &[]);
     let ctx = context(&img, dir.path());
-    let reason = run(&ctx, &[builtin("install-removable-fallback")]).0.unwrap_err().reason();
+    let reason = run(&ctx, &[builtin("install-removable-fallback")])
+        .0
+        .unwrap_err()
+        .reason();
     assert!(reason.contains("no OS loader on the esp"), "{reason}");
 }
 
@@ -312,7 +335,11 @@ fn efibootmgr_puts_one_anneal_entry_first_and_keeps_foreign_ones() {
         optional_data: b"\x4e\xac\x08\x81\x11\x9f\x59\x4d\x85\x0e\xe2\x1a\x52\x2c\x59\xb2".to_vec(),
     };
     write_var(&vars, &efi::boot_var_name(0), &efi::encode(&foreign));
-    write_var(&vars, &efi::boot_order_name(), &efi::encode_boot_order(&[0]));
+    write_var(
+        &vars,
+        &efi::boot_order_name(),
+        &efi::encode_boot_order(&[0]),
+    );
     let ctx = context(&img, &vars);
 
     run(&ctx, &[builtin("efibootmgr")]).0.unwrap();
@@ -322,8 +349,14 @@ fn efibootmgr_puts_one_anneal_entry_first_and_keeps_foreign_ones() {
     assert_eq!(ours.attributes, efi::LOAD_OPTION_ACTIVE);
     // The HD node matches what sgdisk says about partition 1.
     let info = sh(&format!("sgdisk -i 1 {}", img.display()));
-    assert!(info.contains(&format!("Partition unique GUID: {ESP_GUID}")), "{info}");
-    assert!(info.contains("First sector: 2048 ") && info.contains("Last sector: 67583 "), "{info}");
+    assert!(
+        info.contains(&format!("Partition unique GUID: {ESP_GUID}")),
+        "{info}"
+    );
+    assert!(
+        info.contains("First sector: 2048 ") && info.contains("Last sector: 67583 "),
+        "{info}"
+    );
     let want = format!(
         "HD(1,GPT,{},0x800,0x10000)/File(\\EFI\\BOOT\\BOOTX64.EFI)",
         ESP_GUID.to_lowercase()
@@ -333,7 +366,10 @@ fn efibootmgr_puts_one_anneal_entry_first_and_keeps_foreign_ones() {
     // A second run replaces the first entry; the foreign one stays.
     let (r, log) = run(&ctx, &[builtin("efibootmgr")]);
     r.unwrap();
-    assert!(log.iter().any(|l| l.contains("replaced Boot0001")), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("replaced Boot0001")),
+        "{log:?}"
+    );
     assert_eq!(boot_order(&vars), vec![2, 0]);
     assert!(!vars.join(efi::boot_var_name(1)).exists());
     assert_eq!(entry(&vars, 0), foreign);
@@ -353,7 +389,10 @@ fn efibootmgr_puts_one_anneal_entry_first_and_keeps_foreign_ones() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("BootOrder: 0002,0000"), "{text}");
-    assert!(text.contains(&format!("Boot0002* anneal ns/m1\t{want}")), "{text}");
+    assert!(
+        text.contains(&format!("Boot0002* anneal ns/m1\t{want}")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -362,7 +401,10 @@ fn efibootmgr_without_efivarfs_says_how_to_mount_it() {
     let img = make_disk(dir.path(), &[]);
     let ctx = context(&img, &dir.path().join("absent"));
     let reason = run(&ctx, &[builtin("efibootmgr")]).0.unwrap_err().reason();
-    assert!(reason.contains("step efibootmgr") && reason.contains("mount -t efivarfs"), "{reason}");
+    assert!(
+        reason.contains("step efibootmgr") && reason.contains("mount -t efivarfs"),
+        "{reason}"
+    );
 }
 
 // ------------------------------------------------------------ growLastPartition
@@ -390,7 +432,10 @@ fn grow_last_partition_moves_the_backup_gpt_and_grows_ext4() {
     assert!(log.iter().any(|l| l.contains("resize2fs")), "{log:?}");
     let sectors = (128u64 << 20) / 512;
     let info = sh(&format!("sgdisk -i 3 {i}"));
-    assert!(info.contains(&format!("Last sector: {} ", sectors - 34)), "{info}");
+    assert!(
+        info.contains(&format!("Last sector: {} ", sectors - 34)),
+        "{info}"
+    );
     let v = sh(&format!("sgdisk -v {i}"));
     assert!(v.contains("No problems found"), "{v}");
     let after = blocks(&sh(&format!("dumpe2fs -h '{dev}' 2>/dev/null")));
@@ -399,7 +444,10 @@ fn grow_last_partition_moves_the_backup_gpt_and_grows_ext4() {
     sh(&format!("e2fsck -fn '{dev}'"));
     // Partitions before it are untouched.
     let info = sh(&format!("sgdisk -i 2 {i}"));
-    assert!(info.contains(&format!("First sector: {SWAP_START} ")), "{info}");
+    assert!(
+        info.contains(&format!("First sector: {SWAP_START} ")),
+        "{info}"
+    );
 }
 
 #[test]
@@ -413,13 +461,19 @@ fn grow_last_partition_on_mbr() {
     let ctx = context(&img, dir.path());
     let (r, log) = run(&ctx, &[builtin("growLastPartition")]);
     r.unwrap();
-    assert!(log.iter().any(|l| l.contains("not grown offline")), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("not grown offline")),
+        "{log:?}"
+    );
     let l = layout::read_layout(&mut std::fs::File::open(&img).unwrap()).unwrap();
     assert_eq!(l.slots[1].start_bytes, 10240 * 512);
     assert_eq!(l.slots[1].size_bytes, (64u64 << 20) - 10240 * 512);
     assert_eq!(l.slots[0].size_bytes, 8192 * 512);
     let dump = sh(&format!("sfdisk -d {i}"));
-    assert!(dump.contains(&format!("size={:>12}", (64u64 << 20) / 512 - 10240)), "{dump}");
+    assert!(
+        dump.contains(&format!("size={:>12}", (64u64 << 20) / 512 - 10240)),
+        "{dump}"
+    );
 }
 
 // ------------------------------------------------------------ scripts
@@ -436,13 +490,13 @@ fn script_sees_the_anneal_environment() {
                 echo \"m=$ANNEAL_MACHINE i=$ANNEAL_IMAGE\" >&2";
     let (r, log) = run(&ctx, &[script("env", body, 10)]);
     r.unwrap();
-    let has = |s: &str| log.iter().any(|l| l == &format!("posthook site-tweaks/env: {s}"));
+    let has = |s: &str| {
+        log.iter()
+            .any(|l| l == &format!("posthook site-tweaks/env: {s}"))
+    };
     assert!(has(&format!("disk={i}", i = img.display())), "{log:?}");
     assert!(
-        has(&format!(
-            "parts={i}1 {i}2 {i}3",
-            i = img.display()
-        )),
+        has(&format!("parts={i}1 {i}2 {i}3", i = img.display())),
         "{log:?}"
     );
     assert!(has(&format!("p3={}3", img.display())), "{log:?}");
@@ -461,15 +515,24 @@ fn script_exiting_3_names_hook_step_code_and_output_tail() {
     let steps = [script("tweak", body, 10), script("never", "echo ran", 10)];
     let (r, log) = run(&ctx, &steps);
     let e = r.unwrap_err();
-    assert!(matches!(e, StepError::ScriptFailed { code: Some(3), .. }), "{e:?}");
+    assert!(
+        matches!(e, StepError::ScriptFailed { code: Some(3), .. }),
+        "{e:?}"
+    );
     let reason = e.reason();
     assert!(
         reason.starts_with("post-install hook site-tweaks, step tweak: script exited with code 3"),
         "{reason}"
     );
     assert!(reason.contains("out 30\ndisk full"), "{reason}");
-    assert!(reason.contains("out 12") && !reason.contains("out 11\n"), "{reason}");
-    assert!(!log.iter().any(|l| l.contains("ran")), "the next step must not run: {log:?}");
+    assert!(
+        reason.contains("out 12") && !reason.contains("out 11\n"),
+        "{reason}"
+    );
+    assert!(
+        !log.iter().any(|l| l.contains("ran")),
+        "the next step must not run: {log:?}"
+    );
 }
 
 #[test]
@@ -485,17 +548,27 @@ fn script_over_its_timeout_is_killed_with_its_process_group() {
     let t0 = Instant::now();
     let (r, log) = run(&ctx, &[script("slow", &body, 1)]);
     let e = r.unwrap_err();
-    assert!(matches!(e, StepError::ScriptTimeout { seconds: 1, .. }), "{e:?}");
+    assert!(
+        matches!(e, StepError::ScriptTimeout { seconds: 1, .. }),
+        "{e:?}"
+    );
     let reason = e.reason();
     assert!(
         reason.contains("hook site-tweaks, step slow: script exceeded its timeout of 1 s")
             && reason.contains("waiting"),
         "{reason}"
     );
-    assert!(log.iter().any(|l| l.contains("timeout of 1 s reached")), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("timeout of 1 s reached")),
+        "{log:?}"
+    );
     // Nowhere near the sleep's 300 s: the whole group was killed.
     assert!(t0.elapsed() < Duration::from_secs(60));
-    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // The background sleep got SIGKILL: the pipe closed (its files are
     // released first in exit), and it reaches the dead state (gone, or a
     // zombie waiting for its reaper) without anyone else signalling it.
@@ -506,8 +579,6 @@ fn script_over_its_timeout_is_killed_with_its_process_group() {
         if matches!(state, None | Some('Z') | Some('X')) {
             break;
         }
-        // SIGKILL pending: field 31 (signal) is irrelevant; a live sleep would
-        // sit in S for 300 s.
         assert!(Instant::now() < limit, "sleep {pid} still alive: {stat}");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -530,5 +601,8 @@ fn the_default_finalize_hook_runs_in_order() {
     let done: Vec<_> = log.iter().filter(|l| l.ends_with(": done")).collect();
     assert_eq!(done.len(), 3, "{log:?}");
     assert_eq!(boot_order(&vars), vec![0]);
-    sh(&format!("mtype {} ::/EFI/BOOT/BOOTX64.EFI >/dev/null", mtools(&img)));
+    sh(&format!(
+        "mtype {} ::/EFI/BOOT/BOOTX64.EFI >/dev/null",
+        mtools(&img)
+    ));
 }

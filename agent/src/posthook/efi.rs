@@ -271,7 +271,7 @@ pub fn encode_boot_order(order: &[u16]) -> Vec<u8> {
 
 /// Decodes BootOrder.
 pub fn decode_boot_order(b: &[u8]) -> Result<Vec<u16>, EfiError> {
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return Err(EfiError::BootOrder(b.len()));
     }
     Ok(b.chunks_exact(2)

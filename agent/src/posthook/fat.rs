@@ -54,9 +54,7 @@ pub enum FallbackError {
         found: String,
     },
     /// Several vendor directories carry the same preferred loader.
-    #[error(
-        "several OS loaders on the esp: {0}; set the hook param `loader` to the one to boot"
-    )]
+    #[error("several OS loaders on the esp: {0}; set the hook param `loader` to the one to boot")]
     Ambiguous(String),
     /// Reading or writing a file on the ESP failed.
     #[error("cannot copy {from} to {to} on the esp")]
@@ -291,7 +289,10 @@ pub fn run(
     let loader = choose_loader(
         &listing,
         suffix,
-        params.get("loader").map(String::as_str).filter(|s| !s.is_empty()),
+        params
+            .get("loader")
+            .map(String::as_str)
+            .filter(|s| !s.is_empty()),
     )?;
     let target = format!("EFI/BOOT/{boot_name}");
     if loader.eq_ignore_ascii_case(&target) {
@@ -344,7 +345,9 @@ mod tests {
     use super::*;
 
     fn l(v: &[(&str, &str)]) -> Listing {
-        v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
     }
 
     #[test]
@@ -385,7 +388,10 @@ mod tests {
         assert!(e.contains("shimx64.efi") && e.contains("`loader`"), "{e}");
         let x = l(&[("a", "one.efi"), ("b", "two.efi")]);
         let e = choose_loader(&x, "x64", None).unwrap_err().to_string();
-        assert!(e.contains("\\EFI\\a\\one.efi") && e.contains("\\EFI\\b\\two.efi"), "{e}");
+        assert!(
+            e.contains("\\EFI\\a\\one.efi") && e.contains("\\EFI\\b\\two.efi"),
+            "{e}"
+        );
         let x = l(&[("debian", "shimx64.efi"), ("ubuntu", "shimx64.efi")]);
         assert!(matches!(
             choose_loader(&x, "x64", None),

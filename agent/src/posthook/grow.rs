@@ -306,8 +306,7 @@ pub fn run(ctx: &Context, log: &mut dyn FnMut(&str)) -> Result<(), GrowError> {
                 disk: ctx.os_disk.clone(),
                 source,
             })?;
-            let page =
-                anneal_image::fs::swap_header(g.new_size, &info.uuid, &info.label);
+            let page = anneal_image::fs::swap_header(g.new_size, &info.uuid, &info.label);
             f.write_all_at(&page, g.start)
                 .and_then(|()| f.sync_all())
                 .map_err(|source| GrowError::Swap {

@@ -141,7 +141,7 @@ pub enum StepError {
         builtin: String,
         /// what went wrong
         #[source]
-        source: BuiltinError,
+        source: Box<BuiltinError>,
     },
     /// A script could not be started or watched.
     #[error("post-install hook {hook}, step {step}: script could not run")]
@@ -213,7 +213,7 @@ pub fn run_steps(
                     hook: st.hook.clone(),
                     step: st.step.clone(),
                     builtin: b.clone(),
-                    source,
+                    source: Box::new(source),
                 };
                 let mut slog = |l: &str| log(&format!("posthook {}/{}: {l}", st.hook, st.step));
                 match b.as_str() {
@@ -300,7 +300,10 @@ mod tests {
             params: Default::default(),
         };
         let e = run_steps(&ctx, std::slice::from_ref(&st), &mut |_| {}).unwrap_err();
-        assert!(e.reason().contains("hook h, step s: unknown builtin"), "{e}");
+        assert!(
+            e.reason().contains("hook h, step s: unknown builtin"),
+            "{e}"
+        );
         st.script = Some("true".into());
         let e = run_steps(&ctx, &[st], &mut |_| {}).unwrap_err();
         assert!(matches!(e, StepError::Malformed { .. }), "{e}");

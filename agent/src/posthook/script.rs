@@ -128,7 +128,9 @@ fn reader(mut r: impl Read, tx: mpsc::Sender<Msg>) {
         };
         for &b in &buf[..n] {
             if b == b'\n' || line.len() >= MAX_LINE {
-                let s = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
+                let s = String::from_utf8_lossy(&line)
+                    .trim_end_matches('\r')
+                    .to_string();
                 line.clear();
                 if tx.send(Msg::Line(s)).is_err() {
                     return;
