@@ -321,5 +321,33 @@ pub fn run(ctx: &Context, log: &mut dyn FnMut(&str)) -> Result<(), GrowError> {
             g.number
         )),
     }
+    reread_partitions(&ctx.os_disk, &path, log);
     Ok(())
+}
+
+/// Asks the kernel to re-read the table of a block device (`blockdev
+/// --rereadpt`, busybox has it) so later steps see the grown partition's
+/// device at its new size. Best effort: a failure is logged, the disk itself
+/// is already right.
+fn reread_partitions(disk: &Path, path: &str, log: &mut dyn FnMut(&str)) {
+    use std::os::unix::fs::FileTypeExt as _;
+    let is_block = std::fs::metadata(disk).is_ok_and(|m| m.file_type().is_block_device());
+    if !is_block {
+        return;
+    }
+    let Ok(exe) = find_tool("blockdev", path) else {
+        log(
+            "growLastPartition: no blockdev on PATH, the kernel keeps the old partition size until reboot",
+        );
+        return;
+    };
+    match Command::new(exe).arg("--rereadpt").arg(disk).output() {
+        Ok(o) if o.status.success() => log("growLastPartition: kernel re-read the partition table"),
+        Ok(o) => log(&format!(
+            "growLastPartition: blockdev --rereadpt failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => log(&format!("growLastPartition: blockdev --rereadpt: {e}")),
+    }
 }
