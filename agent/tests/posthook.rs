@@ -180,6 +180,58 @@ fn load_options_match_efibootmgr_golden_vectors() {
     }
 }
 
+/// The efibootmgr builtin, run on the disks regen.sh gave efibootmgr, writes
+/// the very bytes efibootmgr wrote (Boot0000, into an empty store).
+#[test]
+fn efibootmgr_builtin_writes_the_golden_bytes() {
+    let cases = [
+        (
+            "m1",
+            "x86_64",
+            "m1",
+            "sgdisk -o -U 11111111-2222-3333-4444-555555555555 -n 1:2048:+32M -t 1:ef00 \
+             -u 1:AAAAAAAA-BBBB-CCCC-DDDD-EEEEEEEEEEEE -n 2:0:0 -t 2:8300 {i} >/dev/null",
+        ),
+        (
+            "m2",
+            "aarch64",
+            "default/m2",
+            "sgdisk -o -U 11111111-2222-3333-4444-555555555555 -n 1:2048:+1M -t 1:ef02 \
+             -n 2:4096:+20M -t 2:ef00 -u 2:0D5F5A4E-3C1B-4C2A-9E1F-112233445566 \
+             -n 3:0:0 -t 3:8300 {i} >/dev/null",
+        ),
+        (
+            "m3",
+            "x86_64",
+            "m1",
+            "printf 'label: dos\\nlabel-id: 0x1234abcd\\nstart=2048, size=65536, type=ef\\n' \
+             | sfdisk -q {i}",
+        ),
+    ];
+    for (name, arch, machine, table) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let i = img.display().to_string();
+        sh(&format!(
+            "truncate -s 64M {i} && {}",
+            table.replace("{i}", &i)
+        ));
+        let vars = dir.path().join("efivars");
+        std::fs::create_dir(&vars).unwrap();
+        let mut ctx = context(&img, &vars);
+        ctx.architecture = arch.into();
+        ctx.machine = machine.into();
+        run(&ctx, &[builtin("efibootmgr")]).0.unwrap();
+        let got = std::fs::read(vars.join(efi::boot_var_name(0))).unwrap();
+        assert_eq!(
+            hex::encode(got),
+            fixture(&format!("{name}.hex")).trim(),
+            "vector {name}"
+        );
+        assert_eq!(boot_order(&vars), vec![0], "vector {name}");
+    }
+}
+
 // ------------------------------------------------------------ ESP and swap
 
 #[test]
