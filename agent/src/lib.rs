@@ -13,5 +13,6 @@ pub mod inventory;
 pub mod jsonl;
 pub mod modules;
 pub mod net;
+pub mod posthook;
 pub mod serve;
 pub mod store;
