@@ -494,6 +494,7 @@ fn write_initramfs(
         firmware_dir: None,
         firmware: Vec::new(),
         busybox: Some(PathBuf::from(BUSYBOX)),
+        binaries: Vec::new(),
         compression: Compression::Zstd,
         level: 9,
     };

@@ -256,6 +256,37 @@ pub(crate) fn open_rw(p: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new().read(true).write(true).open(p)
 }
 
+/// The deploy path's hook runner ([`crate::deploy::HookRunner`]) over
+/// [`run_steps`]: the context from the written disks, every step's output
+/// on the console, a failure as the step error's whole message.
+pub fn runner<'p>(
+    architecture: &'p str,
+    machine: &'p str,
+    plan: &'p anneal_api::agent::DeployPlan,
+) -> impl FnMut(&crate::deploy::HookContext, &[PlannedStep]) -> Result<(), String> + 'p {
+    move |hc, steps| {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        let (Some(disk), Some(layout)) = (hc.os_disk.clone(), hc.os_layout.clone()) else {
+            return Err(format!(
+                "hook {} step {}: the plan writes no OS disk for post-install steps to act on",
+                steps[0].hook, steps[0].step
+            ));
+        };
+        let mut ctx = Context::new(disk, layout, architecture, machine);
+        ctx.data_disks = hc.data_disks.clone();
+        ctx.image = plan
+            .disks
+            .iter()
+            .find(|d| d.os)
+            .map(|d| d.image.clone())
+            .unwrap_or_default();
+        let mut log = |line: &str| crate::say!("{line}");
+        run_steps(&ctx, steps, &mut log).map_err(|e| e.reason())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
