@@ -2180,6 +2180,95 @@ mod tests {
     }
 
     #[test]
+    fn recycle_wipes_then_returns_available() {
+        let cfg = cfg();
+        let released = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Released", "poweredOn": false, "lastSuccessfulRunRef": {"name": "r1"},
+                   "conditions": [{"type": "Ready", "status": "False", "reason": "RecyclePending",
+                                   "message": "claim c1 was deleted", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+        );
+        let d = apply(&snap(&released, &cfg, answer(false)));
+        assert_eq!(state(&d), MachineState::Deprovisioning);
+        assert_eq!(d.token, TokenOp::Mint);
+        assert!(matches!(actions(&d)[..], [BmcAction::BootOnce { .. }]));
+        assert_eq!(
+            cond(&d, types::PROGRESSING).unwrap().reason,
+            reasons::WIPING
+        );
+        // A Retain release (no RecyclePending) stays Released.
+        let retained = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Released", "poweredOn": false,
+                   "conditions": [{"type": "Ready", "status": "False", "reason": "Released",
+                                   "message": "kept", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+        );
+        let d2 = apply(&snap(&retained, &cfg, answer(false)));
+        assert_eq!(state(&d2), MachineState::Released);
+        assert!(d2.actions.is_empty());
+        // The agent's report: Wiped → Available, no token, no last run.
+        let mut st = serde_json::to_value(&d.draft.status).unwrap();
+        st["conditions"] = json!([{"type": "Progressing", "status": "False", "reason": "Wiped",
+            "message": "the agent wiped every disk", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+        let wiped = machine(json!({}), json!({}), st.clone());
+        let d3 = apply(&snap(&wiped, &cfg, answer(true)));
+        assert_eq!(state(&d3), MachineState::Available);
+        assert_eq!(d3.token, TokenOp::Delete);
+        assert!(d3.draft.status.last_successful_run_ref.is_none());
+        // WipeFailed → a Restart failure, the condition back to Wiping.
+        st["conditions"][0]["reason"] = json!("WipeFailed");
+        st["conditions"][0]["message"] = json!("/dev/vda: read-only");
+        let failed = machine(json!({}), json!({}), st);
+        let d4 = apply(&snap(&failed, &cfg, answer(true)));
+        assert_eq!(state(&d4), MachineState::Deprovisioning);
+        assert_eq!(d4.draft.status.restart_count, Some(1));
+        assert!(reasons(&d4).contains(&reasons::WIPE_FAILED));
+        assert_eq!(
+            cond(&d4, types::PROGRESSING).unwrap().reason,
+            reasons::WIPING
+        );
+    }
+
+    #[test]
+    fn fast_track_keeps_the_agent_and_starts_without_a_power_cycle() {
+        let mut cfg = cfg();
+        cfg.fast_track_window = Some(Duration::from_secs(600));
+        let agent =
+            json!({"sessionTokenHash": "h", "expiresAt": at(300_000), "lastSeen": at(-60_000)});
+        let idle = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Available", "poweredOn": true, "agent": agent}),
+        );
+        let d = apply(&snap(&idle, &cfg, answer(true)));
+        assert!(d.actions.is_empty(), "not shut down inside the window");
+        let claimed = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            json!({"state": "Available", "poweredOn": true, "agent": agent}),
+        );
+        let d = apply(&with_deploy(
+            &claimed,
+            &cfg,
+            answer(true),
+            DeployView::Ready {
+                run: "r1".into(),
+                image: None,
+            },
+        ));
+        assert_eq!(state(&d), MachineState::Provisioning);
+        assert!(d.actions.is_empty(), "no power cycle: {:?}", d.actions);
+        assert_eq!(d.token, TokenOp::Keep);
+        // Outside the window: shut down as before.
+        let mut late = cfg.clone();
+        late.fast_track_window = Some(Duration::from_secs(30));
+        let d = apply(&snap(&idle, &late, answer(true)));
+        assert_eq!(actions(&d), vec![BmcAction::Shutdown { announce: true }]);
+    }
+
+    #[test]
     fn re_inspect_from_available_and_released() {
         let cfg = cfg();
         for from in ["Available", reasons::RELEASED] {
