@@ -406,6 +406,7 @@ pub fn capture_region_of<S: DiskSource + ?Sized>(
         source,
     })?;
     let mut filler = PieceFiller::new(StreamSink::new(stream_path, opts.piece_length)?)?;
+    // the extents are in offset order: nothing below `off` is read again
     let mut released = 0u64;
     for e in &extents {
         let mut off = e.offset;
@@ -418,12 +419,12 @@ pub fn capture_region_of<S: DiskSource + ?Sized>(
                     source,
                 })?;
             off += dst.len() as u64;
+            if off >= released + RELEASE_STEP {
+                disk.release(start + released, start + off);
+                released = off;
+            }
             Ok(())
         })?;
-        if e.offset >= released + RELEASE_STEP {
-            disk.release(start + released, start + e.offset);
-            released = e.offset;
-        }
     }
     let res = filler.finish()?;
     disk.release(start + released, start + len);
