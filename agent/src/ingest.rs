@@ -480,8 +480,8 @@ fn ingest(
             } else {
                 None
             };
-            let body = fetch::get_resuming(&args.url, &fo, tls.as_ref())
-                .map_err(|e| fetch_failure(&e))?;
+            let body =
+                fetch::get_resuming(&args.url, &fo, tls.as_ref()).map_err(|e| fetch_failure(&e))?;
             let len = body.content_length;
             (Box::new(body), len)
         };
@@ -1013,7 +1013,11 @@ impl Spool {
         while !g.capture_ended && !g.failed && off >= g.want.saturating_add(self.window) {
             g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
-        if g.capture_ended { u64::MAX } else { g.discard_below }
+        if g.capture_ended {
+            u64::MAX
+        } else {
+            g.discard_below
+        }
     }
 }
 
