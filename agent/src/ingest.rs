@@ -22,9 +22,9 @@
 //!
 //! Whatever the source, the capture writes only into the private staging
 //! directory `<store>/.staging/<ns>/<import>-<random>/` (the content server
-//! serves only `<store>/<ns>/<content>/`); the contents are published (mkdir
-//! + rename, never overwriting) only once the whole source was read and its
-//! checksum matched. Scratch and staging are removed at the end, success or
+//! serves only `<store>/<ns>/<content>/`); the contents are published
+//! (mkdir and rename, never overwriting) only once the whole source was read
+//! and its checksum matched. Scratch and staging are removed at the end, success or
 //! failure.
 
 use std::fs::File;
