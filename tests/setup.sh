@@ -25,6 +25,7 @@ PKGS=(
   kea-admin kea-dhcp4-server dnsmasq-base tftpd-hpa atftp tftp-hpa isc-dhcp-relay
   radvd iproute2 tcpdump curl ca-certificates openssl procps
   build-essential pkg-config git kmod
+  systemd-boot-efi binutils efibootmgr
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -847,6 +847,152 @@ impl Read for Resuming {
     }
 }
 
+/// One `Range: bytes=start-(end-1)` GET of `url` on a fresh connection (no
+/// retries, no redirects: the caller resumes from where a range stopped).
+/// Only a 206 whose `Content-Range` names exactly `[start, end)` is
+/// accepted; the body is streamed.
+pub fn get_range(
+    url: &Url,
+    start: u64,
+    end: u64,
+    timeout: Duration,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Body, FetchError> {
+    let malformed = |what| FetchError::Malformed {
+        url: url.to_string(),
+        what,
+    };
+    if end <= start {
+        return Err(malformed("empty byte range requested"));
+    }
+    let unreachable = |source| FetchError::Unreachable {
+        url: url.to_string(),
+        attempts: 1,
+        source,
+    };
+    let addrs: Vec<_> = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(unreachable)?
+        .collect();
+    let mut last = None;
+    let mut tcp = None;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, timeout) {
+            Ok(s) => {
+                tcp = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let tcp = tcp.ok_or_else(|| {
+        unreachable(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address")))
+    })?;
+    tcp.set_read_timeout(Some(timeout))
+        .and_then(|()| tcp.set_write_timeout(Some(timeout)))
+        .and_then(|()| tcp.set_nodelay(true))
+        .map_err(unreachable)?;
+    let mut conn = if url.tls {
+        let Some(cfg) = tls else {
+            return Err(FetchError::BadUrl {
+                url: url.to_string(),
+                what: "https without a TLS configuration",
+            });
+        };
+        let name = ServerName::try_from(url.host.clone()).map_err(|_| FetchError::BadUrl {
+            url: url.to_string(),
+            what: "host is not a valid TLS server name",
+        })?;
+        let c = rustls::ClientConnection::new(cfg.clone(), name).map_err(|e| FetchError::Tls {
+            url: url.to_string(),
+            source: io::Error::other(e),
+        })?;
+        Conn::Tls(Box::new(rustls::StreamOwned::new(c, tcp)))
+    } else {
+        Conn::Plain(tcp)
+    };
+    let req = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: anneal-agent/{}\r\nAccept: */*\r\nAccept-Encoding: identity\r\nRange: bytes={start}-{}\r\nConnection: close\r\n\r\n",
+        url.path,
+        url.authority(),
+        env!("CARGO_PKG_VERSION"),
+        end - 1
+    );
+    conn.write_all(req.as_bytes())
+        .and_then(|()| conn.flush())
+        .map_err(unreachable)?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_len = loop {
+        if let Some(i) = find_head_end(&buf) {
+            break i;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(malformed("response head too large"));
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) => {
+                return Err(unreachable(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed before the response head",
+                )));
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(unreachable(e)),
+        }
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(&buf[..head_len]) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(malformed("unparsable response head")),
+    }
+    let status = resp.code.unwrap_or(0);
+    let header = |name: &str| {
+        resp.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| std::str::from_utf8(h.value).ok())
+            .map(str::trim)
+    };
+    match status {
+        206 => {}
+        404 => {
+            return Err(FetchError::NotFound {
+                url: url.to_string(),
+            });
+        }
+        s => {
+            return Err(FetchError::Status {
+                url: url.to_string(),
+                status: s,
+            });
+        }
+    }
+    let want = format!("bytes {start}-{}/", end - 1);
+    if !header("content-range").is_some_and(|v| v.starts_with(&want)) {
+        return Err(malformed("Content-Range differs from the range asked for"));
+    }
+    let len = end - start;
+    if header("content-length").is_some_and(|v| v.parse::<u64>().ok() != Some(len)) {
+        return Err(malformed("Content-Length differs from the range asked for"));
+    }
+    if header("transfer-encoding").is_some() {
+        return Err(malformed("a chunked range answer"));
+    }
+    Ok(Body {
+        conn,
+        pre: buf[head_len..].to_vec(),
+        pre_pos: 0,
+        framing: Framing::Length(len),
+        content_length: Some(len),
+        url: url.clone(),
+        starts_at: start,
+        validator: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

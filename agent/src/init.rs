@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anneal_api::agent::{NextAction, Outcome, RegisterRequest, ResultRequest};
+use anneal_api::agent::{AfterDeploy, NextAction, Outcome, RegisterRequest, ResultRequest};
 use anneal_api::error_chain;
 use nix::mount::{MsFlags, mount};
 use nix::sys::reboot::{RebootMode, reboot};
@@ -384,6 +384,7 @@ pub fn worker() -> ! {
         Ok(r) => r,
         Err(e) => stop(&registration_failure(&e)),
     };
+    let _ = MACHINE.set(format!("{}/{}", resp.machine.namespace, resp.machine.name));
     say!(
         "registered as {}/{} ({:.1} s after /init, {:.1} s after the network was up)",
         resp.machine.namespace,
@@ -470,6 +471,9 @@ pub fn worker() -> ! {
     }
 }
 
+/// The Machine this agent registered as (`namespace/name`).
+static MACHINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 fn handle(client: &AgentClient, action: NextAction) {
     match action {
         NextAction::Wait {
@@ -487,21 +491,53 @@ fn handle(client: &AgentClient, action: NextAction) {
             say!("powering off (asked by the manager)");
             reboot_now(RebootMode::RB_POWER_OFF);
         }
+        NextAction::Wipe { id, disks } => {
+            let mut failures = Vec::new();
+            for d in &disks {
+                say!("wiping {d}");
+                match crate::deploy::wipe(std::path::Path::new(d)) {
+                    Ok(r) => say!("wiped {d}: {r:?}"),
+                    Err(e) => {
+                        say!("wiping {d} failed: {}", error_chain(&e));
+                        failures.push(format!("{d}: {}", error_chain(&e)));
+                    }
+                }
+            }
+            nix::unistd::sync();
+            let outcome = if failures.is_empty() {
+                Outcome::Succeeded
+            } else {
+                Outcome::Failed {
+                    reason: failures.join("; "),
+                    phase: Some("Wiping".into()),
+                }
+            };
+            let res = client.result(&ResultRequest {
+                run_id: id,
+                outcome,
+            });
+            if let Err(e) = res {
+                say!("reporting the wipe result failed: {}", error_chain(&e));
+            }
+        }
         NextAction::Shell => {
             run_shell();
         }
         NextAction::Deploy { plan } => {
-            let run_id = plan.run_id.clone();
-            say!("deploy of run {run_id} requested, but this agent build cannot deploy yet");
-            let res = client.result(&ResultRequest {
-                run_id,
-                outcome: Outcome::Failed {
-                    reason: "this agent build cannot deploy".into(),
-                    phase: None,
-                },
-            });
-            if let Err(e) = res {
-                say!("reporting the deploy result failed: {}", error_chain(&e));
+            let machine = MACHINE.get().cloned().unwrap_or_default();
+            let mut hooks = crate::posthook::runner(&plan.architecture, &machine, &plan);
+            match crate::deploy::agent::run(client, &plan, &mut hooks) {
+                Ok(()) if plan.after_deploy == AfterDeploy::PowerOff => {
+                    say!("deploy done; powering off");
+                    reboot_now(RebootMode::RB_POWER_OFF);
+                }
+                Ok(()) => {
+                    say!("deploy done; rebooting into the deployed OS");
+                    reboot_now(RebootMode::RB_AUTOBOOT);
+                }
+                // PID 1 then opens the debug shell (anneal.debug=shell) or
+                // reboots after its delay
+                Err(line) => stop(&line),
             }
         }
     }

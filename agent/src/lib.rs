@@ -4,6 +4,7 @@
 pub mod client;
 pub mod cmdline;
 pub mod console;
+pub mod deploy;
 pub mod fetch;
 pub mod imaging;
 pub mod ingest;
@@ -12,5 +13,6 @@ pub mod inventory;
 pub mod jsonl;
 pub mod modules;
 pub mod net;
+pub mod posthook;
 pub mod serve;
 pub mod store;

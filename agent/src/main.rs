@@ -41,6 +41,10 @@ enum Command {
     /// server of a Site): `/content/<namespace>/<content>/index|stream`,
     /// verified contents only.
     Serve(ServeArgs),
+    /// Run a deploy plan locally (no agent API): fetch, verify and write
+    /// its contents, write the tables (JSON lines on stdout; exit 1 on
+    /// failure).
+    Deploy(anneal_agent::deploy::cli::DeployArgs),
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +158,14 @@ fn main() -> anyhow::Result<()> {
             tracing::info!(addr = %server.local_addr()?, dir = %a.content_dir.display(), "serving the content store");
             server.run();
             Ok(())
+        }
+        Command::Deploy(args) => {
+            tracing_init();
+            if anneal_agent::deploy::cli::run(&args) {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Command::Cmdline(a) => {
             if let Some(path) = a.vectors {

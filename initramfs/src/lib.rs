@@ -41,6 +41,16 @@ pub enum BuildError {
     /// Compression failed.
     #[error("{0} compression")]
     Compress(&'static str, #[source] io::Error),
+    /// The shared libraries of an extra binary could not be listed.
+    #[error(
+        "cannot list the shared libraries of {path} with ldd ({detail}): pass a binary of the build host's architecture, or a static one"
+    )]
+    Ldd {
+        /// The binary.
+        path: PathBuf,
+        /// What ldd said.
+        detail: String,
+    },
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, BuildError> {
@@ -212,6 +222,10 @@ pub struct Inputs {
     pub firmware: Vec<String>,
     /// A static busybox for the debug shell and script steps.
     pub busybox: Option<PathBuf>,
+    /// Extra dynamically linked programs (e2fsprogs' `e2fsck` and `resize2fs`
+    /// for the growLastPartition step): each is packed at its own absolute
+    /// path with the ELF interpreter and libraries `ldd` lists for it.
+    pub binaries: Vec<PathBuf>,
     /// Compression.
     pub compression: Compression,
     /// Compression level (zstd 1..=19, gzip 1..=9).
@@ -399,6 +413,60 @@ pub const BUSYBOX_APPLETS: &[&str] = &[
     "wget", "xxd", "awk", "blkid", "blockdev", "cut", "sort", "tr", "uniq", "wipefs",
 ];
 
+/// The archive path of a host file: its absolute path without the leading `/`.
+fn archive_path(p: &Path) -> String {
+    p.to_string_lossy().trim_start_matches('/').to_string()
+}
+
+/// The files `ldd` output names: the interpreter and each resolved library
+/// (`libx.so.1 => /lib/.../libx.so.1 (0x…)`, `/lib64/ld-linux-x86-64.so.2
+/// (0x…)`); `linux-vdso` has no file. A library ldd could not find is an
+/// error naming it.
+pub fn parse_ldd(out: &str) -> Result<Vec<PathBuf>, String> {
+    let mut v = Vec::new();
+    for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.contains("statically linked") {
+            continue;
+        }
+        let target = match line.split_once("=>") {
+            Some((name, rest)) => {
+                let rest = rest.trim();
+                if rest.starts_with("not found") {
+                    return Err(format!("{} not found", name.trim()));
+                }
+                rest
+            }
+            None => line,
+        };
+        let path = target.split_whitespace().next().unwrap_or("");
+        if path.starts_with('/') {
+            v.push(PathBuf::from(path));
+        }
+    }
+    Ok(v)
+}
+
+fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>, BuildError> {
+    let ldd_err = |detail: String| BuildError::Ldd {
+        path: bin.to_path_buf(),
+        detail,
+    };
+    let out = std::process::Command::new("ldd")
+        .arg(bin)
+        .output()
+        .map_err(|e| ldd_err(e.to_string()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        // ldd exits 1 for a static binary ("not a dynamic executable").
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("not a dynamic executable") || text.contains("statically linked") {
+            return Ok(Vec::new());
+        }
+        return Err(ldd_err(format!("{} {}", out.status, err.trim())));
+    }
+    parse_ldd(&text).map_err(ldd_err)
+}
+
 /// Builds the archive (uncompressed) and the report's sizes.
 pub fn build_archive(inputs: &Inputs) -> Result<(Archive, Report), BuildError> {
     let mut a = Archive::new();
@@ -424,6 +492,19 @@ pub fn build_archive(inputs: &Inputs) -> Result<(Archive, Report), BuildError> {
         for applet in BUSYBOX_APPLETS {
             a.symlink(&format!("bin/{applet}"), "busybox")?;
         }
+    }
+
+    let mut libs: BTreeSet<PathBuf> = BTreeSet::new();
+    for b in &inputs.binaries {
+        let data = read(b)?;
+        add_row(&mut rows, "binaries", data.len());
+        a.file(&archive_path(b), 0o755, data)?;
+        libs.extend(shared_libraries(b)?);
+    }
+    for l in &libs {
+        let data = read(l)?;
+        add_row(&mut rows, "binaries/libs", data.len());
+        a.file(&archive_path(l), 0o755, data)?;
     }
 
     let mut report = Report {
@@ -678,9 +759,77 @@ mod tests {
             firmware_dir: Some(d.join("fw")),
             firmware: vec![],
             busybox: None,
+            binaries: vec![],
             compression: c,
             level: 3,
         }
+    }
+
+    #[test]
+    fn ldd_output_is_parsed() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd0b5f5000)\n\
+                   \tlibext2fs.so.2 => /lib/x86_64-linux-gnu/libext2fs.so.2 (0x00007f1)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007f3)\n";
+        assert_eq!(
+            parse_ldd(out).unwrap(),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libext2fs.so.2"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+        let e = parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err();
+        assert!(e.contains("libfoo.so.1"), "{e}");
+        assert!(parse_ldd("\tstatically linked\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn extra_binaries_come_with_their_libraries() {
+        let d = tree();
+        let mut i = inputs(d.path(), Compression::None);
+        let resize2fs = PathBuf::from("/usr/sbin/resize2fs");
+        i.binaries = vec![resize2fs.clone()];
+        let (a, _) = build_archive(&i).unwrap();
+        let listing = String::from_utf8_lossy(&a.to_bytes()).into_owned();
+        assert!(listing.contains("usr/sbin/resize2fs"));
+        let libs = shared_libraries(&resize2fs).unwrap();
+        assert!(
+            libs.iter()
+                .any(|l| l.to_string_lossy().contains("libext2fs")),
+            "{libs:?}"
+        );
+        for l in &libs {
+            assert!(
+                listing.contains(&archive_path(l)),
+                "{} not packed",
+                l.display()
+            );
+        }
+        // The packed program runs from the unpacked archive alone.
+        let root = tempfile::tempdir().unwrap();
+        let cpio = root.path().join("a.cpio");
+        std::fs::write(&cpio, a.to_bytes()).unwrap();
+        let tree = root.path().join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        let st = std::process::Command::new("cpio")
+            .args(["-id", "--quiet", "-F"])
+            .arg(&cpio)
+            .current_dir(&tree)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = std::process::Command::new("chroot")
+            .arg(&tree)
+            .arg("/usr/sbin/resize2fs")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("resize2fs 1."), "{err}");
+        assert!(
+            !err.contains("error while loading shared libraries"),
+            "{err}"
+        );
     }
 
     #[test]

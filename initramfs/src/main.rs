@@ -49,6 +49,11 @@ struct Cli {
     /// A static busybox for the debug shell.
     #[arg(long)]
     busybox: Option<PathBuf>,
+    /// An extra dynamically linked program, packed at its own path with the
+    /// libraries ldd lists (repeatable; e.g. /usr/sbin/e2fsck and
+    /// /usr/sbin/resize2fs for the growLastPartition post-install step).
+    #[arg(long = "binary")]
+    binaries: Vec<PathBuf>,
     /// Compression.
     #[arg(long, value_enum, default_value = "zstd")]
     compression: CompressionArg,
@@ -89,6 +94,7 @@ fn main() -> anyhow::Result<()> {
         firmware_dir: cli.firmware_dir,
         firmware: cli.firmware,
         busybox: cli.busybox,
+        binaries: cli.binaries,
         compression: match cli.compression {
             CompressionArg::Zstd => Compression::Zstd,
             CompressionArg::Gzip => Compression::Gzip,

@@ -8,6 +8,7 @@ pub mod conditions;
 pub mod content;
 pub mod controller;
 pub mod crdgen;
+pub mod deploy;
 pub mod ipam;
 pub mod leader;
 pub mod metrics;

@@ -68,7 +68,15 @@ pub fn build_initramfs(tool: &Path, agent: &Path, modules: &Path, out: &Path) ->
         .arg(agent)
         .arg("--modules")
         .arg(modules)
-        .args(["--busybox", "/bin/busybox", "--compression", "zstd", "-o"])
+        .args(["--busybox", "/bin/busybox", "--compression", "zstd"])
+        // growLastPartition's tools, with their libraries.
+        .args([
+            "--binary",
+            "/usr/sbin/e2fsck",
+            "--binary",
+            "/usr/sbin/resize2fs",
+            "-o",
+        ])
         .arg(out)
         .arg("--report")
         .arg(&report)

@@ -61,6 +61,13 @@ pub const DISKS: [(DiskBus, &str, u64, &str); 2] = [
     (DiskBus::VirtioBlk, "E2EVBLK0001", 256, "vda"),
     (DiskBus::Nvme, "E2ENVME0001", 128, "nvme0n1"),
 ];
+/// The deploy lab's disks: the OS disk must hold the test OS image.
+pub const DEPLOY_DISKS: [(DiskBus, &str, u64, &str); 2] = [
+    (DiskBus::VirtioBlk, "E2EVBLK0001", 3 << 10, "vda"),
+    (DiskBus::Nvme, "E2ENVME0001", 256, "nvme0n1"),
+];
+/// Where the VM reaches the content server (relayed to host loopback).
+pub const CONTENT_URL: &str = "http://10.77.0.1:8088";
 const BMC_USER: &str = "admin";
 const BMC_PASSWORD: &str = "e2e-bmc-password";
 const FILES: &str = "{snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib/ipxe/ipxe.efi, undionly.kpxe: /usr/lib/ipxe/undionly.kpxe}";
@@ -83,6 +90,20 @@ pub struct Lab {
     pub dir: PathBuf,
     pub initrd: PathBuf,
     pub initrd_bytes: u64,
+    /// The VM's disks (bus, serial, MiB, kernel name).
+    pub disks: Vec<(DiskBus, &'static str, u64, &'static str)>,
+    /// The content store (deploy lab only).
+    pub store: Option<PathBuf>,
+    _content_forward: Option<TcpForward>,
+}
+
+/// What a lab runs besides the inspection spine.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LabOptions {
+    /// The rest of the manager (claims, images and content with the
+    /// `process` executor, the content server relayed at [`CONTENT_URL`]),
+    /// bigger disks ([`DEPLOY_DISKS`]).
+    pub deploy: bool,
 }
 
 impl Drop for Lab {
@@ -122,6 +143,11 @@ impl Lab {
     /// Brings up the control plane, the manager, bootd and the artifacts.
     /// `say` reports progress.
     pub async fn start(say: &dyn Fn(&str)) -> anyhow::Result<Lab> {
+        Self::start_with(say, LabOptions::default()).await
+    }
+
+    /// [`Lab::start`] with options.
+    pub async fn start_with(say: &dyn Fn(&str), opts: LabOptions) -> anyhow::Result<Lab> {
         let mut ns = Netns::create("anle2e")?;
         ns.start_router_advertisements()?;
         let dir = ns.dir();
@@ -153,20 +179,26 @@ impl Lab {
 
         // The manager's lifecycle half, as `manager run` starts it.
         let cancel = CancellationToken::new();
+        let mut lc = LifecycleConfig {
+            boot_token_lifetime: Duration::from_secs(600),
+            graceful_shutdown_timeout: Duration::from_secs(3),
+            bmc_timeout: Duration::from_secs(5),
+            ..LifecycleConfig::default()
+        };
+        if opts.deploy {
+            lc.deploy.content_url = Some(CONTENT_URL.into());
+            lc.health_interval = Duration::from_secs(10);
+        }
         let (api, _controller) = anneal_manager::lifecycle::start(
             client.clone(),
-            LifecycleConfig {
-                boot_token_lifetime: Duration::from_secs(600),
-                graceful_shutdown_timeout: Duration::from_secs(3),
-                bmc_timeout: Duration::from_secs(5),
-                ..LifecycleConfig::default()
-            },
+            lc,
             AgentApiConfig {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 namespace: "anneal-system".into(),
                 server_names: vec![SERVER_IP.into(), "127.0.0.1".into(), "localhost".into()],
                 session_ttl: Duration::from_secs(600),
                 long_poll: Duration::from_secs(5),
+                fast_track_window: None,
             },
             cancel.clone(),
         )
@@ -194,8 +226,49 @@ impl Lab {
                 }))?,
             )
             .await?;
-        // The manager's reservations controller fills status.dhcp.
-        {
+        // The manager's reservations controller fills status.dhcp; the
+        // deploy lab runs the whole controller set (claims, images,
+        // reservations) as `manager run` does, the lifecycle half aside.
+        let mut store = None;
+        let mut content_forward = None;
+        if opts.deploy {
+            let dir_store = dir.join("store");
+            std::fs::create_dir_all(&dir_store)?;
+            let bin_dir = crate::artifacts::agent_host()
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .context("agent binary directory")?;
+            let port = anneal_testinfra::free_port()?;
+            let runtime =
+                anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
+                    .with_content(anneal_manager::content::ContentConfig {
+                        executor: anneal_manager::workload::Executor::Process(
+                            anneal_manager::workload::process::ProcessExecutor::new(
+                                bin_dir, &dir_store,
+                            ),
+                        ),
+                        store_name: "lab-store".into(),
+                        max_source_bytes: None,
+                        ingest_deadline_secs: 1800,
+                        server_listen: Some(format!("127.0.0.1:{port}")),
+                        upload: None,
+                    });
+            let shutdown = runtime.shutdown_token();
+            let c = cancel.clone();
+            tokio::spawn(async move {
+                c.cancelled().await;
+                shutdown.cancel();
+            });
+            tokio::spawn(runtime.run());
+            content_forward = Some(ns.forward_tcp(
+                SocketAddr::from(([10, 77, 0, 1], 8088)),
+                SocketAddr::from(([127, 0, 0, 1], port)),
+            )?);
+            say(&format!(
+                "manager: claims, images, content server on 127.0.0.1:{port} (relayed at {CONTENT_URL})"
+            ));
+            store = Some(dir_store);
+        } else {
             let recorder = kube::runtime::events::Recorder::new(
                 client.clone(),
                 kube::runtime::events::Reporter {
@@ -269,13 +342,20 @@ impl Lab {
             dir,
             initrd,
             initrd_bytes,
+            disks: if opts.deploy {
+                DEPLOY_DISKS.to_vec()
+            } else {
+                DISKS.to_vec()
+            },
+            store,
+            _content_forward: content_forward,
         })
     }
 
     /// Launches the VM powered off (QEMU paused) and starts its BMC.
     pub async fn launch_vm(&mut self) -> anyhow::Result<()> {
         let mut disks = Vec::new();
-        for (bus, serial, mib, _) in DISKS {
+        for &(bus, serial, mib, _) in &self.disks {
             let path = self.dir.join(format!("{serial}.raw"));
             std::fs::File::create(&path)?.set_len(mib << 20)?;
             disks.push(DiskConfig {
@@ -295,7 +375,14 @@ impl Lab {
             cpus: CPUS,
             nics: vec![nic],
             disks,
-            extra_args: vec!["-S".into(), "-no-shutdown".into()],
+            extra_args: {
+                let mut a = vec!["-S".to_string(), "-no-shutdown".to_string()];
+                if self.store.is_some() {
+                    // The deployed test OS prints the DMI serial as its name.
+                    a.extend(["-smbios".to_string(), format!("type=1,serial={MACHINE}")]);
+                }
+                a
+            },
             no_reboot: false,
             ..VmConfig::default()
         };
@@ -427,6 +514,18 @@ impl Lab {
         timeout: Duration,
         on: &mut dyn FnMut(Progress<'_>),
     ) -> anyhow::Result<Duration> {
+        self.wait_state("Available", timeout, on).await
+    }
+
+    /// Polls until the Machine's state is `want` (or `timeout` after QEMU's
+    /// launch), reporting console growth and state changes. Returns the time
+    /// from QEMU's launch.
+    pub async fn wait_state(
+        &self,
+        want: &str,
+        timeout: Duration,
+        on: &mut dyn FnMut(Progress<'_>),
+    ) -> anyhow::Result<Duration> {
         let mut shown = 0;
         let mut last_state = String::from("?");
         loop {
@@ -440,12 +539,12 @@ impl Lab {
                 on(Progress::State(&state, self.since_launch()));
                 last_state = state.clone();
             }
-            if state == "Available" {
+            if state == want {
                 return Ok(self.since_launch());
             }
             if self.since_launch() > timeout {
                 anyhow::bail!(
-                    "machine {MACHINE} not Available {:.0} s after QEMU's launch (state {state:?}); console tail:\n{}\nlab log tail:\n{}",
+                    "machine {MACHINE} not {want} {:.0} s after QEMU's launch (state {state:?}); console tail:\n{}\nlab log tail:\n{}",
                     timeout.as_secs_f64(),
                     tail(&console, 40),
                     tail(
@@ -456,6 +555,86 @@ impl Lab {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+impl Lab {
+    /// Imports `url` (sha256 `checksum`) as Image `name` (contents
+    /// `<name>-pN`) through an ImageImport and waits until the Image is
+    /// Ready.
+    pub async fn import(
+        &self,
+        name: &str,
+        url: &str,
+        checksum: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let client = self.cp.client();
+        let imports: Api<anneal_api::ImageImport> = Api::namespaced(client.clone(), NAMESPACE);
+        imports
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
+                    "metadata": {"name": name},
+                    "spec": {"source": {"url": url, "checksum": format!("sha256:{checksum}")},
+                             "imageName": name, "contentPrefix": name, "osFamily": "Linux",
+                             "bootable": true},
+                }))?,
+            )
+            .await?;
+        let images: Api<anneal_api::Image> = Api::namespaced(client, NAMESPACE);
+        let start = Instant::now();
+        loop {
+            let imp = imports.get(name).await?;
+            let st = imp.status.clone().unwrap_or_default();
+            if st.state == Some(anneal_api::ImportState::Failed) {
+                anyhow::bail!("ImageImport {name} failed: {:?}", st.conditions);
+            }
+            if let Some(i) = images.get_opt(name).await?
+                && i.status.as_ref().and_then(|s| s.state) == Some(anneal_api::ImageState::Ready)
+            {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                start.elapsed() < timeout,
+                "Image {name} not Ready after {timeout:?}: import {:?}",
+                st
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A MachineClaim `name` for the lab's Machine deploying `image` to the
+    /// disk with serial `serial`, with `extra` merged into its spec.
+    pub async fn claim(
+        &self,
+        name: &str,
+        image: &str,
+        serial: &str,
+        extra: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let mut spec = serde_json::json!({
+            "machineName": MACHINE,
+            "imageRef": {"name": image},
+            "targetDisk": {"serialNumber": serial},
+        });
+        if let (Some(base), Some(more)) = (spec.as_object_mut(), extra.as_object()) {
+            for (k, v) in more {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+        let claims: Api<anneal_api::MachineClaim> = Api::namespaced(self.cp.client(), NAMESPACE);
+        claims
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+                    "metadata": {"name": name}, "spec": spec,
+                }))?,
+            )
+            .await?;
+        Ok(())
     }
 }
 

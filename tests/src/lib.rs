@@ -13,6 +13,8 @@
 //! - [`lifecycle`]: the manager's lifecycle half in a killable runtime, log
 //!   capture, the agent protocol over HTTPS, Machine/Secret fixtures.
 //! - [`e2e`]: the whole inspection lab (control plane, manager, bootd, VM).
+//! - [`testos`]: the bootable test OS disk image (GPT, ESP with a UKI, swap,
+//!   ext4 root with a marker) the deploy tests import, built and cached.
 //!
 //! Test code: a failed set-up step panics with what failed, so `unwrap` and
 //! `expect` are allowed here.
@@ -26,6 +28,8 @@ pub mod e2e;
 pub mod images;
 pub mod lab;
 pub mod lifecycle;
+pub mod ovmf;
+pub mod testos;
 pub mod wait;
 
 pub use wait::{eventually, eventually_blocking};

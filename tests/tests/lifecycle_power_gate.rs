@@ -115,6 +115,7 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             server_names: vec!["127.0.0.1".into()],
             session_ttl: Duration::from_secs(600),
             long_poll: Duration::from_secs(3),
+            fast_track_window: None,
         },
     );
 

@@ -318,6 +318,17 @@ pub enum NextAction {
         /// The deploy plan.
         plan: Box<DeployPlan>,
     },
+    /// Wipe disks (a released Machine with reclaimPolicy Recycle): discard
+    /// where supported, else zero the partition tables at both ends and
+    /// the known filesystem signatures; then report `result` with `runId`
+    /// = `id`.
+    #[serde(rename_all = "camelCase")]
+    Wipe {
+        /// What `result` names.
+        id: String,
+        /// Device paths (`/dev/vda`).
+        disks: Vec<String>,
+    },
     /// Power off.
     #[serde(rename = "poweroff")]
     PowerOff,
@@ -618,6 +629,13 @@ mod tests {
             (r#"{"action":"poweroff"}"#, NextAction::PowerOff),
             (r#"{"action":"reboot"}"#, NextAction::Reboot),
             (r#"{"action":"shell"}"#, NextAction::Shell),
+            (
+                r#"{"action":"wipe","id":"m1-wipe","disks":["/dev/vda"]}"#,
+                NextAction::Wipe {
+                    id: "m1-wipe".into(),
+                    disks: vec!["/dev/vda".into()],
+                },
+            ),
         ] {
             let got: NextAction = serde_json::from_str(json).unwrap();
             assert_eq!(got, want);

@@ -221,6 +221,27 @@ pub mod reasons {
     pub const CONTENT_FAILED: &str = "ContentFailed";
     /// Ready=True: every content is Ready.
     pub const CONTENTS_READY: &str = "ContentsReady";
+
+    // --- Machine Progressing / DeployRun Succeeded ---
+    /// Progressing=False on a claimed Machine: no run can be planned (a disk
+    /// hint, a missing or unready Image, content or hook); nothing is
+    /// powered on; the message names the cause and the fix.
+    pub const DEPLOY_PLAN_FAILED: &str = "DeployPlanFailed";
+    /// Progressing=True: a DeployRun is active.
+    pub const DEPLOYING: &str = "Deploying";
+    /// DeployRun Succeeded=True / Machine Progressing=False: deployed.
+    pub const DEPLOY_SUCCEEDED: &str = "DeploySucceeded";
+    /// DeployRun Succeeded=False: the agent reported a failure (the message
+    /// names the phase and the reason).
+    pub const DEPLOY_FAILED: &str = "DeployFailed";
+    /// Progressing=True: a released Recycle machine is being wiped.
+    pub const WIPING: &str = "Wiping";
+    /// Progressing=False: the agent reported the wipe done (the Machine
+    /// returns to Available).
+    pub const WIPED: &str = "Wiped";
+    /// Progressing=False: the agent reported the wipe failed (a Restart
+    /// failure; the message names the disk and the cause).
+    pub const WIPE_FAILED: &str = "WipeFailed";
 }
 
 #[cfg(test)]

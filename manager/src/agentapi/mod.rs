@@ -22,6 +22,7 @@
 //! lists Machines.
 
 pub mod ca;
+pub mod runs;
 
 use anneal_api::conditions::{reasons, types};
 use std::collections::HashMap;
@@ -96,6 +97,10 @@ pub struct AgentApiConfig {
     pub session_ttl: Duration,
     /// Longest hold of `GET /v1/agent/next`.
     pub long_poll: Duration,
+    /// Fast-track: an Available machine's agent is kept running (`next`
+    /// answers `wait`) this long after its registration, so a claim bound
+    /// meanwhile deploys without a new boot; None: off (`poweroff`).
+    pub fast_track_window: Option<Duration>,
 }
 
 impl Default for AgentApiConfig {
@@ -106,6 +111,7 @@ impl Default for AgentApiConfig {
             server_names: vec!["localhost".into(), "127.0.0.1".into()],
             session_ttl: Duration::from_secs(3600),
             long_poll: Duration::from_secs(25),
+            fast_track_window: None,
         }
     }
 }
@@ -412,6 +418,20 @@ impl Server {
             },
             (Method::GET, agent::paths::NEXT) => match self.authenticate(bearer).await {
                 Ok((m, _)) => self.next(&m).await,
+                Err(r) => r,
+            },
+            (Method::POST, agent::paths::PROGRESS) => match self.authenticate(bearer).await {
+                Ok((m, _)) => match runs::progress(&self.client, &m, &body).await {
+                    Ok(action) => json_reply(StatusCode::OK, &agent::ProgressResponse { action }),
+                    Err(r) => refused(&m, r),
+                },
+                Err(r) => r,
+            },
+            (Method::POST, agent::paths::RESULT) => match self.authenticate(bearer).await {
+                Ok((m, _)) => match runs::result(&self.client, &m, &body).await {
+                    Ok(()) => no_content(),
+                    Err(r) => refused(&m, r),
+                },
                 Err(r) => r,
             },
             _ => fail(StatusCode::NOT_FOUND, ErrorCode::BadRequest, "no such path"),
@@ -741,11 +761,66 @@ impl Server {
                 .as_ref()
                 .and_then(|m| m.status.as_ref())
                 .and_then(|s| s.state);
-            if matches!(
-                state,
-                Some(MachineState::Available | MachineState::Released | MachineState::Parked)
-            ) {
+            let fast_track = state == Some(MachineState::Available)
+                && current.as_ref().is_some_and(|m| {
+                    crate::lifecycle::handlers::fast_track_live(
+                        m,
+                        self.cfg.fast_track_window,
+                        Timestamp::now(),
+                    )
+                });
+            if !fast_track
+                && matches!(
+                    state,
+                    Some(MachineState::Available | MachineState::Released | MachineState::Parked)
+                )
+            {
                 return json_reply(StatusCode::OK, &NextAction::PowerOff);
+            }
+            if state == Some(MachineState::Deprovisioning)
+                && let Some(m) = current.as_ref()
+            {
+                return match runs::wipe_disks(&self.client, m).await {
+                    Ok(disks) => {
+                        tracing::info!(machine = %name, disks = disks.len(), "wipe handed to the agent");
+                        json_reply(
+                            StatusCode::OK,
+                            &NextAction::Wipe {
+                                id: runs::wipe_id(m),
+                                disks,
+                            },
+                        )
+                    }
+                    Err(e) => {
+                        tracing::warn!(machine = %name, error = %e, "cannot read the inventory to wipe");
+                        internal()
+                    }
+                };
+            }
+            if state == Some(MachineState::Provisioning)
+                && let Some(run) = current
+                    .as_ref()
+                    .and_then(|m| m.status.as_ref())
+                    .and_then(|s| s.current_run_ref.as_ref())
+            {
+                match crate::deploy::runs::read_plan(&self.client, &ns, &run.name).await {
+                    Ok(Some(plan)) => {
+                        tracing::info!(machine = %name, run = %run.name, "deploy plan handed to the agent");
+                        return json_reply(
+                            StatusCode::OK,
+                            &NextAction::Deploy {
+                                plan: Box::new(plan),
+                            },
+                        );
+                    }
+                    Ok(None) => {
+                        tracing::warn!(machine = %name, run = %run.name, "the run has no plan secret yet");
+                    }
+                    Err(e) => {
+                        tracing::warn!(machine = %name, error = %e, "cannot read the deploy plan");
+                        return internal();
+                    }
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 return json_reply(
@@ -757,6 +832,27 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             current = api.get_opt(&name).await.ok().flatten();
+        }
+    }
+}
+
+fn no_content() -> Resp {
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .header(agent::SCHEMA_HEADER, agent::SCHEMA_VERSION)
+        .body(Full::new(Bytes::new()))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+fn refused(m: &Machine, r: runs::Refusal) -> Resp {
+    match r {
+        runs::Refusal::BadRequest(msg) => {
+            fail(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, &msg)
+        }
+        runs::Refusal::NotCurrent(msg) => fail(StatusCode::CONFLICT, ErrorCode::Conflict, &msg),
+        runs::Refusal::Api(e) => {
+            tracing::warn!(machine = %m.name_any(), error = %e, "cannot record the run report");
+            internal()
         }
     }
 }

@@ -322,6 +322,10 @@ async fn reconcile(pc: Arc<PartitionContent>, ctx: Arc<Ctx>) -> Result<Action, C
                     let pieces = out.get("pieces").and_then(Value::as_u64).unwrap_or(0);
                     status.state = Some(ContentState::Ready);
                     status.sha256 = Some(sha.to_string());
+                    status.index_sha256 = out
+                        .get("indexSha256")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
                     status.storage_ref = Some(NameRef::new(&c.store_name));
                     let message = format!(
                         "{pieces} pieces verified; stream sha256 {sha}; stored in {}",

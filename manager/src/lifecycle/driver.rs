@@ -21,8 +21,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::handlers::{
-    self, BackoffOp, Bmc, BmcAction, BmcFailure, Decision, Draft, Event, Outcome, Snapshot,
-    TokenOp, WarnOp,
+    self, BackoffOp, Bmc, BmcAction, BmcFailure, Decision, DeployView, Draft, Event, Outcome,
+    Snapshot, TokenOp, WarnOp,
 };
 use super::status::{condition, mint_token, token_hash};
 use super::{
@@ -129,7 +129,13 @@ pub(super) async fn apply(m: &Machine, ctx: &Context) -> Result<Action, Error> {
         hardware_session,
         subnet: None,
         dhcp_warned: warned_of(ctx, &key),
+        deploy: DeployView::NotRead,
     };
+    if handlers::wants_deploy(m) {
+        snap.deploy = crate::deploy::runs::view(&ctx.client, m, &ctx.cfg.deploy)
+            .await
+            .map_err(Error::kube("planning the deploy run"))?;
+    }
     let mut client = None;
     if handlers::wants_bmc(&snap) {
         match bmc_client(m, ctx).await {
@@ -174,6 +180,7 @@ pub(super) async fn cleanup(m: &Machine, ctx: &Context) -> Result<Action, Error>
         hardware_session: None,
         subnet: None,
         dhcp_warned: None,
+        deploy: DeployView::NotRead,
     };
     let mut client = None;
     if !handlers::skips_cleanup(m) {

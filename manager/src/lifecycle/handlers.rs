@@ -97,6 +97,93 @@ pub struct Snapshot<'a> {
     /// The overdue-warning memory of the DHCP gate: start of the wait (ms)
     /// and the periods warned about.
     pub dhcp_warned: Option<(i64, i64)>,
+    /// What the deploy planner found for a claimed Machine (read when
+    /// [`wants_deploy`]).
+    pub deploy: DeployView,
+}
+
+/// The deploy side of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeployView {
+    /// Not read (no claim, or a state with nothing to deploy).
+    #[default]
+    NotRead,
+    /// The claim's intent equals the last successful run's snapshot.
+    UpToDate,
+    /// No run can be planned; the message names the cause and the fix.
+    PlanFailed(String),
+    /// A Pending DeployRun for the claim's new intent exists (the driver
+    /// wrote it and its plan): start it.
+    Ready {
+        /// Its name.
+        run: String,
+        /// Its image (OS image, else the first data image).
+        image: Option<String>,
+    },
+    /// The run in `status.currentRunRef`, as read.
+    Current {
+        /// Its name.
+        run: String,
+        /// Its phase (None: not found or no status yet).
+        phase: Option<anneal_api::RunPhase>,
+        /// The Succeeded condition's message.
+        message: String,
+        /// The run's image (OS image, else the first data image).
+        image: Option<String>,
+        /// Whole percent written.
+        percent: Option<i32>,
+    },
+}
+
+/// Fast-track: whether `m`'s agent, registered at `status.agent.lastSeen`
+/// with a live session, is still inside the fast-track `window`.
+pub fn fast_track_live(m: &Machine, window: Option<Duration>, now: Timestamp) -> bool {
+    let Some(window) = window else {
+        return false;
+    };
+    let Some(agent) = m.status.as_ref().and_then(|s| s.agent.as_ref()) else {
+        return false;
+    };
+    let now = now.as_millisecond();
+    let session = agent
+        .expires_at
+        .as_ref()
+        .is_some_and(|t| t.0.as_millisecond() > now);
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    let inside = agent
+        .last_seen
+        .as_ref()
+        .is_some_and(|t| t.0.as_millisecond().saturating_add(window_ms) > now);
+    session && inside
+}
+
+/// When the fast-track window of `m` ends (ms), if it is live.
+fn fast_track_end(m: &Machine, window: Option<Duration>, now: Timestamp) -> Option<i64> {
+    if !fast_track_live(m, window, now) {
+        return None;
+    }
+    let w = i64::try_from(window?.as_millis()).unwrap_or(i64::MAX);
+    Some(
+        m.status
+            .as_ref()?
+            .agent
+            .as_ref()?
+            .last_seen
+            .as_ref()?
+            .0
+            .as_millisecond()
+            .saturating_add(w),
+    )
+}
+
+/// Whether the driver should plan or read runs: a claimed Machine that is
+/// Available or Provisioned, or any Machine that is Provisioning.
+pub fn wants_deploy(m: &Machine) -> bool {
+    match state_of(m) {
+        MachineState::Available | MachineState::Provisioned => m.spec.claim_ref.is_some(),
+        MachineState::Provisioning => true,
+        _ => false,
+    }
 }
 
 /// One Event to publish.
@@ -655,6 +742,9 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
         MachineState::Enrolling => enrolling(&mut p, client, http_boot),
         MachineState::Inspecting => inspecting(&mut p, client, http_boot),
         MachineState::Available | MachineState::Released => available(&mut p, client, http_boot),
+        MachineState::Provisioning => provisioning(&mut p, client, http_boot),
+        MachineState::Provisioned => provisioned(&mut p, client, http_boot),
+        MachineState::Deprovisioning => deprovisioning(&mut p, client, http_boot),
         // Parked: only `unpark` (above) moves it.
         MachineState::Parked => Outcome::Wait {
             reason: "parked",
@@ -882,6 +972,49 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
             other => other,
         };
     }
+    // Released by a claim under reclaimPolicy Recycle: wipe.
+    if p.state() == MachineState::Released
+        && p.m().spec.claim_ref.is_none()
+        && condition(&p.d.status.conditions, types::READY)
+            .is_some_and(|c| c.reason == reasons::RECYCLE_PENDING)
+    {
+        p.transition(MachineState::Deprovisioning);
+        p.cond(
+            types::PROGRESSING,
+            true,
+            reasons::WIPING,
+            "reclaimPolicy Recycle: the agent wipes the disks",
+        );
+        p.d.status.current_run_ref = None;
+        return match arm(p, client, http_boot) {
+            Outcome::Wait {
+                reason: "boot armed",
+                requeue,
+            } => Outcome::Transition {
+                next: MachineState::Deprovisioning,
+                event: "Recycle",
+                requeue,
+            },
+            other => other,
+        };
+    }
+    if p.state() == MachineState::Available
+        && p.m().spec.claim_ref.is_some()
+        && let Some(outcome) = deploy_or_report(p, client, http_boot)
+    {
+        return outcome;
+    }
+    // Fast-track: the idle agent keeps running until its window ends.
+    if p.state() == MachineState::Available
+        && p.m().spec.claim_ref.is_none()
+        && let Some(end) = fast_track_end(p.m(), p.cfg().fast_track_window, p.snap.now)
+    {
+        let left = u64::try_from(end - p.snap.now.as_millisecond()).unwrap_or(0);
+        return Outcome::Wait {
+            reason: "fast-track window",
+            requeue: Some(Duration::from_millis(left + 200).min(p.cfg().health_interval)),
+        };
+    }
     if p.state() == MachineState::Available
         && p.m().spec.claim_ref.is_none()
         && p.d.status.powered_on == Some(true)
@@ -892,6 +1025,338 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
     }
     Outcome::Wait {
         reason: "idle",
+        requeue: Some(p.cfg().health_interval),
+    }
+}
+
+/// A claimed Available or Provisioned Machine: start the Ready run, or
+/// report why none can be planned (nothing is powered on). None: nothing to
+/// deploy.
+fn deploy_or_report(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Option<Outcome> {
+    match p.snap.deploy.clone() {
+        DeployView::Ready { run, image } => {
+            Some(start_run(p, &run, image.as_deref(), client, http_boot))
+        }
+        DeployView::PlanFailed(message) => {
+            plan_failed(p, &message);
+            Some(Outcome::Wait {
+                reason: "deploy plan failed",
+                requeue: Some(p.cfg().health_interval),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn plan_failed(p: &mut Pass<'_, '_>, message: &str) {
+    let known = condition(&p.d.status.conditions, types::PROGRESSING)
+        .is_some_and(|c| c.reason == reasons::DEPLOY_PLAN_FAILED && c.message == message);
+    if !known {
+        p.event(
+            EventType::Warning,
+            reasons::DEPLOY_PLAN_FAILED,
+            message.to_string(),
+        );
+    }
+    p.cond(
+        types::PROGRESSING,
+        false,
+        reasons::DEPLOY_PLAN_FAILED,
+        message,
+    );
+}
+
+/// Starts a run: Provisioning, `currentRunRef`, a net boot armed.
+fn start_run(
+    p: &mut Pass<'_, '_>,
+    run: &str,
+    image: Option<&str>,
+    client: bool,
+    http_boot: bool,
+) -> Outcome {
+    p.transition(MachineState::Provisioning);
+    let r = anneal_api::NameRef::new(run);
+    p.d.status.current_run_ref = Some(r.clone());
+    p.d.status.last_attempted_run_ref = Some(r);
+    p.d.status.deploy = Some(anneal_api::MachineDeploy {
+        image: image.map(str::to_string),
+        phase: Some("Pending".into()),
+        percent: Some(0),
+    });
+    p.cond(
+        types::PROGRESSING,
+        true,
+        reasons::DEPLOYING,
+        &format!("DeployRun {run} started"),
+    );
+    if p.state() == MachineState::Provisioning
+        && p.m().status.as_ref().and_then(|s| s.state) == Some(MachineState::Available)
+        && fast_track_live(p.m(), p.cfg().fast_track_window, p.snap.now)
+    {
+        // The agent is running and polling: `next` hands it the plan; no
+        // power cycle, no new boot token.
+        p.event(
+            EventType::Normal,
+            "DeployStarted",
+            format!("DeployRun {run} started on the running agent (fast-track)"),
+        );
+        return Outcome::Transition {
+            next: MachineState::Provisioning,
+            event: "DeployStarted",
+            requeue: Some(p.cfg().health_interval.min(Duration::from_secs(10))),
+        };
+    }
+    p.event(
+        EventType::Normal,
+        "DeployStarted",
+        format!("DeployRun {run} started"),
+    );
+    match arm(p, client, http_boot) {
+        Outcome::Wait {
+            reason: "boot armed",
+            requeue,
+        } => Outcome::Transition {
+            next: MachineState::Provisioning,
+            event: "DeployStarted",
+            requeue,
+        },
+        other => other,
+    }
+}
+
+/// Provisioning: follow the current run; success → Provisioned (no more
+/// net boot: the machine boots the entry the agent wrote), failure → a
+/// Restart failure and a new run, held after `max_restarts`.
+fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    let health = p.cfg().health_interval;
+    if let DeployView::Current {
+        phase,
+        image,
+        percent,
+        ..
+    } = &p.snap.deploy
+    {
+        p.d.status.deploy = Some(anneal_api::MachineDeploy {
+            image: image.clone(),
+            phase: phase.map(|ph| format!("{ph:?}")),
+            percent: *percent,
+        });
+    }
+    match p.snap.deploy.clone() {
+        DeployView::Current {
+            run,
+            phase: Some(anneal_api::RunPhase::Succeeded),
+            ..
+        } => {
+            p.transition(MachineState::Provisioned);
+            let st = &mut p.d.status;
+            st.last_successful_run_ref = Some(anneal_api::NameRef::new(&run));
+            st.current_run_ref = None;
+            st.net_boot = None;
+            st.agent = None;
+            p.token = TokenOp::Delete;
+            p.cond(
+                types::PROGRESSING,
+                false,
+                reasons::DEPLOY_SUCCEEDED,
+                &format!("DeployRun {run} succeeded"),
+            );
+            p.event(
+                EventType::Normal,
+                reasons::DEPLOY_SUCCEEDED,
+                format!("DeployRun {run} succeeded"),
+            );
+            Outcome::Transition {
+                next: MachineState::Provisioned,
+                event: reasons::DEPLOY_SUCCEEDED,
+                requeue: Some(health),
+            }
+        }
+        DeployView::Current {
+            run,
+            phase: Some(anneal_api::RunPhase::Failed),
+            message,
+            ..
+        } => run_failed(p, &format!("DeployRun {run} failed: {message}")),
+        DeployView::Current { .. } => {
+            // Running or waiting for the agent: the boot token bounds the
+            // wait for a registration, as during inspection.
+            let now = p.snap.now.as_millisecond();
+            let expired =
+                p.d.status
+                    .net_boot
+                    .as_ref()
+                    .and_then(|n| n.expires_at.as_ref())
+                    .is_some_and(|t| t.0.as_millisecond() <= now);
+            let session_gone = p.d.status.net_boot.is_none()
+                && p.d.status.agent.as_ref().is_none_or(|a| {
+                    a.expires_at
+                        .as_ref()
+                        .is_none_or(|t| t.0.as_millisecond() <= now)
+                });
+            if (expired && p.d.status.agent.is_none()) || session_gone {
+                let run =
+                    p.d.status
+                        .current_run_ref
+                        .as_ref()
+                        .map(|r| r.name.clone())
+                        .unwrap_or_default();
+                return run_failed(
+                    p,
+                    &format!(
+                        "the agent did not register for DeployRun {run} before its boot token expired"
+                    ),
+                );
+            }
+            Outcome::Wait {
+                reason: "deploying",
+                requeue: Some(health.min(Duration::from_secs(10))),
+            }
+        }
+        DeployView::Ready { run, image } => start_run(p, &run, image.as_deref(), client, http_boot),
+        DeployView::PlanFailed(message) => {
+            plan_failed(p, &message);
+            Outcome::Wait {
+                reason: "deploy plan failed",
+                requeue: Some(health),
+            }
+        }
+        DeployView::UpToDate | DeployView::NotRead => Outcome::Wait {
+            reason: "nothing to deploy",
+            requeue: Some(health),
+        },
+    }
+}
+
+/// A failed attempt: a Restart failure; the next pass plans a new run (and
+/// arms a new boot) unless `max_restarts` holds the machine.
+fn run_failed(p: &mut Pass<'_, '_>, message: &str) -> Outcome {
+    failed_attempt(p, reasons::DEPLOY_FAILED, message)
+}
+
+/// A failed deploy or wipe attempt (`reason`): a Restart failure; the next
+/// pass starts a new attempt unless `max_restarts` holds the machine.
+fn failed_attempt(p: &mut Pass<'_, '_>, reason: &'static str, message: &str) -> Outcome {
+    let st = &mut p.d.status;
+    let restarts = st.restart_count.unwrap_or(0).saturating_add(1);
+    st.restart_count = Some(restarts);
+    st.error_count = Some(st.error_count.unwrap_or(0).saturating_add(1));
+    st.error_type = Some(ErrorType::Restart);
+    st.operational_status = Some(OperationalStatus::Error);
+    st.error_message = Some(message.to_string());
+    st.current_run_ref = None;
+    st.net_boot = None;
+    st.agent = None;
+    p.token = TokenOp::Delete;
+    p.cond(types::PROGRESSING, false, reason, message);
+    p.event(EventType::Warning, reason, message.to_string());
+    let max = p.cfg().max_restarts;
+    if restarts >= max {
+        p.cond(
+            types::RETRY_HELD,
+            true,
+            reasons::BOOT_RETRY_EXHAUSTED,
+            &retry_held_message(max),
+        );
+        p.event(
+            EventType::Warning,
+            reasons::BOOT_RETRY_EXHAUSTED,
+            format!("{restarts} consecutive failed attempts ({reason}); holding"),
+        );
+        return Outcome::Held {
+            reason: reasons::BOOT_RETRY_EXHAUSTED,
+        };
+    }
+    Outcome::Wait {
+        reason: "deploy failed; a new run follows",
+        requeue: Some(SOON),
+    }
+}
+
+/// Deprovisioning (Recycle): the agent's wipe result comes back as the
+/// Progressing condition (written by the agent API): Wiped → Available,
+/// WipeFailed → a Restart failure and a new boot; an agent that never
+/// registers before its token expires is a Restart failure too.
+fn deprovisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    let progressing = condition(&p.d.status.conditions, types::PROGRESSING)
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    match progressing {
+        Some((r, _)) if r == reasons::WIPED => {
+            p.transition(MachineState::Available);
+            let st = &mut p.d.status;
+            st.net_boot = None;
+            st.agent = None;
+            st.last_successful_run_ref = None;
+            st.deploy = None;
+            p.token = TokenOp::Delete;
+            p.cond(
+                types::READY,
+                true,
+                reasons::WIPED,
+                "wiped; available for a new claim",
+            );
+            return Outcome::Transition {
+                next: MachineState::Available,
+                event: reasons::WIPED,
+                requeue: Some(SOON),
+            };
+        }
+        Some((r, message)) if r == reasons::WIPE_FAILED => {
+            let outcome =
+                failed_attempt(p, reasons::WIPE_FAILED, &format!("wipe failed: {message}"));
+            p.cond(
+                types::PROGRESSING,
+                true,
+                reasons::WIPING,
+                "reclaimPolicy Recycle: the agent wipes the disks (retry)",
+            );
+            return outcome;
+        }
+        _ => {}
+    }
+    let now = p.snap.now.as_millisecond();
+    let expires =
+        p.d.status
+            .net_boot
+            .as_ref()
+            .and_then(|n| n.expires_at.as_ref())
+            .map(|t| t.0.as_millisecond());
+    match expires {
+        None => arm(p, client, http_boot),
+        Some(exp) if exp <= now && p.d.status.agent.is_none() => failed_attempt(
+            p,
+            reasons::WIPE_FAILED,
+            "the agent did not register for the wipe before its boot token expired",
+        ),
+        Some(_) => Outcome::Wait {
+            reason: "wiping",
+            requeue: Some(p.cfg().health_interval.min(Duration::from_secs(10))),
+        },
+    }
+}
+
+/// Provisioned: a changed intent starts a new run; a released claim
+/// leaves the machine Released (disks untouched).
+fn provisioned(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    if p.m().spec.claim_ref.is_none() {
+        p.transition(MachineState::Released);
+        p.cond(
+            types::PROGRESSING,
+            false,
+            reasons::RELEASED,
+            "the claim was released; disks untouched",
+        );
+        return Outcome::Transition {
+            next: MachineState::Released,
+            event: "Released",
+            requeue: Some(p.cfg().health_interval),
+        };
+    }
+    if let Some(outcome) = deploy_or_report(p, client, http_boot) {
+        return outcome;
+    }
+    Outcome::Wait {
+        reason: "provisioned",
         requeue: Some(p.cfg().health_interval),
     }
 }
@@ -1134,6 +1599,7 @@ mod tests {
             hardware_session: None,
             subnet: None,
             dhcp_warned: None,
+            deploy: DeployView::NotRead,
         }
     }
 
@@ -1506,6 +1972,211 @@ mod tests {
         // Released is not shut down
         let rel = machine(json!({}), json!({}), json!({"state": reasons::RELEASED}));
         assert!(apply(&snap(&rel, &cfg, answer(true))).actions.is_empty());
+    }
+
+    fn with_deploy<'a>(
+        m: &'a Machine,
+        cfg: &'a LifecycleConfig,
+        bmc: Bmc,
+        deploy: DeployView,
+    ) -> Snapshot<'a> {
+        Snapshot {
+            deploy,
+            ..snap(m, cfg, bmc)
+        }
+    }
+
+    #[test]
+    fn a_ready_run_starts_provisioning_with_a_net_boot() {
+        let cfg = cfg();
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            json!({"state": "Available", "poweredOn": false}),
+        );
+        let d = apply(&with_deploy(
+            &m,
+            &cfg,
+            answer(false),
+            DeployView::Ready {
+                run: "m1-abc-1".into(),
+                image: Some("os".into()),
+            },
+        ));
+        assert_eq!(state(&d), MachineState::Provisioning);
+        assert_eq!(d.token, TokenOp::Mint);
+        assert!(matches!(actions(&d)[..], [BmcAction::BootOnce { .. }]));
+        let st = &d.draft.status;
+        assert_eq!(st.current_run_ref.as_ref().unwrap().name, "m1-abc-1");
+        assert_eq!(st.last_attempted_run_ref.as_ref().unwrap().name, "m1-abc-1");
+        let summary = st.deploy.as_ref().unwrap();
+        assert_eq!(
+            (summary.image.as_deref(), summary.percent),
+            (Some("os"), Some(0))
+        );
+        assert!(reasons(&d).contains(&"DeployStarted"));
+        assert_eq!(
+            cond(&d, types::PROGRESSING).unwrap().reason,
+            reasons::DEPLOYING
+        );
+    }
+
+    #[test]
+    fn a_plan_that_fails_powers_nothing_on_and_warns_once() {
+        let cfg = cfg();
+        let why = "the disk hint of Image os matches 2 disks: /dev/vda, /dev/vdb".to_string();
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            json!({"state": "Available", "poweredOn": false}),
+        );
+        let d = apply(&with_deploy(
+            &m,
+            &cfg,
+            answer(false),
+            DeployView::PlanFailed(why.clone()),
+        ));
+        assert!(d.actions.is_empty(), "no power-on: {:?}", d.actions);
+        assert_eq!(d.token, TokenOp::Keep);
+        assert_eq!(state(&d), MachineState::Available);
+        assert_eq!(reasons(&d), vec![reasons::DEPLOY_PLAN_FAILED]);
+        assert!(d.draft.events[0].type_ == EventType::Warning);
+        let c = cond(&d, types::PROGRESSING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.message.as_str()),
+            ("False", why.as_str())
+        );
+        // The same failure again: no second Event.
+        let again = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            serde_json::to_value(&d.draft.status).unwrap(),
+        );
+        let d = apply(&with_deploy(
+            &again,
+            &cfg,
+            answer(false),
+            DeployView::PlanFailed(why),
+        ));
+        assert!(d.draft.events.is_empty());
+    }
+
+    #[test]
+    fn a_succeeded_run_is_provisioned_without_net_boot() {
+        let cfg = cfg();
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            json!({"state": "Provisioning", "poweredOn": true, "currentRunRef": {"name": "r1"},
+                   "netBoot": {"tokenHash": "h", "expiresAt": at(60_000)}}),
+        );
+        let d = apply(&with_deploy(
+            &m,
+            &cfg,
+            answer(true),
+            DeployView::Current {
+                run: "r1".into(),
+                phase: Some(anneal_api::RunPhase::Succeeded),
+                message: String::new(),
+                image: None,
+                percent: None,
+            },
+        ));
+        assert_eq!(state(&d), MachineState::Provisioned);
+        assert!(d.actions.is_empty());
+        assert_eq!(d.token, TokenOp::Delete);
+        let st = &d.draft.status;
+        assert!(st.current_run_ref.is_none() && st.net_boot.is_none());
+        assert_eq!(st.last_successful_run_ref.as_ref().unwrap().name, "r1");
+        // Still running: wait.
+        let d = apply(&with_deploy(
+            &m,
+            &cfg,
+            answer(true),
+            DeployView::Current {
+                run: "r1".into(),
+                phase: Some(anneal_api::RunPhase::WritingContent),
+                message: String::new(),
+                image: None,
+                percent: None,
+            },
+        ));
+        assert_eq!(state(&d), MachineState::Provisioning);
+        assert!(d.actions.is_empty());
+    }
+
+    #[test]
+    fn failed_runs_are_restart_failures_and_the_third_holds() {
+        let cfg = cfg();
+        let mut status = json!({"state": "Provisioning", "poweredOn": true,
+            "currentRunRef": {"name": "r1"}});
+        for n in 1..=3 {
+            let m = machine(
+                json!({}),
+                json!({"claimRef": {"name": "c1"}}),
+                status.clone(),
+            );
+            let d = apply(&with_deploy(
+                &m,
+                &cfg,
+                answer(true),
+                DeployView::Current {
+                    run: "r1".into(),
+                    phase: Some(anneal_api::RunPhase::Failed),
+                    message: "WritingContent: piece 7 of os-p3 stayed corrupt".into(),
+                    image: None,
+                    percent: None,
+                },
+            ));
+            let st = &d.draft.status;
+            assert_eq!(st.restart_count, Some(n));
+            assert!(st.current_run_ref.is_none());
+            assert!(
+                st.error_message
+                    .as_deref()
+                    .unwrap()
+                    .contains("piece 7 of os-p3")
+            );
+            assert!(reasons(&d).contains(&reasons::DEPLOY_FAILED));
+            if n < 3 {
+                assert_eq!(d.outcome.requeue(), Some(SOON));
+            } else {
+                assert!(matches!(d.outcome, Outcome::Held { .. }));
+                assert_eq!(cond(&d, types::RETRY_HELD).unwrap().status, "True");
+            }
+            status = serde_json::to_value(&d.draft.status).unwrap();
+            status["currentRunRef"] = json!({"name": "r1"});
+        }
+    }
+
+    #[test]
+    fn provisioned_redeploys_on_a_new_intent_and_idles_otherwise() {
+        let cfg = cfg();
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            json!({"state": "Provisioned", "poweredOn": true, "lastSuccessfulRunRef": {"name": "r1"}}),
+        );
+        let d = apply(&with_deploy(&m, &cfg, answer(true), DeployView::UpToDate));
+        assert_eq!(state(&d), MachineState::Provisioned);
+        assert!(d.actions.is_empty());
+        let d = apply(&with_deploy(
+            &m,
+            &cfg,
+            answer(true),
+            DeployView::Ready {
+                run: "r2".into(),
+                image: None,
+            },
+        ));
+        assert_eq!(state(&d), MachineState::Provisioning);
+        assert!(matches!(
+            actions(&d)[..],
+            [BmcAction::BootOnce {
+                reset: ResetType::ForceRestart,
+                ..
+            }]
+        ));
     }
 
     #[test]

@@ -87,6 +87,11 @@ pub struct LifecycleConfig {
     /// reservation to go live before a Warning Event (repeated every such
     /// period); it keeps waiting either way.
     pub dhcp_reservation_timeout: Duration,
+    /// Where agents fetch contents, progress cadence.
+    pub deploy: crate::deploy::runs::DeployConfig,
+    /// Fast-track window (the agent API's too): an Available machine's
+    /// agent keeps running this long after registering; None: off.
+    pub fast_track_window: Option<Duration>,
 }
 
 impl Default for LifecycleConfig {
@@ -99,6 +104,12 @@ impl Default for LifecycleConfig {
             max_restarts: 3,
             prefer_http_boot: false,
             dhcp_reservation_timeout: Duration::from_secs(120),
+            deploy: crate::deploy::runs::DeployConfig {
+                content_url: None,
+                progress_interval_seconds: 2,
+                stall_timeout: Some(Duration::from_secs(600)),
+            },
+            fast_track_window: None,
         }
     }
 }
@@ -244,6 +255,23 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
     let waiting = store.clone();
     let controller = controller
         .owns(scope.api::<MachineHardware>(), watcher::Config::default())
+        // A run's status (progress, result) wakes its Machine.
+        .owns(
+            scope.api::<anneal_api::DeployRun>(),
+            watcher::Config::default(),
+        )
+        // A claim's edit (image, hooks, params) may start a new run.
+        .watches(
+            scope.api::<anneal_api::MachineClaim>(),
+            watcher::Config::default(),
+            |claim: anneal_api::MachineClaim| {
+                let ns = claim.namespace().unwrap_or_default();
+                claim
+                    .status
+                    .and_then(|s| s.machine_name)
+                    .map(|m| ObjectRef::<Machine>::new(&m).within(&ns))
+            },
+        )
         .watches(
             scope.api::<Secret>(),
             watcher::Config::default(),
@@ -363,6 +391,22 @@ pub struct LifecycleArgs {
     /// power-on stays held until it is.
     #[arg(long, default_value = "2m")]
     pub dhcp_reservation_timeout: String,
+    /// Base URL agents fetch contents from (the content server, e.g.
+    /// `http://10.0.0.1:8088`); without it no deploy can be planned.
+    #[arg(long)]
+    pub content_url: Option<String>,
+    /// How often a deploying agent reports progress (`2s`).
+    #[arg(long, default_value = "2s")]
+    pub deploy_progress_interval: String,
+    /// A deploy whose agent reports nothing for this long fails and is
+    /// retried (`10m`).
+    #[arg(long, default_value = "10m")]
+    pub deploy_stall_timeout: String,
+    /// Fast-track: keep an Available machine's agent running, powered on,
+    /// this long after it registered (`30m`), so a claim bound meanwhile
+    /// deploys without a power cycle; unset: off.
+    #[arg(long)]
+    pub fast_track_window: Option<String>,
 }
 
 /// Errors of [`start_from_args`].
@@ -396,12 +440,22 @@ impl LifecycleArgs {
             graceful_shutdown_timeout: dur(&self.graceful_shutdown_timeout)?,
             prefer_http_boot: self.prefer_http_boot,
             dhcp_reservation_timeout: dur(&self.dhcp_reservation_timeout)?,
+            deploy: crate::deploy::runs::DeployConfig {
+                content_url: self.content_url.clone(),
+                progress_interval_seconds: u32::try_from(
+                    dur(&self.deploy_progress_interval)?.as_secs().max(1),
+                )
+                .unwrap_or(2),
+                stall_timeout: Some(dur(&self.deploy_stall_timeout)?),
+            },
+            fast_track_window: self.fast_track_window.as_deref().map(dur).transpose()?,
             ..LifecycleConfig::default()
         };
         let api = crate::agentapi::AgentApiConfig {
             listen: self.agent_api_listen,
             namespace: self.manager_namespace.clone(),
             server_names: self.agent_api_names.clone(),
+            fast_track_window: cfg.fast_track_window,
             ..crate::agentapi::AgentApiConfig::default()
         };
         Ok(Some((cfg, api)))

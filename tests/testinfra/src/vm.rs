@@ -244,6 +244,12 @@ impl Vm {
         &self.serial
     }
 
+    /// The VM's private OVMF VARS copy (UEFI variables as the firmware
+    /// keeps them).
+    pub fn vars_path(&self) -> PathBuf {
+        self.dir.path().join("OVMF_VARS.fd")
+    }
+
     /// The QMP socket.
     pub fn qmp_path(&self) -> &Path {
         &self.qmp

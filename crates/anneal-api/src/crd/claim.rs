@@ -445,6 +445,8 @@ fn assign_disks(hints: &[DiskHints], disks: &[HardwareDisk], used: &mut [bool]) 
     category = "anneal",
     doc = "The immutable snapshot of one deployment attempt, owned by the Machine.",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Percent","type":"integer","jsonPath":".status.percent"}"#,
+    printcolumn = r#"{"name":"MiB/s","type":"integer","jsonPath":".status.throughputMiBps"}"#,
     printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machineRef.name"}"#,
     printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name"}"#,
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.imageRef.name"}"#,
@@ -570,6 +572,20 @@ pub struct DeployRunStatus {
     /// One entry per partition written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<PartitionProgressStatus>,
+    /// Whole percent of all partitions' bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<i32>,
+    /// Write throughput since the previous progress report, MiB/s.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "throughputMiBps"
+    )]
+    pub throughput_mib_ps: Option<i64>,
+    /// When the agent last reported progress (a run whose agent falls
+    /// silent longer than the manager's stall timeout fails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress_time: Option<Time>,
     /// Start and end of each phase entered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phase_timings: Vec<PhaseTiming>,

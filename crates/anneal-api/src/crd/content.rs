@@ -271,6 +271,10 @@ pub struct PartitionContentStatus {
     /// SHA-256 of the canonical content stream, lowercase hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
+    /// SHA-256 of the content's index (header, extents, piece hashes),
+    /// lowercase hex: a deploy refuses an index that differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_sha256: Option<String>,
     /// The volume holding the bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_ref: Option<NameRef>,

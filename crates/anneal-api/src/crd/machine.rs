@@ -20,7 +20,9 @@ use super::common::{Condition, NameRef, Taint, Time};
     doc = "One bare-metal machine: hardware facts and access (BMC, boot NIC, console), never deploy intent; a MachineClaim binds it.",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Where the machine is in its lifecycle"}"#,
     printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name","description":"The MachineClaim bound to this machine"}"#,
-    printcolumn = r#"{"name":"Cordoned","type":"boolean","jsonPath":".spec.unclaimable","description":"Whether new claims are kept off this machine"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".status.deploy.image","description":"The OS Image deployed or being deployed"}"#,
+    printcolumn = r#"{"name":"Deploy%","type":"integer","jsonPath":".status.deploy.percent","description":"Progress of the current DeployRun"}"#,
+    printcolumn = r#"{"name":"Cordoned","type":"boolean","jsonPath":".spec.unclaimable","priority":1,"description":"Whether new claims are kept off this machine"}"#,
     printcolumn = r#"{"name":"Powered","type":"boolean","jsonPath":".status.poweredOn","description":"Last observed power state"}"#,
     printcolumn = r#"{"name":"MAC","type":"string","jsonPath":".spec.bootMACAddress","priority":1,"description":"MAC address of the boot NIC"}"#,
     printcolumn = r#"{"name":"Operational","type":"string","jsonPath":".status.operationalStatus","priority":1,"description":"OK, error, delayed or detached"}"#,
@@ -255,6 +257,9 @@ pub struct MachineStatus {
     /// The last DeployRun that ended, successful or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempted_run_ref: Option<NameRef>,
+    /// The current (or last) deploy at a glance: image, run phase, percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy: Option<MachineDeploy>,
     /// The current net-boot token (hash and expiry only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_boot: Option<NetBootStatus>,
@@ -268,4 +273,19 @@ pub struct MachineStatus {
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// The deploy summary of a Machine (`kubectl get machines`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeploy {
+    /// The OS Image (or the first data image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The run's phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Whole percent of the bytes written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<i32>,
 }

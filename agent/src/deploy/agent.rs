@@ -1,0 +1,151 @@
+//! The live environment's deploy: [`run_plan`] with progress sent through
+//! the agent API (`progress` answers continue or abort) and the outcome
+//! through `result`, a progress line on the console.
+
+use std::time::{Duration, Instant};
+
+use anneal_api::agent::{
+    DeployPlan, Outcome, ProgressAction, ProgressRequest, ResultRequest, sanitize_reason,
+};
+use anneal_api::error_chain;
+
+use super::{Control, DeployOptions, HookRunner, Progress, run_plan};
+use crate::client::{AgentClient, Backoff};
+use crate::say;
+
+/// Runs `plan`, reporting to the manager. `Ok` after a reported success;
+/// `Err` with the one console line of a failure (already reported).
+pub fn run(
+    client: &AgentClient,
+    plan: &DeployPlan,
+    hooks: &mut HookRunner<'_>,
+) -> Result<(), String> {
+    let total: u64 = plan
+        .disks
+        .iter()
+        .flat_map(|d| &d.contents)
+        .map(|c| c.stream_bytes)
+        .sum();
+    say!(
+        "deploy of run {}: {} disk(s), {} content(s), {:.1} MiB to write",
+        plan.run_id,
+        plan.disks.len(),
+        plan.disks.iter().map(|d| d.contents.len()).sum::<usize>(),
+        total as f64 / (1u64 << 20) as f64
+    );
+    let opts = DeployOptions {
+        progress_interval: Duration::from_secs(u64::from(
+            plan.progress_interval_seconds.clamp(1, 60),
+        )),
+        ..DeployOptions::default()
+    };
+    let start = Instant::now();
+    let mut report = |p: &Progress| {
+        let done: u64 = p.partitions.iter().map(|x| x.bytes_done).sum();
+        let secs = start.elapsed().as_secs_f64().max(0.001);
+        say!(
+            "deploy: {} {}% ({:.0}/{:.0} MiB, {:.1} MiB/s over HTTP)",
+            p.phase.as_str(),
+            (done * 100).checked_div(total).unwrap_or(100),
+            done as f64 / (1u64 << 20) as f64,
+            total as f64 / (1u64 << 20) as f64,
+            p.http_bytes as f64 / (1u64 << 20) as f64 / secs
+        );
+        for l in &p.log_lines {
+            say!("deploy: {l}");
+        }
+        let req = ProgressRequest {
+            run_id: plan.run_id.clone(),
+            phase: p.phase.as_str().to_string(),
+            partitions: p.partitions.clone(),
+            http_bytes: p.http_bytes,
+            log_lines: p.log_lines.iter().map(|l| sanitize_reason(l)).collect(),
+        };
+        match client.progress(&req) {
+            Ok(r) if r.action == ProgressAction::Abort => {
+                say!("deploy: the manager asked to abort run {}", plan.run_id);
+                Control::Abort
+            }
+            Ok(_) => Control::Continue,
+            Err(e) => {
+                // a missed report is not a reason to stop writing
+                say!("deploy: progress report failed: {}", error_chain(&e));
+                Control::Continue
+            }
+        }
+    };
+    let res = run_plan(plan, &opts, &mut report, hooks);
+    let (outcome, line) = match &res {
+        Ok(f) => {
+            say!(
+                "deploy of run {} succeeded in {:.1} s ({:.1} MiB over HTTP)",
+                plan.run_id,
+                f.seconds,
+                f.http_bytes as f64 / (1u64 << 20) as f64
+            );
+            for t in &f.timings {
+                say!(
+                    "deploy: phase {} took {:.1} s",
+                    t.phase.as_str(),
+                    t.ended_ms.saturating_sub(t.started_ms) as f64 / 1000.0
+                );
+            }
+            (Outcome::Succeeded, None)
+        }
+        Err(f) => {
+            let reason = f.reason();
+            let line = format!(
+                "FAILED: deploy of run {} in phase {}: {reason}{}",
+                plan.run_id,
+                f.phase.as_str(),
+                if f.wrote {
+                    " (the disk was left without a partition table)"
+                } else {
+                    ""
+                }
+            );
+            (
+                Outcome::Failed {
+                    reason,
+                    phase: Some(f.phase.as_str().to_string()),
+                },
+                Some(line),
+            )
+        }
+    };
+    let req = ResultRequest {
+        run_id: plan.run_id.clone(),
+        outcome,
+    };
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
+    let mut sent = false;
+    for attempt in 1..=6 {
+        match client.result(&req) {
+            Ok(()) => {
+                sent = true;
+                break;
+            }
+            Err(e) if e.is_permanent() => {
+                say!("deploy: reporting the result failed: {}", error_chain(&e));
+                break;
+            }
+            Err(e) => {
+                let d = backoff.next_delay();
+                say!(
+                    "deploy: reporting the result failed (attempt {attempt}): {}; retrying in {:.1} s",
+                    error_chain(&e),
+                    d.as_secs_f64()
+                );
+                std::thread::sleep(d);
+            }
+        }
+    }
+    match line {
+        Some(l) => Err(l),
+        None if sent => Ok(()),
+        None => Err(format!(
+            "FAILED: deploy of run {} succeeded but the result could not be reported; check that the manager's agent API is reachable",
+            plan.run_id
+        )),
+    }
+}

@@ -1,0 +1,498 @@
+//! One content from the content server onto its slot: the index is fetched
+//! and checked against its SHA-256, then the stream arrives in HTTP ranges of
+//! whole pieces and goes straight into verified, ordered writes at the
+//! slot's offset (the pipeline of `anneal_image::restore::write_content`,
+//! fed by the network instead of a file).
+//!
+//! Threads: one fetcher (ranges, piece by piece into aligned buffers), two
+//! SHA-1 verifiers (each piece against the index), the caller's thread as
+//! the writer (pieces in stream order, progress and abort), and one
+//! SHA-256 thread over the written pieces in order (the whole-stream hash).
+//! At most `BUFFERS` pieces are in memory.
+//!
+//! A range that fails (connect, status, short read) is re-fetched from the
+//! first piece not received; a piece that fails its SHA-1 makes the writer
+//! bump the *epoch* and ask the fetcher to start again from the first piece
+//! not written: everything of an older epoch still in flight is dropped.
+//! Each piece gets `retries` attempts after the first with doubling backoff.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read as _};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anneal_api::agent::PlannedContent;
+use anneal_image::format::{ContentIndex, FLAG_GAPS_ZERO, StreamMap};
+use anneal_image::restore::{AlignedBuf, Target};
+use sha1::Digest as _;
+
+use super::{DeployError, DeployOptions};
+use crate::fetch::{self, FetchOptions, Url};
+
+/// Pieces in memory at once (fetched, verifying, being written or hashed).
+const BUFFERS_BYTES: usize = 64 << 20;
+/// SHA-1 verifier threads.
+const VERIFIERS: usize = 2;
+/// The largest index accepted.
+const MAX_INDEX_BYTES: u64 = 256 << 20;
+
+/// Counters the writer reads for progress.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    /// Bytes fetched over HTTP (index and stream, retries included).
+    pub http_bytes: AtomicU64,
+}
+
+/// Fetches the index of `c`, checks its SHA-256 and parses it.
+pub(super) fn fetch_index(
+    c: &PlannedContent,
+    opts: &DeployOptions,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    counters: &Counters,
+) -> Result<ContentIndex, DeployError> {
+    let fopts = FetchOptions {
+        timeout: opts.timeout,
+        retries: opts.retries,
+        ca_bundle: None,
+        backoff: opts.backoff,
+    };
+    let fetch_err = |source| DeployError::Fetch {
+        content: c.name.clone(),
+        what: "index",
+        source,
+    };
+    let body = fetch::get(&c.index_url, &fopts, tls).map_err(fetch_err)?;
+    let mut bytes = Vec::new();
+    body.take(MAX_INDEX_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| DeployError::ReadIndex {
+            content: c.name.clone(),
+            url: c.index_url.clone(),
+            source,
+        })?;
+    counters
+        .http_bytes
+        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        return Err(DeployError::Mismatch(format!(
+            "the index of content {} at {} is larger than {MAX_INDEX_BYTES} bytes",
+            c.name, c.index_url
+        )));
+    }
+    let got = hex::encode(sha2::Sha256::digest(&bytes));
+    if !got.eq_ignore_ascii_case(c.index_sha256.trim()) {
+        return Err(DeployError::IndexHash {
+            content: c.name.clone(),
+            url: c.index_url.clone(),
+            want: c.index_sha256.clone(),
+            got,
+        });
+    }
+    let index = ContentIndex::parse(&bytes).map_err(|source| DeployError::Index {
+        content: c.name.clone(),
+        source,
+    })?;
+    if index.header.used_bytes != c.stream_bytes {
+        return Err(DeployError::Mismatch(format!(
+            "content {}: the index describes {} stream bytes, the plan says {}",
+            c.name, index.header.used_bytes, c.stream_bytes
+        )));
+    }
+    Ok(index)
+}
+
+/// What the writer hears from the verifiers.
+enum Msg {
+    Piece { epoch: u64, i: u64, buf: AlignedBuf },
+    Bad { epoch: u64, i: u64, buf: AlignedBuf },
+    Fail { epoch: u64, err: DeployError },
+}
+
+/// Writer → fetcher: start again at `from` (the first piece not written).
+struct Refetch {
+    from: u64,
+    epoch: u64,
+    attempt: u32,
+}
+
+/// What the writer asks of its caller between pieces.
+pub(super) trait Tick {
+    /// Bytes of this content written so far; `log` is a line to report now.
+    fn tick(&mut self, written: u64, log: Option<String>) -> Result<(), DeployError>;
+}
+
+/// The doubling backoff before attempt `attempt` (1-based), capped at 8 s.
+fn backoff(first: Duration, attempt: u32) -> Duration {
+    first
+        .saturating_mul(1u32 << (attempt.saturating_sub(1)).min(10))
+        .min(Duration::from_secs(8))
+}
+
+/// Sleeps `d` unless `stop` is raised first.
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let end = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        thread::sleep((end - now).min(Duration::from_millis(20)));
+    }
+}
+
+/// Streams content `c` (whose verified `index` is given) onto `target` at
+/// `base`, inside a slot of `slot_size` bytes. Returns the stream's SHA-256
+/// (already compared with the plan's).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_content(
+    target: &mut Target,
+    base: u64,
+    slot_size: u64,
+    c: &PlannedContent,
+    index: &ContentIndex,
+    opts: &DeployOptions,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    counters: &Counters,
+    tick: &mut dyn Tick,
+) -> Result<(), DeployError> {
+    let h = &index.header;
+    if h.partition_size > slot_size {
+        return Err(DeployError::Mismatch(format!(
+            "content {} ({} bytes) is larger than its slot ({slot_size} bytes)",
+            c.name, h.partition_size
+        )));
+    }
+    if base
+        .checked_add(slot_size)
+        .is_none_or(|e| e > target.size())
+    {
+        return Err(DeployError::Mismatch(format!(
+            "content {}: slot at {base}+{slot_size} is past the end of the target ({} bytes)",
+            c.name,
+            target.size()
+        )));
+    }
+    let url = Url::parse(&c.stream_url).map_err(|source| DeployError::Fetch {
+        content: c.name.clone(),
+        what: "stream",
+        source,
+    })?;
+    if h.flags & FLAG_GAPS_ZERO != 0 {
+        let zero_err = |source| DeployError::Write {
+            content: c.name.clone(),
+            what: "zeroing the gaps between extents".into(),
+            source,
+        };
+        let mut pos = 0u64;
+        for e in &index.extents {
+            target
+                .zero_range(base + pos, e.offset - pos)
+                .map_err(zero_err)?;
+            pos = e.end();
+        }
+        target
+            .zero_range(base + pos, h.partition_size - pos)
+            .map_err(zero_err)?;
+    }
+    let pieces = index.piece_count();
+    let used = h.used_bytes;
+    let piece_length = u64::from(h.piece_length);
+    let pl = h.piece_length as usize;
+    let per_range = (opts.range_bytes / piece_length).max(1);
+    let nbuf = BUFFERS_BYTES.div_ceil(pl).clamp(3, 16);
+    let piece_end = |i: u64| ((i + 1) * piece_length).min(used);
+
+    let (free_tx, free_rx) = mpsc::channel::<AlignedBuf>();
+    for _ in 0..nbuf {
+        let _ = free_tx.send(AlignedBuf::new(pl));
+    }
+    let (read_tx, read_rx) = mpsc::sync_channel::<Msg>(2);
+    let read_rx = Mutex::new(read_rx);
+    let (ok_tx, ok_rx) = mpsc::sync_channel::<Msg>(4);
+    let (ctl_tx, ctl_rx) = mpsc::channel::<Refetch>();
+    let (log_tx, log_rx) = mpsc::channel::<String>();
+    let (sha_tx, sha_rx) = mpsc::channel::<(AlignedBuf, usize)>();
+    let stop = AtomicBool::new(false);
+    let target_ref: &Target = target;
+    let name = c.name.as_str();
+    let hashes = &index.piece_hashes;
+    let map = StreamMap::new(&index.extents);
+    let (stop, read_rx) = (&stop, &read_rx);
+
+    thread::scope(|s| -> Result<(), DeployError> {
+        // fetcher
+        let fetch_free_tx = free_tx.clone();
+        let url = &url;
+        s.spawn(move || {
+            let mut next = 0u64;
+            let mut epoch = 0u64;
+            // failed attempts of the piece `fails.0`
+            let mut fails: (u64, u32) = (u64::MAX, 0);
+            let mut pending_refetch: Option<Refetch> = None;
+            let mut body: Option<(fetch::Body, u64)> = None;
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let ctl = pending_refetch.take().or_else(|| ctl_rx.try_iter().last());
+                if let Some(r) = ctl {
+                    next = r.from;
+                    epoch = r.epoch;
+                    body = None;
+                    sleep_unless(stop, backoff(opts.backoff, r.attempt));
+                    continue;
+                }
+                if next >= pieces {
+                    // everything sent: wait for a refetch or the end
+                    match ctl_rx.recv_timeout(Duration::from_millis(50)) {
+                        Ok(r) => pending_refetch = Some(r),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                    continue;
+                }
+                let buf = loop {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if let Some(r) = ctl_rx.try_iter().last() {
+                        pending_refetch = Some(r);
+                        break None;
+                    }
+                    match free_rx.recv_timeout(Duration::from_millis(20)) {
+                        Ok(b) => break Some(b),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                };
+                let Some(mut b) = buf else { continue };
+                let start = next * piece_length;
+                let end = piece_end(next);
+                let len = (end - start) as usize;
+                let res = (|| -> Result<(), String> {
+                    if body.is_none() {
+                        let last = (next + per_range).min(pieces);
+                        let range_end = piece_end(last - 1);
+                        let bd = fetch::get_range(url, start, range_end, opts.timeout, tls)
+                            .map_err(|e| crate::jsonl::chain(&e))?;
+                        body = Some((bd, next));
+                    }
+                    let Some((bd, _)) = body.as_mut() else {
+                        return Err("no connection".into());
+                    };
+                    let dst = &mut b.as_mut_slice()[..len];
+                    let mut got = 0usize;
+                    while got < len {
+                        match bd.read(&mut dst[got..]) {
+                            Ok(0) => {
+                                return Err(format!(
+                                    "connection closed after {got} of {len} bytes"
+                                ));
+                            }
+                            Ok(n) => {
+                                got += n;
+                                counters.http_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                    Ok(())
+                })();
+                match res {
+                    Ok(()) => {
+                        let i = next;
+                        next += 1;
+                        if body.as_ref().is_some_and(|(_, first)| next - first >= per_range) {
+                            body = None;
+                        }
+                        if read_tx.send(Msg::Piece { epoch, i, buf: b }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(reason) => {
+                        let _ = fetch_free_tx.send(b);
+                        body = None;
+                        if fails.0 != next {
+                            fails = (next, 0);
+                        }
+                        fails.1 += 1;
+                        let (a, e) = (next * piece_length, piece_end(next));
+                        if fails.1 > opts.retries {
+                            let err = DeployError::Range {
+                                content: name.to_string(),
+                                piece: next,
+                                start: a,
+                                end: e,
+                                attempts: fails.1,
+                                reason,
+                            };
+                            let _ = read_tx.send(Msg::Fail { epoch, err });
+                            return;
+                        }
+                        let d = backoff(opts.backoff, fails.1);
+                        let _ = log_tx.send(format!(
+                            "retry: content {name} piece {next} (stream bytes {a}..{e}) from {url}: {reason}; attempt {} of {} in {:.1} s",
+                            fails.1 + 1,
+                            opts.retries + 1,
+                            d.as_secs_f64()
+                        ));
+                        sleep_unless(stop, d);
+                    }
+                }
+            }
+        });
+        // verifiers
+        for _ in 0..VERIFIERS {
+            let ok_tx = ok_tx.clone();
+            s.spawn(move || {
+                loop {
+                    let msg = match read_rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok(msg) = msg else { return };
+                    let out = match msg {
+                        Msg::Piece { epoch, i, buf } => {
+                            let len = (piece_end(i) - i * piece_length) as usize;
+                            let d: [u8; 20] = sha1::Sha1::digest(&buf.as_slice()[..len]).into();
+                            if hashes.get(i as usize) == Some(&d) {
+                                Msg::Piece { epoch, i, buf }
+                            } else {
+                                Msg::Bad { epoch, i, buf }
+                            }
+                        }
+                        other => other,
+                    };
+                    if ok_tx.send(out).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(ok_tx);
+        // whole-stream SHA-256, in order, after the write
+        let sha_free_tx = free_tx.clone();
+        let sha = s.spawn(move || {
+            let mut h = sha2::Sha256::new();
+            for (buf, len) in sha_rx {
+                h.update(&buf.as_slice()[..len]);
+                let _ = sha_free_tx.send(buf);
+            }
+            hex::encode(h.finalize())
+        });
+        // writer: this thread
+        let mut epoch = 0u64;
+        let mut done = 0u64;
+        let mut written = 0u64;
+        let mut bad: (u64, u32) = (u64::MAX, 0);
+        let mut pending: BTreeMap<u64, AlignedBuf> = BTreeMap::new();
+        let result = (|| -> Result<(), DeployError> {
+            while done < pieces {
+                for line in log_rx.try_iter() {
+                    tick.tick(written, Some(line))?;
+                }
+                tick.tick(written, None)?;
+                let msg = match ok_rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(m) => m,
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Err(DeployError::Mismatch(format!(
+                            "content {name}: the fetcher stopped after {done} of {pieces} pieces"
+                        )));
+                    }
+                };
+                match msg {
+                    Msg::Piece { epoch: e, buf, .. } | Msg::Bad { epoch: e, buf, .. }
+                        if e != epoch =>
+                    {
+                        let _ = free_tx.send(buf);
+                    }
+                    Msg::Fail { epoch: e, .. } if e != epoch => {}
+                    Msg::Fail { err, .. } => return Err(err),
+                    Msg::Bad { i, buf, .. } => {
+                        let _ = free_tx.send(buf);
+                        if bad.0 != i {
+                            bad = (i, 0);
+                        }
+                        bad.1 += 1;
+                        let (a, e) = (i * piece_length, piece_end(i));
+                        if bad.1 > opts.retries {
+                            return Err(DeployError::PieceHash {
+                                content: name.to_string(),
+                                piece: i,
+                                start: a,
+                                end: e,
+                                attempts: bad.1,
+                            });
+                        }
+                        epoch += 1;
+                        for (_, b) in std::mem::take(&mut pending) {
+                            let _ = free_tx.send(b);
+                        }
+                        let d = backoff(opts.backoff, bad.1);
+                        tick.tick(
+                            written,
+                            Some(format!(
+                                "retry: content {name} piece {i} (stream bytes {a}..{e}) failed its SHA-1; re-fetching from piece {done}, attempt {} of {} in {:.1} s",
+                                bad.1 + 1,
+                                opts.retries + 1,
+                                d.as_secs_f64()
+                            )),
+                        )?;
+                        let _ = ctl_tx.send(Refetch {
+                            from: done,
+                            epoch,
+                            attempt: bad.1,
+                        });
+                    }
+                    Msg::Piece { i, buf, .. } => {
+                        pending.insert(i, buf);
+                    }
+                }
+                while let Some(buf) = pending.remove(&done) {
+                    let start = done * piece_length;
+                    let len = piece_end(done) - start;
+                    for r in map.ranges(start, start + len) {
+                        let a = (r.stream_offset - start) as usize;
+                        let data = &buf.as_slice()[a..a + r.len as usize];
+                        target_ref
+                            .write_at(data, base + r.disk_offset)
+                            .map_err(|source| DeployError::Write {
+                                content: name.to_string(),
+                                what: format!(
+                                    "writing piece {done} at disk offset {} ({} bytes)",
+                                    base + r.disk_offset,
+                                    r.len
+                                ),
+                                source,
+                            })?;
+                    }
+                    let _ = sha_tx.send((buf, len as usize));
+                    written += len;
+                    done += 1;
+                }
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        drop(ok_rx);
+        drop(ctl_tx);
+        drop(sha_tx);
+        let digest = sha.join().map_err(|_| {
+            DeployError::Mismatch(format!("content {name}: the SHA-256 thread panicked"))
+        })?;
+        result?;
+        tick.tick(written, None)?;
+        if !digest.eq_ignore_ascii_case(c.stream_sha256.trim()) {
+            return Err(DeployError::StreamHash {
+                content: name.to_string(),
+                want: c.stream_sha256.clone(),
+                got: digest,
+            });
+        }
+        Ok(())
+    })
+}

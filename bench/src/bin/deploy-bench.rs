@@ -1,0 +1,238 @@
+//! Deploy benchmark (issue 13, "Deploy"): the agent's HTTP path, content
+//! server → verified writes, outside a VM.
+//!
+//! A 1 GiB GPT disk (ESP with a few files, ext4 holding `--data-mib` (384)
+//! MiB of pseudo-random files: ~400 MiB of used blocks) is captured, its
+//! contents published in a store and served by `anneal-agent serve`.
+//!
+//! - ours: `anneal-agent deploy --plan plan.json` onto a fresh sparse file
+//!   (the restore `Target` writes whole aligned pieces through an `O_DIRECT`
+//!   descriptor): index fetch and SHA-256 check, HTTP ranges, SHA-1 of every
+//!   piece, the whole-stream SHA-256, the tables, the final fsync;
+//! - reference: `curl -s <stream> | dd of=FILE oflag=direct bs=4M
+//!   iflag=fullblock conv=fsync` of the same streams from the same server.
+//!
+//! Throughput = stream bytes / wall time. The order alternates every round;
+//! `--rounds` (3); the ratio ours / reference of each round, median printed
+//! (goal >= 0.9). Writes target/bench/deploy.json. Run after building
+//! release: `target/release/deploy-bench` (options: `--rounds N`,
+//! `--data-mib N`, `--range-mib N` (32), `--dir DIR`
+//! (/var/tmp/anneal-bench-deploy), `--keep`, `--agent PATH`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use anneal_bench::{ChildGroup, agent_bin, median};
+use anyhow::{Context as _, ensure};
+use sha2_free::sha256_file;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const NS: &str = "bench";
+
+/// SHA-256 without a new dependency: `sha256sum`.
+mod sha2_free {
+    use std::path::Path;
+    use std::process::Command;
+
+    pub fn sha256_file(p: &Path) -> anyhow::Result<String> {
+        let out = anneal_bench::run(Command::new("sha256sum").arg(p))?;
+        out.split_whitespace()
+            .next()
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow::anyhow!("sha256sum printed nothing for {}", p.display()))
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+fn main() -> anyhow::Result<()> {
+    let rounds: usize = anneal_bench::option_or("--rounds", 3)?;
+    let data_mib: u64 = anneal_bench::option_or("--data-mib", 384)?;
+    let range_mib: u64 = anneal_bench::option_or("--range-mib", 32)?;
+    let dir = PathBuf::from(
+        anneal_bench::option("--dir").unwrap_or_else(|| "/var/tmp/anneal-bench-deploy".into()),
+    );
+    let keep = anneal_bench::flag("--keep");
+    let agent = agent_bin()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let res = bench(&dir, &agent, rounds, data_mib, range_mib);
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    res
+}
+
+fn bench(
+    dir: &Path,
+    agent: &Path,
+    rounds: usize,
+    data_mib: u64,
+    range_mib: u64,
+) -> anyhow::Result<()> {
+    let raw = anneal_bench::gpt_disk(dir, 1024, data_mib)?;
+    let cap = dir.join("cap");
+    anneal_bench::run(
+        Command::new(agent)
+            .arg("capture")
+            .arg(&raw)
+            .arg("--out")
+            .arg(&cap),
+    )?;
+    std::fs::remove_file(&raw)?;
+    let layout: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cap.join("layout.json"))?)?;
+    let store = dir.join("store");
+    let port = anneal_bench::free_port()?;
+    let mut contents = Vec::new();
+    let mut streams = Vec::new();
+    let mut total = 0u64;
+    for s in layout["slots"].as_array().context("layout without slots")? {
+        let Some(name) = s["contentRef"].as_str() else {
+            continue;
+        };
+        let c = store.join(NS).join(name);
+        std::fs::create_dir_all(&c)?;
+        std::fs::rename(cap.join(format!("{name}.index")), c.join("index"))?;
+        std::fs::rename(cap.join(format!("{name}.stream")), c.join("stream"))?;
+        let sha = sha256_file(&c.join("stream"))?;
+        std::fs::write(c.join("verified"), format!("{sha}\n"))?;
+        let bytes = std::fs::metadata(c.join("stream"))?.len();
+        total += bytes;
+        let url = format!("http://127.0.0.1:{port}/content/{NS}/{name}/stream");
+        contents.push(serde_json::json!({
+            "name": name,
+            "slot": s["number"],
+            "indexUrl": format!("http://127.0.0.1:{port}/content/{NS}/{name}/index"),
+            "streamUrl": url,
+            "indexSha256": sha256_file(&c.join("index"))?,
+            "streamSha256": sha,
+            "streamBytes": bytes,
+        }));
+        streams.push(url);
+    }
+    eprintln!(
+        "{} contents, {:.1} MiB of used blocks",
+        contents.len(),
+        mib(total)
+    );
+    let target = dir.join("target.img");
+    let plan = serde_json::json!({
+        "runId": "bench-run",
+        "disks": [{
+            "image": "bench",
+            "os": true,
+            "deviceName": target,
+            "layout": layout,
+            "contents": contents,
+        }],
+        "afterDeploy": "PowerOff",
+        "progressIntervalSeconds": 2,
+        "architecture": "x86_64",
+    });
+    let plan_path = dir.join("plan.json");
+    std::fs::write(&plan_path, serde_json::to_vec(&plan)?)?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let _serve = ChildGroup::spawn_logged(
+        "anneal-agent serve",
+        Command::new(agent)
+            .arg("serve")
+            .arg("--content-dir")
+            .arg(&store)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}")),
+        &logs.join("serve.log"),
+    )?;
+    anneal_bench::wait_listening(port, 10)?;
+
+    let ours = || -> anyhow::Result<f64> {
+        let _ = std::fs::remove_file(&target);
+        let t = Instant::now();
+        let out = Command::new(agent)
+            .arg("deploy")
+            .arg("--plan")
+            .arg(&plan_path)
+            .args(["--range-mib", &range_mib.to_string()])
+            .output()?;
+        let secs = t.elapsed().as_secs_f64();
+        ensure!(
+            out.status.success(),
+            "anneal-agent deploy failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // a slow round must not hide a retry: say so
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let retries = stdout.matches("retry:").count();
+        if retries > 0 {
+            eprintln!("ours: {retries} range retries in this round");
+        }
+        Ok(secs)
+    };
+    let reference = || -> anyhow::Result<f64> {
+        let mut script = String::from("set -e -o pipefail\n");
+        for (i, url) in streams.iter().enumerate() {
+            let f = dir.join(format!("ref{i}.img"));
+            let _ = std::fs::remove_file(&f);
+            script.push_str(&format!(
+                "curl -sf '{url}' | dd of='{}' oflag=direct bs=4M iflag=fullblock conv=fsync status=none\n",
+                f.display()
+            ));
+        }
+        let t = Instant::now();
+        anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // warm-up: the streams into the server's page cache, both paths once
+    reference()?;
+    ours()?;
+    let (mut o, mut r, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (os, rs) = if round % 2 == 0 {
+            let a = ours()?;
+            (a, reference()?)
+        } else {
+            let b = reference()?;
+            (ours()?, b)
+        };
+        let (ot, rt) = (mib(total) / os, mib(total) / rs);
+        eprintln!(
+            "round {}: ours {os:.2} s ({ot:.0} MiB/s), curl|dd {rs:.2} s ({rt:.0} MiB/s), ratio {:.3}",
+            round + 1,
+            ot / rt
+        );
+        o.push(ot);
+        r.push(rt);
+        ratios.push(ot / rt);
+    }
+    let (om, rm, ratio) = (
+        median(&mut o.clone()),
+        median(&mut r.clone()),
+        median(&mut ratios.clone()),
+    );
+    let load = anneal_bench::load_average();
+    println!(
+        "deploy throughput: ours {om:.0} MiB/s / curl|dd oflag=direct {rm:.0} MiB/s = {ratio:.3} (goal >= 0.9, median of {rounds} rounds, load {})",
+        load.as_deref().unwrap_or("?")
+    );
+    anneal_bench::write_json(
+        "deploy",
+        &serde_json::json!({
+            "streamBytes": total,
+            "rangeMiB": range_mib,
+            "rounds": rounds,
+            "oursMiBps": o,
+            "referenceMiBps": r,
+            "ratios": ratios,
+            "medianOursMiBps": om,
+            "medianReferenceMiBps": rm,
+            "medianRatio": ratio,
+            "goal": 0.9,
+            "loadAverage": load,
+        }),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! Deploy: planning DeployRuns from bound claims (issue 13).
+
+pub mod plan;
+pub mod runs;

@@ -1,0 +1,424 @@
+//! The API side of planning: gathers what [`super::plan::plan`] needs for
+//! a claimed Machine, writes the DeployRun and its plan Secret, and reads the
+//! current run back for the lifecycle's state handlers
+//! ([`crate::lifecycle::handlers::DeployView`]).
+//!
+//! A DeployRun is named `<machine>-<intent>-<attempt>`: `<intent>` is the
+//! first 8 hex digits of the SHA-256 of the claim's UID and the run's spec
+//! without `resolvedDisks`, so a replan of the same intent finds the run it
+//! wrote before (nothing is written twice after a crash between the create
+//! and the Machine's status write), and a failed attempt is followed by
+//! `-<attempt+1>`. Its plan (script bodies included, which may come from
+//! Secrets) is kept in Secret `<run>-plan`, owned by the run, read only by
+//! the agent API.
+
+use std::collections::BTreeMap;
+
+use anneal_api::{
+    Architecture, DeployRun, DeployRunSpec, DeployRunStatus, Image, Machine, MachineClaim,
+    MachineHardware, MachineState, PartitionContent, PostHook, RunPhase,
+};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, Resource as _, ResourceExt};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::plan::{self, Inputs, hook_order, intent_differs};
+use crate::lifecycle::handlers::DeployView;
+
+/// Label on DeployRuns naming their Machine.
+pub const MACHINE_LABEL: &str = "anneal.dev/machine";
+/// Label on DeployRuns carrying the intent hash (8 hex digits).
+pub const INTENT_LABEL: &str = "anneal.dev/intent";
+/// Key of the plan JSON in Secret `<run>-plan`.
+pub const PLAN_KEY: &str = "plan.json";
+/// The field manager of run writes.
+pub const FIELD_MANAGER: &str = "anneal-deploy";
+
+/// Deploy settings of the manager.
+#[derive(Debug, Clone, Default)]
+pub struct DeployConfig {
+    /// Base URL agents reach the content server at (`http://10.0.0.1:8081`).
+    pub content_url: Option<String>,
+    /// Seconds between two progress reports of an agent.
+    pub progress_interval_seconds: u32,
+    /// A started run whose agent reports nothing for this long fails (the
+    /// machine lost power, the agent died); None: never.
+    pub stall_timeout: Option<std::time::Duration>,
+}
+
+fn run_image(spec: &DeployRunSpec) -> Option<String> {
+    spec.image_ref
+        .as_ref()
+        .or_else(|| spec.data_images.first().map(|d| &d.image_ref))
+        .map(|r| r.name.clone())
+}
+
+/// The Secret holding a run's plan.
+pub fn plan_secret_name(run: &str) -> String {
+    format!("{run}-plan")
+}
+
+fn intent_hash(claim_uid: &str, spec: &DeployRunSpec) -> String {
+    let mut s = spec.clone();
+    s.resolved_disks.clear();
+    let json = serde_json::to_vec(&s).unwrap_or_default();
+    let mut h = Sha256::new();
+    h.update(claim_uid.as_bytes());
+    h.update(&json);
+    hex::encode(&h.finalize()[..4])
+}
+
+/// What the lifecycle's handlers need to know about runs for `m`.
+pub async fn view(
+    client: &Client,
+    m: &Machine,
+    cfg: &DeployConfig,
+) -> Result<DeployView, kube::Error> {
+    let ns = m.namespace().unwrap_or_default();
+    let name = m.name_any();
+    let st = m.status.clone().unwrap_or_default();
+    let state = st.state.unwrap_or(MachineState::Enrolling);
+    let runs: Api<DeployRun> = Api::namespaced(client.clone(), &ns);
+    if state == MachineState::Provisioning
+        && let Some(cur) = &st.current_run_ref
+    {
+        return Ok(match runs.get_opt(&cur.name).await? {
+            Some(r) => {
+                let mut rs = r.status.clone().unwrap_or_default();
+                if let Some(stalled) = stalled(&rs, cfg) {
+                    fail_run(&runs, &r, &mut rs, &stalled).await?;
+                }
+                let message = rs
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == anneal_api::conditions::types::SUCCEEDED)
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                DeployView::Current {
+                    run: cur.name.clone(),
+                    phase: rs.phase,
+                    message,
+                    image: run_image(&r.spec),
+                    percent: rs.percent,
+                }
+            }
+            None => DeployView::Current {
+                run: cur.name.clone(),
+                phase: Some(RunPhase::Failed),
+                message: format!("DeployRun {} was deleted while active", cur.name),
+                image: None,
+                percent: None,
+            },
+        });
+    }
+    let Some(cref) = &m.spec.claim_ref else {
+        return Ok(DeployView::NotRead);
+    };
+    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), cref.namespace_or(&ns));
+    let Some(claim) = claims.get_opt(&cref.name).await? else {
+        return Ok(DeployView::NotRead);
+    };
+    let bound = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.machine_name.as_deref())
+        == Some(name.as_str());
+    if !bound || claim.metadata.deletion_timestamp.is_some() {
+        return Ok(DeployView::NotRead);
+    }
+    let planned = match gather_and_plan(client, m, &claim, cfg).await? {
+        Ok(p) => p,
+        Err(e) => return Ok(DeployView::PlanFailed(e)),
+    };
+    if state == MachineState::Provisioned
+        && let Some(last) = &st.last_successful_run_ref
+        && let Some(r) = runs.get_opt(&last.name).await?
+        && !intent_differs(&r.spec, &planned.spec)
+    {
+        return Ok(DeployView::UpToDate);
+    }
+    let image = run_image(&planned.spec);
+    let run = ensure_run(
+        client,
+        m,
+        &claim,
+        planned,
+        st.last_attempted_run_ref.as_ref().map(|r| r.name.as_str()),
+    )
+    .await?;
+    Ok(DeployView::Ready { run, image })
+}
+
+/// The stall message when a started run's agent has been silent longer than
+/// the stall timeout.
+fn stalled(rs: &DeployRunStatus, cfg: &DeployConfig) -> Option<String> {
+    let timeout = cfg.stall_timeout?;
+    if matches!(
+        rs.phase,
+        None | Some(RunPhase::Pending | RunPhase::Succeeded | RunPhase::Failed)
+    ) {
+        return None;
+    }
+    let last = rs.last_progress_time.as_ref()?;
+    let secs = k8s_openapi::jiff::Timestamp::now()
+        .duration_since(last.0)
+        .as_secs();
+    (secs >= i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX)).then(|| {
+        format!(
+            "{:?}: the agent sent no progress for {secs} s (the machine lost power or the agent died); a new run follows",
+            rs.phase.unwrap_or(RunPhase::Pending)
+        )
+    })
+}
+
+async fn fail_run(
+    runs: &Api<DeployRun>,
+    r: &DeployRun,
+    rs: &mut DeployRunStatus,
+    message: &str,
+) -> Result<(), kube::Error> {
+    rs.phase = Some(RunPhase::Failed);
+    if let Some(last) = rs.phase_timings.last_mut()
+        && last.end.is_none()
+    {
+        last.end = Some(anneal_api::Time(k8s_openapi::jiff::Timestamp::now()));
+    }
+    crate::conditions::set(
+        &mut rs.conditions,
+        anneal_api::conditions::types::SUCCEEDED,
+        false,
+        anneal_api::conditions::reasons::DEPLOY_FAILED,
+        message,
+        r.metadata.generation,
+    );
+    runs.patch_status(
+        &r.name_any(),
+        &PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&json!({
+            "metadata": {"resourceVersion": r.resource_version()},
+            "status": rs,
+        })),
+    )
+    .await?;
+    tracing::warn!(run = %r.name_any(), message, "deploy run stalled");
+    Ok(())
+}
+
+async fn gather_and_plan(
+    client: &Client,
+    m: &Machine,
+    claim: &MachineClaim,
+    cfg: &DeployConfig,
+) -> Result<Result<plan::Planned, String>, kube::Error> {
+    let ns = claim.namespace().unwrap_or_default();
+    let Some(content_url) = cfg.content_url.as_deref() else {
+        return Ok(Err(
+            "the manager has no content server URL for agents (start it with --content-url or --content-listen on a routable address)".into(),
+        ));
+    };
+    let hw = Api::<MachineHardware>::namespaced(client.clone(), &m.namespace().unwrap_or_default())
+        .get_opt(&m.name_any())
+        .await?;
+    let images_api: Api<Image> = Api::namespaced(client.clone(), &ns);
+    let mut images = BTreeMap::new();
+    let mut wanted: Vec<String> = claim
+        .spec
+        .image_ref
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    wanted.extend(
+        claim
+            .spec
+            .data_images
+            .iter()
+            .map(|d| d.image_ref.name.clone()),
+    );
+    for n in wanted {
+        if let Some(i) = images_api.get_opt(&n).await? {
+            images.insert(n, i);
+        }
+    }
+    let contents_api: Api<PartitionContent> = Api::namespaced(client.clone(), &ns);
+    let mut contents = BTreeMap::new();
+    for i in images.values() {
+        for s in &i.spec.layout.slots {
+            if let Some(r) = &s.content_ref
+                && let Some(pc) = contents_api.get_opt(&r.name).await?
+            {
+                contents.insert(r.name.clone(), pc);
+            }
+        }
+    }
+    let hooks_api: Api<PostHook> = Api::namespaced(client.clone(), &ns);
+    let mut hooks = BTreeMap::new();
+    let os = claim
+        .spec
+        .image_ref
+        .as_ref()
+        .and_then(|r| images.get(&r.name));
+    for h in hook_order(os, claim) {
+        if let Some(hook) = hooks_api.get_opt(&h).await? {
+            hooks.insert(h, hook);
+        }
+    }
+    let mut scripts = BTreeMap::new();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    for h in hooks.values() {
+        for step in &h.spec.steps {
+            let Some(src) = &step.script else { continue };
+            if let Some(r) = &src.config_map_ref
+                && let Some(cm) = cms.get_opt(&r.name).await?
+                && let Some(v) = cm.data.as_ref().and_then(|d| d.get(&r.key))
+            {
+                scripts.insert(format!("configmap/{}/{}", r.name, r.key), v.clone());
+            }
+            if let Some(r) = &src.secret_ref
+                && let Some(s) = secrets.get_opt(&r.name).await?
+                && let Some(v) = s.data.as_ref().and_then(|d| d.get(&r.key))
+            {
+                scripts.insert(
+                    format!("secret/{}/{}", r.name, r.key),
+                    String::from_utf8_lossy(&v.0).into_owned(),
+                );
+            }
+        }
+    }
+    let machine = format!("{}/{}", m.namespace().unwrap_or_default(), m.name_any());
+    let arch = match m.spec.architecture {
+        Architecture::X86_64 => "x86_64",
+        Architecture::Aarch64 => "aarch64",
+    };
+    let seed = m.uid().unwrap_or_default();
+    let disks = hw.as_ref().map(|h| h.spec.disks.as_slice());
+    let inputs = Inputs {
+        claim,
+        machine: &machine,
+        architecture: arch,
+        disks,
+        images: &images,
+        contents: &contents,
+        hooks: &hooks,
+        scripts: &scripts,
+        content_url: content_url.trim_end_matches('/'),
+        progress_interval_seconds: cfg.progress_interval_seconds.max(1),
+        seed: &seed,
+    };
+    Ok(plan::plan(&inputs).map_err(|e| e.to_string()))
+}
+
+/// Finds or writes the Pending run of this intent; returns its name.
+async fn ensure_run(
+    client: &Client,
+    m: &Machine,
+    claim: &MachineClaim,
+    planned: plan::Planned,
+    last_attempted: Option<&str>,
+) -> Result<String, kube::Error> {
+    let ns = m.namespace().unwrap_or_default();
+    let machine = m.name_any();
+    let intent = intent_hash(&claim.uid().unwrap_or_default(), &planned.spec);
+    let runs: Api<DeployRun> = Api::namespaced(client.clone(), &ns);
+    let existing = runs
+        .list(&ListParams::default().labels(&format!(
+            "{MACHINE_LABEL}={machine},{INTENT_LABEL}={intent}"
+        )))
+        .await?;
+    let mut attempt = 0u32;
+    for r in &existing.items {
+        let n = r.name_any();
+        let k = n
+            .rsplit('-')
+            .next()
+            .and_then(|k| k.parse::<u32>().ok())
+            .unwrap_or(0);
+        let unused = Some(n.as_str()) != last_attempted
+            && r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_none_or(|p| p == RunPhase::Pending);
+        if unused {
+            return Ok(n);
+        }
+        attempt = attempt.max(k);
+    }
+    let name = format!("{machine}-{intent}-{}", attempt + 1);
+    let mut run = DeployRun::new(&name, planned.spec);
+    run.metadata.namespace = Some(ns.clone());
+    run.metadata.labels = Some(BTreeMap::from([
+        (MACHINE_LABEL.to_string(), machine.clone()),
+        (INTENT_LABEL.to_string(), intent),
+    ]));
+    run.metadata.owner_references = m.controller_owner_ref(&()).map(|o| vec![o]);
+    let created = match runs.create(&PostParams::default(), &run).await {
+        Ok(r) => r,
+        Err(kube::Error::Api(e)) if e.code == 409 => runs.get(&name).await?,
+        Err(e) => return Err(e),
+    };
+    let mut plan = planned.plan;
+    plan.run_id = name.clone();
+    let body = serde_json::to_vec(&plan).unwrap_or_default();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(plan_secret_name(&name)),
+            namespace: Some(ns.clone()),
+            labels: Some(BTreeMap::from([(
+                MACHINE_LABEL.to_string(),
+                machine.clone(),
+            )])),
+            owner_references: created.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(PLAN_KEY.to_string(), ByteString(body))])),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    };
+    match Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    let status = DeployRunStatus {
+        phase: Some(RunPhase::Pending),
+        ..DeployRunStatus::default()
+    };
+    runs.patch_status(
+        &name,
+        &PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&json!({ "status": status })),
+    )
+    .await?;
+    tracing::info!(machine = %machine, run = %name, "deploy run planned");
+    Ok(name)
+}
+
+/// Reads a run's plan (for the agent API).
+pub async fn read_plan(
+    client: &Client,
+    ns: &str,
+    run: &str,
+) -> Result<Option<anneal_api::agent::DeployPlan>, kube::Error> {
+    let Some(s) = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(&plan_secret_name(run))
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(s.data
+        .as_ref()
+        .and_then(|d| d.get(PLAN_KEY))
+        .and_then(|b| serde_json::from_slice(&b.0).ok()))
+}

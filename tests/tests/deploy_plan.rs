@@ -1,0 +1,641 @@
+//! Deploy planning and the deploy half of the agent protocol on a real
+//! control plane (issue 13): a claimed Available Machine whose disk hint
+//! matches two disks gets no run and no net boot (Warning Event
+//! DeployPlanFailed naming both disks); fixing the hint writes a DeployRun and
+//! its plan Secret and arms a boot; the agent (a test client over real HTTPS)
+//! gets the plan from `next`, reports progress (phase, percent, timings, log
+//! ConfigMap), is refused for another run, reports success, and the Machine
+//! is Provisioned; an unchanged claim starts nothing, a new image starts a
+//! new run. A Machine without BMC is used: it is armed, never powered.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use anneal_api::{DeployRun, Machine, MachineClaim};
+use anneal_manager::agentapi::AgentApiConfig;
+use anneal_manager::lifecycle::LifecycleConfig;
+use anneal_testinfra::ControlPlane;
+use anneal_tests::eventually;
+use anneal_tests::lifecycle::*;
+use hyper::Method;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const CONTENT_URL: &str = "http://10.0.0.9:8081";
+
+fn configs() -> (LifecycleConfig, AgentApiConfig) {
+    let mut lc = LifecycleConfig {
+        boot_token_lifetime: Duration::from_secs(300),
+        health_interval: Duration::from_secs(5),
+        ..LifecycleConfig::default()
+    };
+    lc.deploy.content_url = Some(CONTENT_URL.into());
+    (
+        lc,
+        AgentApiConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+            namespace: "anneal-system".into(),
+            server_names: vec!["127.0.0.1".into()],
+            session_ttl: Duration::from_secs(600),
+            long_poll: Duration::from_secs(2),
+            fast_track_window: None,
+        },
+    )
+}
+
+fn two_disks() -> Value {
+    let mut hw = sample_hardware();
+    let disk = |name: &str, serial: &str| {
+        json!({"deviceName": name, "sizeBytes": 8u64 << 30, "logicalSectorSize": 512,
+               "physicalSectorSize": 512, "rotational": false, "removable": false,
+               "serialNumber": serial, "bus": "virtio"})
+    };
+    hw["disks"] = json!([disk("vda", "OS-DISK"), disk("vdb", "DATA-DISK")]);
+    hw
+}
+
+async fn apply_with_status(client: &kube::Client, kind: &str, obj: Value) {
+    let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+    let status = obj["status"].clone();
+    let pp = PatchParams::default();
+    macro_rules! put {
+        ($t:ty) => {{
+            let api: Api<$t> = Api::namespaced(client.clone(), "default");
+            let o: $t = serde_json::from_value(obj.clone()).unwrap();
+            api.create(&PostParams::default(), &o).await.unwrap();
+            if !status.is_null() {
+                api.patch_status(&name, &pp, &Patch::Merge(&json!({ "status": status })))
+                    .await
+                    .unwrap();
+            }
+        }};
+    }
+    match kind {
+        "Image" => put!(anneal_api::Image),
+        "PartitionContent" => put!(anneal_api::PartitionContent),
+        _ => unreachable!(),
+    }
+}
+
+async fn image(client: &kube::Client, name: &str) {
+    for (p, size, used) in [(1, 64i64 << 20, 4i64 << 20), (3, 1 << 30, 300 << 20)] {
+        apply_with_status(
+            client,
+            "PartitionContent",
+            json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "PartitionContent",
+                "metadata": {"name": format!("{name}-p{p}"), "namespace": "default"},
+                "spec": {"fsType": if p == 1 { "vfat" } else { "ext4" }, "usedBytes": used,
+                         "sizeBytes": size, "lastExtentEnd": used, "blockSize": 4096,
+                         "pieceLength": 4194304},
+                "status": {"state": "Ready", "sha256": format!("{:064x}", p),
+                           "indexSha256": format!("{:064x}", p + 100)}}),
+        )
+        .await;
+    }
+    apply_with_status(
+        client,
+        "Image",
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Image",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"osFamily": "Linux", "bootable": true, "layout": {"partitionTable": "gpt", "slots": [
+                {"number": 1, "role": "esp", "contentRef": {"name": format!("{name}-p1")}},
+                {"number": 2, "role": "swap", "fsType": "swap", "sizeBytes": 67108864},
+                {"number": 3, "role": "data", "contentRef": {"name": format!("{name}-p3")}}]}},
+            "status": {"state": "Ready"}}),
+    )
+    .await;
+}
+
+async fn state(machines: &Api<Machine>, name: &str) -> String {
+    machine_json(machines, name).await["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_refusal_run_progress_result_and_redeploy() {
+    let cp = ControlPlane::start().await.unwrap();
+    let client = prepare(&cp, &[]).await;
+    let (lc, api_cfg) = configs();
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), "default");
+    let runs: Api<DeployRun> = Api::namespaced(client.clone(), "default");
+
+    // Enrol and inspect through the agent protocol.
+    machines
+        .create(
+            &PostParams::default(),
+            &machine("dp-1", "52:54:00:7f:20:01", None),
+        )
+        .await
+        .unwrap();
+    let token = eventually("dp-1 armed", Duration::from_secs(30), || async {
+        boot_token(&client, "dp-1").await
+    })
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, body) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some(&session),
+            Some("1"),
+            Some(two_disks()),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    eventually("dp-1 Available", Duration::from_secs(30), || async {
+        (state(&machines, "dp-1").await == "Available").then_some(())
+    })
+    .await;
+
+    // A Ready image and a claim bound by hand (no claim controller here)
+    // whose hint matches both disks.
+    image(&client, "os-a").await;
+    image(&client, "os-b").await;
+    let claim: MachineClaim = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+        "metadata": {"name": "c1", "namespace": "default"},
+        "spec": {"machineName": "dp-1", "imageRef": {"name": "os-a"},
+                 "targetDisk": {"minSizeGigabytes": 4}}}))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let pp = PatchParams::default();
+    claims
+        .patch_status(
+            "c1",
+            &pp,
+            &Patch::Merge(&json!({"status": {"phase": "Bound", "machineName": "dp-1"}})),
+        )
+        .await
+        .unwrap();
+    machines
+        .patch(
+            "dp-1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"claimRef": {"name": "c1"}}})),
+        )
+        .await
+        .unwrap();
+
+    let warning = event(&client, "DeployPlanFailed", Duration::from_secs(30), |e| {
+        e.reason.as_deref() == Some("DeployPlanFailed")
+    })
+    .await;
+    let note = warning.note.clone().unwrap_or_default();
+    assert!(
+        note.contains("/dev/vda") && note.contains("/dev/vdb") && note.contains("matches 2 disks"),
+        "{note}"
+    );
+    let m = machine_json(&machines, "dp-1").await;
+    assert_eq!(m["status"]["state"], "Available", "{m}");
+    assert!(m["status"]["netBoot"].is_null(), "no boot armed: {m}");
+    assert_eq!(cond(&m, "Progressing").unwrap().0, "False");
+    assert!(
+        runs.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    // A hint that picks one disk: a run, its plan, a boot armed.
+    claims
+        .patch(
+            "c1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"targetDisk": {"serialNumber": "OS-DISK"}}})),
+        )
+        .await
+        .unwrap();
+    let run = eventually("dp-1 Provisioning", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "dp-1").await;
+        (m["status"]["state"] == "Provisioning")
+            .then(|| {
+                m["status"]["currentRunRef"]["name"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .flatten()
+    })
+    .await;
+    let r = runs.get(&run).await.unwrap();
+    assert_eq!(r.spec.resolved_disks[0].device_name, "/dev/vda");
+    assert_eq!(r.spec.image_ref.as_ref().unwrap().name, "os-a");
+    assert!(r.spec.hooks_hash.as_deref().unwrap().starts_with("sha256:"));
+    let plan_secret: Api<Secret> = Api::namespaced(client.clone(), "default");
+    assert!(
+        plan_secret
+            .get_opt(&format!("{run}-plan"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let token = eventually("dp-1 re-armed", Duration::from_secs(30), || async {
+        boot_token(&client, "dp-1").await
+    })
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, next) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&session),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(next["action"], "deploy", "{next}");
+    let plan = &next["plan"];
+    assert_eq!(plan["runId"], run.as_str());
+    assert_eq!(plan["disks"][0]["deviceName"], "/dev/vda");
+    assert_eq!(
+        plan["disks"][0]["contents"][1]["streamUrl"],
+        format!("{CONTENT_URL}/content/default/os-a-p3/stream")
+    );
+    assert_eq!(
+        plan["disks"][0]["contents"][1]["indexSha256"],
+        format!("{:064x}", 103)
+    );
+    let steps: Vec<&str> = plan["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["builtin"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        ["mkswap", "install-removable-fallback", "efibootmgr"]
+    );
+
+    // Progress: phase, percent, a log line; another run id is refused.
+    let progress = |run_id: &str, phase: &str, done: u64| {
+        json!({"runId": run_id, "phase": phase,
+               "partitions": [{"number": 3, "bytesDone": done, "bytesTotal": 300u64 << 20}],
+               "httpBytes": done, "logLines": [format!("{phase} {done}")]})
+    };
+    let (code, body) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::PROGRESS,
+            Some(&session),
+            Some("1"),
+            Some(progress("other-run", "WritingContent", 1)),
+        )
+        .await;
+    assert_eq!(code, 409, "{body}");
+    for (phase, done) in [("Partitioning", 0u64), ("WritingContent", 150 << 20)] {
+        let (code, body) = agent
+            .call(
+                Method::POST,
+                anneal_api::agent::paths::PROGRESS,
+                Some(&session),
+                Some("1"),
+                Some(progress(&run, phase, done)),
+            )
+            .await;
+        assert_eq!(
+            (code, body["action"].as_str()),
+            (200, Some("continue")),
+            "{body}"
+        );
+    }
+    let r = runs.get(&run).await.unwrap();
+    let st = r.status.unwrap();
+    assert_eq!(st.phase, Some(anneal_api::RunPhase::WritingContent));
+    assert_eq!(st.partitions[0].percent, 50);
+    assert_eq!(st.percent, Some(50));
+    assert!(st.last_progress_time.is_some());
+    // kubectl get machines: image and percent of the current run.
+    eventually("dp-1 shows 50%", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "dp-1").await;
+        (m["status"]["deploy"]["percent"] == 50 && m["status"]["deploy"]["image"] == "os-a")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(st.phase_timings.len(), 2);
+    assert!(st.phase_timings[0].end.is_some() && st.phase_timings[1].end.is_none());
+    let logs: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let log = logs.get(&format!("{run}-log")).await.unwrap();
+    let text = log.data.unwrap()["log"].clone();
+    assert!(
+        text.contains("Partitioning 0\n") && text.contains("WritingContent 157286400\n"),
+        "{text}"
+    );
+
+    // Success: Provisioned, no boot token left.
+    let (code, body) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": run, "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    eventually("dp-1 Provisioned", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "dp-1").await;
+        (m["status"]["state"] == "Provisioned"
+            && m["status"]["lastSuccessfulRunRef"]["name"] == run.as_str())
+        .then_some(())
+    })
+    .await;
+    assert!(boot_token(&client, "dp-1").await.is_none());
+    let st = runs.get(&run).await.unwrap().status.unwrap();
+    assert_eq!(st.phase, Some(anneal_api::RunPhase::Succeeded));
+    assert!(st.phase_timings.iter().all(|t| t.end.is_some()));
+
+    // Nothing changed: no new run (a claim edit that changes no intent wakes
+    // the controller, which must decide "up to date").
+    claims
+        .patch(
+            "c1",
+            &pp,
+            &Patch::Merge(&json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    let provisioned = event(&client, "DeploySucceeded", Duration::from_secs(30), |e| {
+        e.reason.as_deref() == Some("DeploySucceeded")
+    })
+    .await;
+    assert!(provisioned.note.unwrap_or_default().contains(&run));
+
+    // A new image: a new run.
+    claims
+        .patch(
+            "c1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"imageRef": {"name": "os-b"}}})),
+        )
+        .await
+        .unwrap();
+    let run2 = eventually("a second run", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "dp-1").await;
+        m["status"]["currentRunRef"]["name"]
+            .as_str()
+            .filter(|r| *r != run)
+            .map(str::to_string)
+    })
+    .await;
+    assert_eq!(
+        runs.get(&run2).await.unwrap().spec.image_ref.unwrap().name,
+        "os-b"
+    );
+    assert_eq!(state(&machines, "dp-1").await, "Provisioning");
+    // Finish run 2, then release the claim under Recycle (as the claim
+    // controller does: Released with RecyclePending, claimRef cleared): the
+    // machine boots to wipe every disk and comes back Available.
+    let token = eventually("dp-1 armed for run 2", Duration::from_secs(30), || async {
+        boot_token(&client, "dp-1").await
+    })
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, body) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": run2, "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    eventually(
+        "dp-1 Provisioned again",
+        Duration::from_secs(30),
+        || async { (state(&machines, "dp-1").await == "Provisioned").then_some(()) },
+    )
+    .await;
+    let m = machines.get("dp-1").await.unwrap();
+    let mut conds = m.status.clone().unwrap().conditions;
+    conds.retain(|c| c.type_ != "Ready");
+    let mut conds = serde_json::to_value(conds).unwrap();
+    conds
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "Ready", "status": "False",
+        "reason": "RecyclePending", "message": "claim c1 was deleted",
+        "lastTransitionTime": "2026-12-01T00:00:00Z"}));
+    machines
+        .patch_status(
+            "dp-1",
+            &pp,
+            &Patch::Merge(&json!({"status": {"state": "Released", "conditions": conds}})),
+        )
+        .await
+        .unwrap();
+    machines
+        .patch(
+            "dp-1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"claimRef": null}})),
+        )
+        .await
+        .unwrap();
+    let token = eventually(
+        "dp-1 Deprovisioning and armed",
+        Duration::from_secs(30),
+        || async {
+            if state(&machines, "dp-1").await != "Deprovisioning" {
+                return None;
+            }
+            boot_token(&client, "dp-1").await
+        },
+    )
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, next) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&session),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        next,
+        json!({"action": "wipe", "id": "dp-1-wipe", "disks": ["/dev/vda", "/dev/vdb"]})
+    );
+    let (code, body) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": "dp-1-wipe", "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    eventually(
+        "dp-1 Available after the wipe",
+        Duration::from_secs(30),
+        || async {
+            let m = machine_json(&machines, "dp-1").await;
+            (m["status"]["state"] == "Available"
+                && cond(&m, "Ready").is_some_and(|c| c.0 == "True"))
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(boot_token(&client, "dp-1").await.is_none());
+
+    // The label-only edit started nothing: only these two runs exist.
+    let mut names: Vec<String> = runs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(kube::ResourceExt::name_any)
+        .collect();
+    names.sort();
+    let mut want = vec![run.clone(), run2.clone()];
+    want.sort();
+    assert_eq!(names, want);
+}
+
+/// Fast-track: an inspected machine's agent keeps polling (`wait`, not
+/// `poweroff`) inside the window; a claim bound then deploys through the
+/// same session, with no new boot token and no power cycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_track_deploys_through_the_running_agent() {
+    let cp = ControlPlane::start().await.unwrap();
+    let client = prepare(&cp, &[]).await;
+    let (mut lc, mut api_cfg) = configs();
+    lc.fast_track_window = Some(Duration::from_secs(300));
+    api_cfg.fast_track_window = lc.fast_track_window;
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), "default");
+    machines
+        .create(
+            &PostParams::default(),
+            &machine("ft-1", "52:54:00:7f:20:02", None),
+        )
+        .await
+        .unwrap();
+    let token = eventually("ft-1 armed", Duration::from_secs(30), || async {
+        boot_token(&client, "ft-1").await
+    })
+    .await;
+    let (code, reg) = agent.register(&token, Some("default/ft-1")).await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let mut hw = two_disks();
+    hw["disks"].as_array_mut().unwrap().truncate(1);
+    let (code, _) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some(&session),
+            Some("1"),
+            Some(hw),
+        )
+        .await;
+    assert_eq!(code, 204);
+    eventually("ft-1 Available", Duration::from_secs(30), || async {
+        (state(&machines, "ft-1").await == "Available").then_some(())
+    })
+    .await;
+    // Inside the window the agent is told to wait, not to power off.
+    let (code, next) = agent
+        .call(
+            Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(&session),
+            Some("1"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (code, next["action"].as_str()),
+        (200, Some("wait")),
+        "{next}"
+    );
+    assert!(boot_token(&client, "ft-1").await.is_none());
+
+    image(&client, "os-ft").await;
+    let claim: MachineClaim = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+        "metadata": {"name": "ft", "namespace": "default"},
+        "spec": {"machineName": "ft-1", "imageRef": {"name": "os-ft"}}}))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let pp = PatchParams::default();
+    claims
+        .patch_status(
+            "ft",
+            &pp,
+            &Patch::Merge(&json!({"status": {"phase": "Bound", "machineName": "ft-1"}})),
+        )
+        .await
+        .unwrap();
+    machines
+        .patch(
+            "ft-1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"claimRef": {"name": "ft"}}})),
+        )
+        .await
+        .unwrap();
+    // The same session's next poll gets the plan.
+    let plan = eventually(
+        "the plan through the running agent",
+        Duration::from_secs(30),
+        || async {
+            let (code, next) = agent
+                .call(
+                    Method::GET,
+                    anneal_api::agent::paths::NEXT,
+                    Some(&session),
+                    Some("1"),
+                    None,
+                )
+                .await;
+            assert_eq!(code, 200, "{next}");
+            (next["action"] == "deploy").then_some(next)
+        },
+    )
+    .await;
+    let run = plan["plan"]["runId"].as_str().unwrap().to_string();
+    let m = machine_json(&machines, "ft-1").await;
+    assert_eq!(m["status"]["state"], "Provisioning");
+    assert_eq!(m["status"]["currentRunRef"]["name"], run.as_str());
+    assert!(m["status"]["netBoot"].is_null(), "no boot armed: {m}");
+    assert!(
+        boot_token(&client, "ft-1").await.is_none(),
+        "no new boot token"
+    );
+    let (code, _) = agent
+        .call(
+            Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(&session),
+            Some("1"),
+            Some(json!({"runId": run, "outcome": {"status": "succeeded"}})),
+        )
+        .await;
+    assert_eq!(code, 204);
+    eventually("ft-1 Provisioned", Duration::from_secs(30), || async {
+        (state(&machines, "ft-1").await == "Provisioned").then_some(())
+    })
+    .await;
+}
