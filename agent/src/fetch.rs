@@ -311,6 +311,12 @@ pub struct Body {
     pub content_length: Option<u64>,
     /// The URL finally fetched (after redirects).
     pub url: Url,
+    /// The first byte of the resource this body starts at (a 206 answer
+    /// to a range request; 0 otherwise).
+    pub starts_at: u64,
+    /// `ETag` (else `Last-Modified`) of the answer, to resume only the same
+    /// version of the resource.
+    pub validator: Option<String>,
 }
 
 impl fmt::Debug for Body {
@@ -448,12 +454,24 @@ pub fn get(
     opts: &FetchOptions,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<Body, FetchError> {
+    get_from(url, opts, tls, None)
+}
+
+/// [`get`] with `Range: bytes=<from>-` (and `If-Range` with the validator)
+/// when `from` is given: the body of a 206 starting there, or of a 200 (the
+/// whole resource: the server ignored the range or the resource changed).
+fn get_from(
+    url: &str,
+    opts: &FetchOptions,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    from: Option<(u64, Option<&str>)>,
+) -> Result<Body, FetchError> {
     let mut cur = Url::parse(url)?;
     let mut redirects = 0usize;
     let mut attempt = 0u32;
     let mut delay = opts.backoff;
     loop {
-        match attempt_once(&cur, opts, tls)? {
+        match attempt_once(&cur, opts, tls, from)? {
             Attempt::Done(b) => return Ok(b),
             Attempt::Redirect(next) => {
                 redirects += 1;
@@ -497,6 +515,7 @@ fn attempt_once(
     url: &Url,
     opts: &FetchOptions,
     tls: Option<&Arc<rustls::ClientConfig>>,
+    from: Option<(u64, Option<&str>)>,
 ) -> Result<Attempt, FetchError> {
     let addrs: Vec<_> = match (url.host.as_str(), url.port).to_socket_addrs() {
         Ok(a) => a.collect(),
@@ -544,8 +563,15 @@ fn attempt_once(
     } else {
         Conn::Plain(tcp)
     };
+    let range = match from {
+        Some((n, Some(v))) if is_header_value(v) => {
+            format!("Range: bytes={n}-\r\nIf-Range: {v}\r\n")
+        }
+        Some((n, _)) => format!("Range: bytes={n}-\r\n"),
+        None => String::new(),
+    };
     let req = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: anneal-agent/{}\r\nAccept: */*\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n",
+        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: anneal-agent/{}\r\nAccept: */*\r\nAccept-Encoding: identity\r\n{range}Connection: close\r\n\r\n",
         url.path,
         url.authority(),
         env!("CARGO_PKG_VERSION")
@@ -608,8 +634,18 @@ fn attempt_once(
             .and_then(|h| std::str::from_utf8(h.value).ok())
             .map(str::trim)
     };
+    let mut starts_at = 0u64;
     match status {
         200 => {}
+        206 if from.is_some() => {
+            // `Content-Range: bytes <first>-<last>/<len>`
+            let first = header("content-range")
+                .and_then(|v| v.strip_prefix("bytes "))
+                .and_then(|v| v.split('-').next())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| malformed("206 without a usable Content-Range"))?;
+            starts_at = first;
+        }
         301 | 302 | 303 | 307 | 308 => {
             let loc = header("location").ok_or_else(|| malformed("redirect without Location"))?;
             let next = url.join(loc)?;
@@ -660,11 +696,155 @@ fn attempt_once(
         framing,
         content_length: if chunked { None } else { content_length },
         url: url.clone(),
+        starts_at,
+        validator: header("etag")
+            .or_else(|| header("last-modified"))
+            .map(str::to_owned),
     }))
+}
+
+/// Printable ASCII only: safe to send back in a header.
+fn is_header_value(v: &str) -> bool {
+    !v.is_empty() && v.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 fn find_head_end(b: &[u8]) -> Option<usize> {
     b.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// Whether a read error of a body is worth resuming after: the connection
+/// broke or stalled (not TLS, not a malformed body).
+fn is_resumable(e: &io::Error) -> bool {
+    !is_tls(e)
+        && matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::WouldBlock
+        )
+}
+
+/// A body that survives a broken connection: after a read error that
+/// [`is_resumable`], it reconnects (at most `retries` times in all, with
+/// the backoff of the options) asking for the rest with
+/// `Range: bytes=<read so far>-` and `If-Range`; a 206 from there goes on,
+/// a 200 (no range support) is read from its start and the bytes already
+/// delivered are skipped, unless its validator (ETag or Last-Modified)
+/// differs from the first answer's: the resource changed, the original
+/// error is returned. What a caller reads is the resource once, in order.
+pub struct Resuming {
+    body: Body,
+    url: String,
+    opts: FetchOptions,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    pos: u64,
+    left: u32,
+    delay: Duration,
+    validator: Option<String>,
+    /// `Content-Length` of the first answer.
+    pub content_length: Option<u64>,
+}
+
+impl fmt::Debug for Resuming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resuming")
+            .field("url", &self.url)
+            .field("pos", &self.pos)
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`get`], as a body that resumes after a broken connection.
+pub fn get_resuming(
+    url: &str,
+    opts: &FetchOptions,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Resuming, FetchError> {
+    let body = get(url, opts, tls)?;
+    Ok(Resuming {
+        content_length: body.content_length,
+        validator: body.validator.clone(),
+        url: body.url.to_string(),
+        body,
+        opts: opts.clone(),
+        tls: tls.cloned(),
+        pos: 0,
+        left: opts.retries,
+        delay: opts.backoff,
+    })
+}
+
+impl Resuming {
+    /// Reconnects for the bytes from `self.pos`.
+    fn resume(&mut self, cause: io::Error) -> io::Result<()> {
+        tracing::warn!(url = %self.url, at = self.pos, error = %cause, delay = ?self.delay,
+            "the connection broke, resuming");
+        std::thread::sleep(self.delay);
+        self.delay = self.delay.saturating_mul(2);
+        self.left -= 1;
+        let from = (self.pos, self.validator.as_deref());
+        let mut body =
+            get_from(&self.url, &self.opts, self.tls.as_ref(), Some(from)).map_err(|e| {
+                io::Error::new(
+                    cause.kind(),
+                    format!("{cause}; resuming at byte {} failed: {e}", self.pos),
+                )
+            })?;
+        let changed = |b: &Body| {
+            self.validator.is_some() && b.validator.is_some() && b.validator != self.validator
+        };
+        if body.starts_at == self.pos && body.starts_at > 0 && !changed(&body) {
+            self.body = body;
+            return Ok(());
+        }
+        if body.starts_at != 0 || changed(&body) {
+            return Err(io::Error::new(
+                cause.kind(),
+                format!(
+                    "{cause}; {} changed or answered another range when resuming at byte {}",
+                    self.url, self.pos
+                ),
+            ));
+        }
+        // a 200: skip what was delivered already
+        let mut skip = self.pos;
+        let mut buf = vec![0u8; 1 << 16];
+        while skip > 0 {
+            let n = (buf.len() as u64).min(skip) as usize;
+            let k = body.read(&mut buf[..n])?;
+            if k == 0 {
+                return Err(truncated());
+            }
+            skip -= k as u64;
+        }
+        self.body = body;
+        Ok(())
+    }
+}
+
+impl Read for Resuming {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.body.read(buf) {
+                Ok(n) => {
+                    self.pos += n as u64;
+                    return Ok(n);
+                }
+                Err(e) if self.left > 0 && is_resumable(&e) => match self.resume(e) {
+                    Ok(()) => {}
+                    Err(e) if self.left > 0 && is_resumable(&e) => {
+                        tracing::warn!(url = %self.url, error = %e, "resuming failed");
+                    }
+                    Err(e) => return Err(e),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// One `Range: bytes=start-(end-1)` GET of `url` on a fresh connection (no
@@ -808,6 +988,8 @@ pub fn get_range(
         framing: Framing::Length(len),
         content_length: Some(len),
         url: url.clone(),
+        starts_at: start,
+        validator: None,
     })
 }
 

@@ -6,26 +6,37 @@
 //! How each source is read (bounded memory: fixed buffers only):
 //! - a single partclone image (plain, gzip, zstd; or `partclone.dd` output)
 //!   is captured while it streams;
-//! - a raw disk image is spooled into a sparse scratch file (all-zero 4 KiB
-//!   blocks become holes) and captured with `capture_disk`: its used-block
-//!   detection reads the filesystems' own metadata (ext bitmaps, the FAT)
-//!   at random offsets, which a forward-only stream cannot give;
-//! - qcow2 is spooled into a scratch file and converted by `capture_qcow2`;
+//! - a raw disk image is captured while it streams too, in one pass over
+//!   the body: each chunk goes into a sparse scratch file ([`Spool`]: zero
+//!   blocks are holes, the download stays within a window of the capture's
+//!   reads, what the capture has read is punched out) and to a SHA-256
+//!   thread, while `capture_disk_of` reads the partition table and then the
+//!   partitions in offset order from it (used-block detection reads the
+//!   filesystems' own metadata, ext bitmaps or the FAT, at offsets inside
+//!   each partition; such a read waits until its bytes have arrived);
+//! - qcow2 needs random access: it is spooled into a scratch file and
+//!   converted by `capture_qcow2`;
 //! - a Clonezilla image directory packed as tar is unpacked into a scratch
 //!   directory (our own ustar/GNU reader: regular files and directories
 //!   only, no absolute paths, no `..`) and captured by `capture_clonezilla`.
 //!
-//! Scratch and staging are removed at the end, success or failure.
+//! Whatever the source, the capture writes only into the private staging
+//! directory `<store>/.staging/<ns>/<import>-<random>/` (the content server
+//! serves only `<store>/<ns>/<content>/`); the contents are published
+//! (mkdir and rename, never overwriting) only once the whole source was read
+//! and its checksum matched. Scratch and staging are removed at the end, success or
+//! failure.
 
 use std::fs::File;
-use std::io::{self, Read, Seek as _, SeekFrom, Write as _};
+use std::io::{self, Read, Write as _};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::Duration;
 
 use anneal_image::ContentIndex;
 use anneal_image::capture::{self, CaptureError, Options};
+use anneal_image::fs;
 use anneal_image::layout::Layout;
 use anneal_image::source::{self, ImageKind};
 use clap::{Args, ValueEnum};
@@ -79,7 +90,8 @@ pub struct IngestArgs {
     /// Directory for scratch files (default `<store>/.staging/...`).
     #[arg(long)]
     pub scratch: Option<PathBuf>,
-    /// Retries on connect errors and 5xx answers.
+    /// Retries on connect errors and 5xx answers; as many resumptions of a
+    /// body whose connection broke (with Range when the server supports it).
     #[arg(long, default_value_t = 3)]
     pub retries: u32,
     /// Piece length of the produced streams.
@@ -175,7 +187,8 @@ impl Progress {
 /// `max_bytes`; the first failure is kept for the report.
 struct Source {
     inner: Box<dyn Read + Send>,
-    hasher: sha2::Sha256,
+    /// `None` while the caller hashes on its own thread ([`HashThread`]).
+    hasher: Option<sha2::Sha256>,
     n: u64,
     max: Option<u64>,
     url: String,
@@ -206,7 +219,9 @@ impl Read for Source {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self.inner.read(buf) {
             Ok(k) => {
-                self.hasher.update(&buf[..k]);
+                if let Some(h) = &mut self.hasher {
+                    h.update(&buf[..k]);
+                }
                 self.n += k as u64;
                 self.prog.fetched.store(self.n, Ordering::Relaxed);
                 if let Some(max) = self.max
@@ -465,7 +480,8 @@ fn ingest(
             } else {
                 None
             };
-            let body = fetch::get(&args.url, &fo, tls.as_ref()).map_err(|e| fetch_failure(&e))?;
+            let body =
+                fetch::get_resuming(&args.url, &fo, tls.as_ref()).map_err(|e| fetch_failure(&e))?;
             let len = body.content_length;
             (Box::new(body), len)
         };
@@ -484,7 +500,7 @@ fn ingest(
     let failure = Arc::new(Mutex::new(None));
     let mut src = Source {
         inner,
-        hasher: sha2::Sha256::new(),
+        hasher: Some(sha2::Sha256::new()),
         n: 0,
         max: args.max_bytes,
         url: args.url.clone(),
@@ -508,11 +524,7 @@ fn ingest(
 
     let invalid =
         |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));
-    // check the checksum once the source has been read completely
-    let finish = |src: &mut Source| -> Result<String, Failure> {
-        src.drain()
-            .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
-        let got: [u8; 32] = src.hasher.clone().finalize().into();
+    let check_sum = |got: [u8; 32], n: u64| -> Result<String, Failure> {
         if let Some(want) = expected
             && got != want
         {
@@ -523,11 +535,18 @@ fn ingest(
                     args.url,
                     hex::encode(want),
                     hex::encode(got),
-                    src.n
+                    n
                 ),
             ));
         }
         Ok(hex::encode(got))
+    };
+    // check the checksum once the source has been read completely
+    let finish = |src: &mut Source| -> Result<String, Failure> {
+        src.drain()
+            .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
+        let got: [u8; 32] = src.hasher.clone().unwrap_or_default().finalize().into();
+        check_sum(got, src.n)
     };
 
     let tar_failure = |e: TarError, dir: &Path| match e {
@@ -557,6 +576,7 @@ fn ingest(
         Kind::Partclone => {
             // captured while it streams; a compressed tar (a Clonezilla
             // directory as .tar.gz / .tar.zst) is unpacked instead
+            set_phase(1);
             let (ip, sp) = capture::content_paths(&capture_dir, "p1");
             let streamed = (|| -> Result<bool, Failure> {
                 let reader = io::Cursor::new(head).chain(&mut src);
@@ -594,7 +614,6 @@ fn ingest(
             })();
             let is_tar = streamed.map_err(&source_failure)?;
             let sha = finish(&mut src)?;
-            set_phase(1);
             if is_tar {
                 kind = Kind::ClonezillaTar;
                 (Some(capture_cz(&cz_dir)?), sha)
@@ -602,28 +621,46 @@ fn ingest(
                 (None, sha)
             }
         }
-        Kind::Raw | Kind::Qcow2 => {
-            // a staged upload is a local file already: hash it, then capture
-            // from it directly (no copy); a fetched source is spooled
+        Kind::Raw if staged.is_none() => {
+            // one pass over the body: spooled through a bounded window,
+            // captured while it arrives, hashed on its own thread
+            set_phase(1);
+            let spool_path = scratch.join("source.raw");
+            let r = stream_raw(&mut src, head, &spool_path, &capture_dir, opts, WINDOW);
+            let _ = std::fs::remove_file(&spool_path);
+            let (captured, got) = r.map_err(&source_failure)?;
+            let sha = check_sum(got, src.n)?;
+            (Some(captured.map_err(|e| invalid(&e))?), sha)
+        }
+        Kind::Raw => {
+            // a staged upload is a local file already: captured from it
+            // directly while this thread hashes it
+            let file = staged.clone().unwrap_or_default();
+            set_phase(1);
+            let (captured, sha) = std::thread::scope(|s| {
+                let cap = s.spawn(|| capture::capture_disk(&file, &capture_dir, opts));
+                let sha = finish(&mut src);
+                let captured = cap.join().unwrap_or(Err(CaptureError::Pipeline));
+                (captured, sha)
+            });
+            let sha = sha?;
+            (Some(captured.map_err(|e| invalid(&e))?), sha)
+        }
+        Kind::Qcow2 => {
+            // qcow2 needs random access: a fetched source is spooled to a
+            // sparse scratch file first (deleted afterwards)
             let (file, sha) = match &staged {
                 Some(p) => (p.clone(), finish(&mut src)?),
                 None => {
-                    let file = scratch.join(if kind == Kind::Raw {
-                        "source.raw"
-                    } else {
-                        "source.qcow2"
-                    });
+                    let file = scratch.join("source.qcow2");
                     spool(io::Cursor::new(head).chain(&mut src), &file)
                         .map_err(|e| source_failure(store_err("writing", &file, &e)))?;
                     (file, finish(&mut src)?)
                 }
             };
             set_phase(1);
-            let r = if kind == Kind::Raw {
-                capture::capture_disk(&file, &capture_dir, opts)
-            } else {
-                capture::capture_qcow2(&file, &scratch.join("converted.raw"), &capture_dir, opts)
-            };
+            let r =
+                capture::capture_qcow2(&file, &scratch.join("converted.raw"), &capture_dir, opts);
             if staged.is_none() {
                 let _ = std::fs::remove_file(&file);
             }
@@ -843,40 +880,390 @@ fn publish(
     Ok(())
 }
 
+/// Fills `buf` from `input` up to its capacity; the bytes read (fewer only
+/// at the end of the input).
+fn fill(input: &mut impl Read, buf: &mut Vec<u8>, cap: usize) -> io::Result<usize> {
+    let start = buf.len();
+    buf.resize(cap, 0);
+    let mut n = start;
+    let r = loop {
+        if n == cap {
+            break Ok(());
+        }
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break Ok(()),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    buf.truncate(n);
+    r.map(|()| n - start)
+}
+
+/// Whether a block is all zero (the first bytes decide most data blocks).
+fn is_zero(b: &[u8]) -> bool {
+    let (head, rest) = b.split_at(b.len().min(16));
+    head.iter().all(|x| *x == 0) && rest.iter().fold(0u8, |a, x| a | x) == 0
+}
+
+/// Writes the blocks of `buf` (read at `off`) that are not all zero into
+/// `f` at `off`: runs of non-zero 4 KiB blocks in one call each, zero
+/// blocks left as holes. Bytes below `skip_below` are not written.
+fn write_nonzero(f: &File, buf: &[u8], off: u64, skip_below: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    const BLK: usize = 4096;
+    let first = usize::try_from(skip_below.saturating_sub(off))
+        .unwrap_or(usize::MAX)
+        .min(buf.len());
+    let mut i = first / BLK * BLK;
+    while i < buf.len() {
+        while i < buf.len() && is_zero(&buf[i..(i + BLK).min(buf.len())]) {
+            i += BLK;
+        }
+        let s = i.max(first);
+        while i < buf.len() && !is_zero(&buf[i..(i + BLK).min(buf.len())]) {
+            i += BLK;
+        }
+        let e = i.min(buf.len());
+        if e > s {
+            f.write_all_at(&buf[s..e], off + s as u64)?;
+        }
+    }
+    Ok(())
+}
+
 /// Copies `input` into a new sparse file at `path` (all-zero 4 KiB blocks
-/// are holes).
+/// are holes). Not fsynced: the file is scratch, deleted afterwards.
 fn spool(mut input: impl Read, path: &Path) -> io::Result<u64> {
-    let mut f = File::create(path)?;
-    let mut buf = vec![0u8; 1 << 20];
+    let f = File::create(path)?;
+    let mut buf = Vec::with_capacity(CHUNK);
     let mut size = 0u64;
     loop {
-        let mut n = 0;
-        while n < buf.len() {
-            match input.read(&mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        buf.clear();
+        let n = fill(&mut input, &mut buf, CHUNK)?;
         if n == 0 {
             break;
         }
-        for blk in buf[..n].chunks(4096) {
-            if blk.iter().all(|b| *b == 0) {
-                f.seek(SeekFrom::Current(blk.len() as i64))?;
-            } else {
-                f.write_all(blk)?;
-            }
-        }
+        write_nonzero(&f, &buf, size, 0)?;
         size += n as u64;
-        if n < buf.len() {
+        if n < CHUNK {
             break;
         }
     }
     f.set_len(size)?;
-    f.sync_all()?;
     Ok(size)
+}
+
+/// Size of the reads from the source.
+const CHUNK: usize = 1 << 20;
+
+/// How far the download may run ahead of the capture's latest read.
+const WINDOW: u64 = 64 << 20;
+
+/// The state of a raw source being spooled and captured at once.
+#[derive(Debug, Default)]
+struct SpoolState {
+    /// Bytes written so far (`[0, avail)` readable).
+    avail: u64,
+    /// The source's length once its end was read.
+    end: Option<u64>,
+    /// The download stopped on an error (reported by the fetching side).
+    failed: bool,
+    /// The end of the capture's latest read.
+    want: u64,
+    /// Nothing below this will be read again (released by the capture).
+    discard_below: u64,
+    /// The capture returned (the rest is only hashed).
+    capture_ended: bool,
+}
+
+/// A raw source arriving into a sparse scratch file while the capture reads
+/// it: a read blocks until its bytes have arrived; the download waits while
+/// it is more than [`WINDOW`] ahead of the capture's latest read (a read
+/// beyond what has arrived always lets it run); what the capture releases
+/// is punched out of the file and not written again. The file holds at
+/// most the window plus the partition metadata the capture reads ahead,
+/// never the whole image.
+struct Spool {
+    file: File,
+    path: PathBuf,
+    /// Content-Length, when the server sent one.
+    total: Option<u64>,
+    /// [`WINDOW`] (smaller in tests).
+    window: u64,
+    st: Mutex<SpoolState>,
+    cv: Condvar,
+}
+
+impl Spool {
+    fn lock(&self) -> MutexGuard<'_, SpoolState> {
+        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut SpoolState)) {
+        f(&mut self.lock());
+        self.cv.notify_all();
+    }
+
+    /// Blocks the download at `off` while it is a window ahead of the
+    /// capture; the offset below which nothing needs writing.
+    fn wait_room(&self, off: u64) -> u64 {
+        let mut g = self.lock();
+        while !g.capture_ended && !g.failed && off >= g.want.saturating_add(self.window) {
+            g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+        if g.capture_ended {
+            u64::MAX
+        } else {
+            g.discard_below
+        }
+    }
+}
+
+impl fs::ReadAt for Spool {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        let end = off
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        {
+            let mut g = self.lock();
+            let grew = end > g.want;
+            g.want = end;
+            if grew {
+                self.cv.notify_all();
+            }
+            loop {
+                if g.failed {
+                    return Err(io::Error::other(format!(
+                        "the download stopped before byte {end}"
+                    )));
+                }
+                if g.avail >= end {
+                    break;
+                }
+                if let Some(e) = g.end {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("the source ends at byte {e}, before {end}"),
+                    ));
+                }
+                g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        self.file.read_exact_at(buf, off)
+    }
+
+    fn size(&self) -> u64 {
+        if let Some(t) = self.total {
+            return t;
+        }
+        let mut g = self.lock();
+        loop {
+            if let Some(e) = g.end {
+                return e;
+            }
+            if g.failed {
+                return g.avail;
+            }
+            g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl capture::DiskSource for Spool {
+    fn release(&self, start: u64, end: u64) {
+        use std::os::fd::AsFd as _;
+        self.update(|g| g.discard_below = g.discard_below.max(end));
+        let (s, e) = (start.next_multiple_of(4096), end / 4096 * 4096);
+        if e <= s {
+            return;
+        }
+        let (Ok(so), Ok(len)) = (i64::try_from(s), i64::try_from(e - s)) else {
+            return;
+        };
+        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        if let Err(e) = nix::fcntl::fallocate(self.file.as_fd(), flags, so, len) {
+            tracing::debug!(path = %self.path.display(), error = %e, "punching the spool");
+        }
+    }
+}
+
+/// Marks the capture as ended when dropped.
+struct CaptureEnded<'a>(&'a Spool);
+
+impl Drop for CaptureEnded<'_> {
+    fn drop(&mut self) {
+        self.0.update(|g| g.capture_ended = true);
+    }
+}
+
+/// SHA-256 on its own thread over the buffers the download hands it
+/// (returned to a small pool for reuse).
+struct HashThread {
+    tx: Option<mpsc::SyncSender<Vec<u8>>>,
+    free: mpsc::Receiver<Vec<u8>>,
+    handle: Option<std::thread::JoinHandle<[u8; 32]>>,
+}
+
+impl HashThread {
+    fn start(mut h: sha2::Sha256) -> io::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(4);
+        let (free_tx, free) = mpsc::channel::<Vec<u8>>();
+        for _ in 0..6 {
+            let _ = free_tx.send(Vec::with_capacity(CHUNK));
+        }
+        let handle = std::thread::Builder::new()
+            .name("ingest-sha256".into())
+            .spawn(move || {
+                for buf in rx {
+                    h.update(&buf);
+                    let _ = free_tx.send(buf);
+                }
+                h.finalize().into()
+            })?;
+        Ok(Self {
+            tx: Some(tx),
+            free,
+            handle: Some(handle),
+        })
+    }
+
+    fn buffer(&self) -> Vec<u8> {
+        let mut b = self
+            .free
+            .recv()
+            .unwrap_or_else(|_| Vec::with_capacity(CHUNK));
+        b.clear();
+        b
+    }
+
+    fn submit(&self, buf: Vec<u8>) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(buf);
+        }
+    }
+
+    fn finish(mut self) -> Option<[u8; 32]> {
+        drop(self.tx.take());
+        self.handle.take()?.join().ok()
+    }
+}
+
+/// Streams a raw disk image from `src` (`head` already read from it):
+/// one pass over the body, each chunk written into the sparse spool at
+/// `spool_path` for the capture (on its own thread, `capture_disk_of` over
+/// the spool) and handed to the hash thread. The capture's result and the
+/// source's SHA-256; an error when reading or spooling the source failed.
+/// A capture that fails stops the spooling; the rest is still read and
+/// hashed (so a damaged download is reported as a checksum mismatch).
+fn stream_raw(
+    src: &mut Source,
+    head: Vec<u8>,
+    spool_path: &Path,
+    capture_dir: &Path,
+    opts: Options,
+    window: u64,
+) -> Result<(Result<Layout, CaptureError>, [u8; 32]), Failure> {
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(spool_path)
+        .map_err(|e| store_err("creating", spool_path, &e))?;
+    let total = match src.prog.total.load(Ordering::Relaxed) {
+        0 => None,
+        t => Some(t),
+    };
+    if let Some(t) = total {
+        file.set_len(t)
+            .map_err(|e| store_err("sizing", spool_path, &e))?;
+    }
+    let spool = Spool {
+        file,
+        path: spool_path.to_owned(),
+        total,
+        window,
+        st: Mutex::new(SpoolState::default()),
+        cv: Condvar::new(),
+    };
+    let hasher = HashThread::start(src.hasher.take().unwrap_or_default())
+        .map_err(|e| store_err("starting the hash thread for", spool_path, &e))?;
+    let (fetched, captured) = std::thread::scope(|s| {
+        let cap = std::thread::Builder::new()
+            .name("ingest-capture".into())
+            .spawn_scoped(s, || {
+                // set when the capture returns or unwinds: the download
+                // then never waits for it
+                let _ended = CaptureEnded(&spool);
+                capture::capture_disk_of(&spool, capture_dir, opts)
+            });
+        if cap.is_err() {
+            spool.update(|g| g.capture_ended = true);
+        }
+        let fetched = (|| -> Result<u64, Failure> {
+            let mut off = 0u64;
+            let mut first = Some(head);
+            loop {
+                let skip_below = spool.wait_room(off);
+                let mut buf = hasher.buffer();
+                // the head was hashed already: it goes to the spool only
+                let pre = first.take().unwrap_or_default();
+                buf.extend_from_slice(&pre);
+                let n = fill(src, &mut buf, CHUNK)
+                    .map_err(|e| Failure::new("Unreachable", chain(&e)))?;
+                if buf.is_empty() {
+                    return Ok(off);
+                }
+                if skip_below != u64::MAX {
+                    write_nonzero(&spool.file, &buf, off, skip_below)
+                        .map_err(|e| store_err("writing", spool_path, &e))?;
+                    if total.is_none() {
+                        spool
+                            .file
+                            .set_len(off + buf.len() as u64)
+                            .map_err(|e| store_err("sizing", spool_path, &e))?;
+                    }
+                }
+                off += buf.len() as u64;
+                spool.update(|g| g.avail = off);
+                if pre.is_empty() {
+                    hasher.submit(buf);
+                } else {
+                    let mut rest = hasher.buffer();
+                    rest.extend_from_slice(&buf[pre.len()..]);
+                    hasher.submit(rest);
+                }
+                if n + pre.len() < CHUNK {
+                    return Ok(off);
+                }
+            }
+        })();
+        spool.update(|g| match &fetched {
+            Ok(n) => g.end = Some(*n),
+            Err(_) => g.failed = true,
+        });
+        let captured = match cap {
+            Ok(h) => h.join().unwrap_or(Err(CaptureError::Pipeline)),
+            Err(e) => Err(CaptureError::Io {
+                what: "starting the capture thread for",
+                path: spool_path.to_owned(),
+                source: e,
+            }),
+        };
+        (fetched, captured)
+    });
+    let sha = hasher.finish();
+    fetched?;
+    let sha = sha.ok_or_else(|| {
+        Failure::new(
+            "StoreError",
+            format!("hashing {}: the hash thread stopped", src.url),
+        )
+    })?;
+    Ok((captured, sha))
 }
 
 /// Errors of unpacking a tar archive.
@@ -1121,6 +1508,116 @@ mod tests {
             Some(PathBuf::from("/r/a/b"))
         );
         assert_eq!(safe_join(root, "./").unwrap(), None);
+    }
+
+    /// A reader over a file that records, before each read, how much of
+    /// `spool` is allocated on disk.
+    struct Watch {
+        f: File,
+        spool: PathBuf,
+        max: Arc<AtomicU64>,
+    }
+
+    impl Read for Watch {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            use std::os::unix::fs::MetadataExt as _;
+            if let Ok(m) = std::fs::metadata(&self.spool) {
+                self.max.fetch_max(m.blocks() * 512, Ordering::Relaxed);
+            }
+            self.f.read(buf)
+        }
+    }
+
+    /// A raw disk with 96 MiB of incompressible files streams through a
+    /// 4 MiB window: the spool never holds more than the window, a release
+    /// step and the metadata read ahead; the contents and layout equal
+    /// `capture_disk`'s of the file, the hash the file's. (4 KiB ext4
+    /// blocks: one flex group of bitmaps at the start; with 1 KiB blocks a
+    /// 140 MiB ext4 has a second flex group whose bitmaps sit at 128 MiB,
+    /// and the spool holds everything before them.)
+    #[test]
+    fn raw_stream_holds_a_window_not_a_copy() {
+        let d = tempfile::tempdir().unwrap();
+        let tree = d.path().join("tree");
+        std::fs::create_dir_all(&tree).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..4 {
+            let v: Vec<u8> = (0..(24usize << 20) / 8)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x.to_le_bytes()
+                })
+                .collect();
+            std::fs::write(tree.join(format!("f{i}")), v).unwrap();
+        }
+        let disk = d.path().join("disk.raw");
+        let st = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "truncate -s 160M {disk} && sgdisk -o -n 1:2048:+8M -t 1:ef00 -n 2:0:+140M {disk} >/dev/null && \
+                 mkfs.vfat --offset 2048 {disk} 8192 >/dev/null && \
+                 mke2fs -q -F -t ext4 -b 4096 -E offset=$((18432*512)) -d {tree} {disk} 140M",
+                disk = disk.display(),
+                tree = tree.display()
+            ))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let want = capture::capture_disk(&disk, &d.path().join("ref"), Options::default()).unwrap();
+
+        let spool = d.path().join("spool.raw");
+        let out = d.path().join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let max = Arc::new(AtomicU64::new(0));
+        let len = std::fs::metadata(&disk).unwrap().len();
+        let prog = Arc::new(Progress {
+            phase: AtomicU64::new(1),
+            fetched: AtomicU64::new(0),
+            total: AtomicU64::new(len),
+            captured: AtomicU64::new(0),
+            out_dir: out.clone(),
+        });
+        let mut src = Source {
+            inner: Box::new(Watch {
+                f: File::open(&disk).unwrap(),
+                spool: spool.clone(),
+                max: max.clone(),
+            }),
+            hasher: Some(sha2::Sha256::new()),
+            n: 0,
+            max: None,
+            url: "test://disk.raw".into(),
+            prog,
+            failure: Arc::new(Mutex::new(None)),
+        };
+        let mut head = Vec::new();
+        (&mut src).take(512).read_to_end(&mut head).unwrap();
+        let (got, sha) = stream_raw(&mut src, head, &spool, &out, Options::default(), 4 << 20)
+            .map_err(|f| f.message)
+            .unwrap();
+        let got = got.unwrap();
+        assert_eq!(
+            serde_json::to_value(&got).unwrap(),
+            serde_json::to_value(&want).unwrap()
+        );
+        for s in got.slots.iter().filter_map(|s| s.content_ref.as_ref()) {
+            for ext in ["index", "stream"] {
+                let a = std::fs::read(out.join(format!("{s}.{ext}"))).unwrap();
+                let b = std::fs::read(d.path().join("ref").join(format!("{s}.{ext}"))).unwrap();
+                assert!(a == b, "{s}.{ext} differs");
+            }
+        }
+        let file_sha: [u8; 32] = sha2::Sha256::digest(std::fs::read(&disk).unwrap()).into();
+        assert_eq!(sha, file_sha);
+        assert_eq!(src.n, len);
+        let used: u64 = 96 << 20;
+        let peak = max.load(Ordering::Relaxed);
+        assert!(
+            peak > 0 && peak < 48 << 20,
+            "the spool held {peak} bytes of a source with {used} bytes of files"
+        );
     }
 
     #[test]

@@ -276,6 +276,99 @@ fn write_index(
     Ok(idx)
 }
 
+/// A whole disk image read at offsets: a file, or a source that is still
+/// arriving (ingest streams an HTTP body through a sparse spool and blocks a
+/// read until its bytes are there). Partitions are captured in offset order,
+/// each one's data read front to back once its used blocks are known;
+/// `release` tells the source which bytes will not be read again.
+pub trait DiskSource: ReadAt + Sync {
+    /// The bytes `[start, end)` of the disk will not be read again.
+    fn release(&self, start: u64, end: u64) {
+        let _ = (start, end);
+    }
+}
+
+/// A whole file as a [`DiskSource`] (nothing is released).
+#[derive(Debug)]
+pub struct FileDisk<'a> {
+    /// The file.
+    pub file: &'a File,
+    /// Its size.
+    pub len: u64,
+}
+
+impl ReadAt for FileDisk<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        FileRegion {
+            file: self.file,
+            start: 0,
+            len: self.len,
+        }
+        .read_exact_at(buf, off)
+    }
+    fn size(&self) -> u64 {
+        self.len
+    }
+}
+
+impl DiskSource for FileDisk<'_> {}
+
+/// `[start, start+len)` of a disk source.
+struct Region<'a, S: ?Sized> {
+    disk: &'a S,
+    start: u64,
+    len: u64,
+}
+
+impl<S: ReadAt + ?Sized> ReadAt for Region<'_, S> {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let end = off
+            .checked_add(buf.len() as u64)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        if end > self.len {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        self.disk.read_exact_at(buf, self.start + off)
+    }
+    fn size(&self) -> u64 {
+        self.len
+    }
+}
+
+/// A [`DiskSource`] as `Read + Seek` (for the partition table reader).
+struct Cursor<'a, S: ?Sized> {
+    disk: &'a S,
+    pos: u64,
+}
+
+impl<S: ReadAt + ?Sized> Read for Cursor<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.disk.size().saturating_sub(self.pos);
+        let n = (buf.len() as u64).min(left) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.disk.read_exact_at(&mut buf[..n], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl<S: ReadAt + ?Sized> io::Seek for Cursor<'_, S> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let bad = || io::Error::new(io::ErrorKind::InvalidInput, "seek out of range");
+        self.pos = match to {
+            io::SeekFrom::Start(o) => o,
+            io::SeekFrom::End(d) => self.disk.size().checked_add_signed(d).ok_or_else(bad)?,
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d).ok_or_else(bad)?,
+        };
+        Ok(self.pos)
+    }
+}
+
+/// Release the captured front of a partition every this many bytes.
+const RELEASE_STEP: u64 = 16 << 20;
+
 /// Captures the partition `[start, start+len)` of `file` into
 /// `index_path`/`stream_path`.
 pub fn capture_region(
@@ -286,14 +379,35 @@ pub fn capture_region(
     stream_path: &Path,
     opts: Options,
 ) -> Result<(ContentIndex, FsInfo), CaptureError> {
-    let region = FileRegion { file, start, len };
+    advise_sequential(file);
+    let disk = FileDisk {
+        file,
+        len: start.saturating_add(len),
+    };
+    capture_region_of(&disk, start, len, index_path, stream_path, opts)
+}
+
+/// Captures the partition `[start, start+len)` of a disk source: probe and
+/// used-block detection first (the filesystem's metadata, at any offset of
+/// the partition), then the used blocks front to back, releasing what was
+/// read as it goes.
+pub fn capture_region_of<S: DiskSource + ?Sized>(
+    disk: &S,
+    start: u64,
+    len: u64,
+    index_path: &Path,
+    stream_path: &Path,
+    opts: Options,
+) -> Result<(ContentIndex, FsInfo), CaptureError> {
+    let region = Region { disk, start, len };
     let info = fs::probe(&region);
     let extents = fs::used_extents(&region, &info).map_err(|source| CaptureError::Fs {
         partition: 0,
         source,
     })?;
-    advise_sequential(file);
     let mut filler = PieceFiller::new(StreamSink::new(stream_path, opts.piece_length)?)?;
+    // the extents are in offset order: nothing below `off` is read again
+    let mut released = 0u64;
     for e in &extents {
         let mut off = e.offset;
         filler.feed(e.len, |dst| {
@@ -305,10 +419,15 @@ pub fn capture_region(
                     source,
                 })?;
             off += dst.len() as u64;
+            if off >= released + RELEASE_STEP {
+                disk.release(start + released, start + off);
+                released = off;
+            }
             Ok(())
         })?;
     }
     let res = filler.finish()?;
+    disk.release(start + released, start + len);
     let idx = write_index(index_path, &info, len, extents, res, opts.piece_length)?;
     Ok((idx, info))
 }
@@ -473,20 +592,46 @@ fn probe_head(head: &[u8], size: u64) -> FsInfo {
 /// Captures every partition of a raw disk image into `out_dir`:
 /// `layout.json` plus `p<N>.index`/`p<N>.stream` per partition with content.
 pub fn capture_disk(source: &Path, out_dir: &Path, opts: Options) -> Result<Layout, CaptureError> {
-    let mut file = File::open(source).map_err(|source_err| CaptureError::Io {
+    let file = File::open(source).map_err(|source_err| CaptureError::Io {
         what: "opening",
         path: source.to_owned(),
         source: source_err,
     })?;
-    let mut layout = layout::read_layout(&mut file).map_err(CaptureError::Layout)?;
+    let len = file
+        .metadata()
+        .map_err(|source_err| CaptureError::Io {
+            what: "reading the size of",
+            path: source.to_owned(),
+            source: source_err,
+        })?
+        .len();
+    advise_sequential(&file);
+    capture_disk_of(&FileDisk { file: &file, len }, out_dir, opts)
+}
+
+/// [`capture_disk`] of a disk source: the partition table first (the
+/// primary GPT at the start; the end of the disk only when the primary is
+/// unreadable, as `layout::read_layout` does), then the partitions in offset
+/// order (the table's validation requires numbers and offsets to rise
+/// together), each captured front to back.
+pub fn capture_disk_of<S: DiskSource + ?Sized>(
+    disk: &S,
+    out_dir: &Path,
+    opts: Options,
+) -> Result<Layout, CaptureError> {
+    let mut layout =
+        layout::read_layout(&mut Cursor { disk, pos: 0 }).map_err(CaptureError::Layout)?;
     std::fs::create_dir_all(out_dir).map_err(|source| CaptureError::Io {
         what: "creating",
         path: out_dir.to_owned(),
         source,
     })?;
-    for slot in &mut layout.slots {
-        let region = FileRegion {
-            file: &file,
+    let mut order: Vec<usize> = (0..layout.slots.len()).collect();
+    order.sort_by_key(|i| layout.slots[*i].start_bytes);
+    for i in order {
+        let slot = &mut layout.slots[i];
+        let region = Region {
+            disk,
             start: slot.start_bytes,
             len: slot.size_bytes,
         };
@@ -501,19 +646,20 @@ pub fn capture_disk(source: &Path, out_dir: &Path, opts: Options) -> Result<Layo
         }
         if info.fs_type == "swap" {
             slot.role = Role::Swap;
+            disk.release(slot.start_bytes, slot.start_bytes + slot.size_bytes);
             continue;
         }
         let name = format!("p{}", slot.number);
         let (ip, sp) = content_paths(out_dir, &name);
-        capture_region(&file, slot.start_bytes, slot.size_bytes, &ip, &sp, opts).map_err(|e| {
-            match e {
+        capture_region_of(disk, slot.start_bytes, slot.size_bytes, &ip, &sp, opts).map_err(
+            |e| match e {
                 CaptureError::Fs { source, .. } => CaptureError::Fs {
                     partition: slot.number,
                     source,
                 },
                 other => other,
-            }
-        })?;
+            },
+        )?;
         slot.content_ref = Some(name);
     }
     write_layout(out_dir, &layout)?;
