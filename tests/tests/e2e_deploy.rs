@@ -103,4 +103,32 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
         Some(r"\EFI\BOOT\BOOTX64.EFI")
     );
     println!("{}", lab.kubectl_get_machines().unwrap());
+    // The run's story: phase timings and the agent's deploy lines.
+    let runs: kube::Api<anneal_api::DeployRun> =
+        kube::Api::namespaced(lab.cp.client(), e2e::NAMESPACE);
+    for r in runs.list(&Default::default()).await.unwrap().items {
+        let st = r.status.clone().unwrap_or_default();
+        println!(
+            "e2e-deploy: run {} phase {:?}, {} MiB/s last",
+            kube::ResourceExt::name_any(&r),
+            st.phase,
+            st.throughput_mib_ps.unwrap_or_default()
+        );
+        for t in &st.phase_timings {
+            let secs = match (&t.start, &t.end) {
+                (Some(a), Some(b)) => b.0.duration_since(a.0).as_secs_f64(),
+                _ => f64::NAN,
+            };
+            println!("e2e-deploy:   {:<16} {secs:>7.1} s", t.phase);
+        }
+    }
+    for line in lab.console().lines().filter(|l| {
+        l.contains("anneal:")
+            && (l.contains("deploy")
+                || l.contains("hook")
+                || l.contains("step")
+                || l.contains("MiB"))
+    }) {
+        println!("e2e-deploy: console: {}", line.trim_end());
+    }
 }

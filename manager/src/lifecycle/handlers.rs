@@ -1182,6 +1182,18 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
             // Running or waiting for the agent: the boot token bounds the
             // wait for a registration, as during inspection.
             let now = p.snap.now.as_millisecond();
+            if power_on_lost(p, now) {
+                // The machine is off although its boot was armed a while
+                // ago and no agent registered: the power-on did not take
+                // (it raced the agent's own power-off after inspection,
+                // or someone switched it off). Power it on again.
+                p.event(
+                    EventType::Normal,
+                    "PowerOnRetried",
+                    "the machine is off and no agent registered; powering on again".into(),
+                );
+                return arm(p, client, http_boot);
+            }
             let expired =
                 p.d.status
                     .net_boot
@@ -1226,6 +1238,30 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
             requeue: Some(health),
         },
     }
+}
+
+/// How long after arming a boot a machine that the BMC reports off is
+/// taken as a lost power-on.
+const POWER_ON_GRACE_MS: i64 = 20_000;
+
+/// Provisioning: the BMC reports the machine off, its boot was armed more
+/// than [`POWER_ON_GRACE_MS`] ago and no agent registered.
+fn power_on_lost(p: &Pass<'_, '_>, now: i64) -> bool {
+    let off = matches!(
+        p.snap.bmc,
+        Bmc::Answer {
+            powered_on: false,
+            ..
+        }
+    );
+    let armed_at =
+        p.d.status
+            .net_boot
+            .as_ref()
+            .and_then(|n| n.expires_at.as_ref())
+            .map(|t| t.0.as_millisecond() - token_lifetime_ms(p.m(), p.cfg()));
+    off && p.d.status.agent.is_none()
+        && armed_at.is_some_and(|at| now.saturating_sub(at) >= POWER_ON_GRACE_MS)
 }
 
 /// A failed attempt: a Restart failure; the next pass plans a new run (and
@@ -2177,6 +2213,64 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn a_lost_power_on_while_provisioning_is_retried_after_the_grace() {
+        let cfg = cfg();
+        let lifetime = i64::try_from(cfg.boot_token_lifetime.as_millis()).unwrap();
+        let status = |armed_ms_ago: i64| {
+            json!({"state": "Provisioning", "poweredOn": true, "currentRunRef": {"name": "r1"},
+                   "netBoot": {"tokenHash": "h", "expiresAt": at(lifetime - armed_ms_ago)}})
+        };
+        let view = DeployView::Current {
+            run: "r1".into(),
+            phase: Some(anneal_api::RunPhase::Pending),
+            message: String::new(),
+            image: None,
+            percent: None,
+        };
+        // Armed 30 s ago, the BMC says off, no agent: powered on again.
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            status(30_000),
+        );
+        let d = apply(&with_deploy(&m, &cfg, answer(false), view.clone()));
+        assert!(
+            matches!(
+                actions(&d)[..],
+                [BmcAction::BootOnce {
+                    reset: ResetType::On,
+                    ..
+                }]
+            ),
+            "{:?}",
+            d.actions
+        );
+        assert_eq!(d.token, TokenOp::Mint);
+        assert!(reasons(&d).contains(&"PowerOnRetried"));
+        // Within the grace, or on: wait.
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            status(5_000),
+        );
+        assert!(
+            apply(&with_deploy(&m, &cfg, answer(false), view.clone()))
+                .actions
+                .is_empty()
+        );
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            status(30_000),
+        );
+        assert!(
+            apply(&with_deploy(&m, &cfg, answer(true), view))
+                .actions
+                .is_empty()
+        );
     }
 
     #[test]
