@@ -1111,6 +1111,9 @@ fn start_run(
         "DeployStarted",
         format!("DeployRun {run} started"),
     );
+    // The inspection's session is over (its agent powers off): a deploy
+    // needs a fresh boot and registration.
+    p.d.status.agent = None;
     match arm(p, client, http_boot) {
         Outcome::Wait {
             reason: "boot armed",
@@ -1182,6 +1185,10 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
             // Running or waiting for the agent: the boot token bounds the
             // wait for a registration, as during inspection.
             let now = p.snap.now.as_millisecond();
+            if p.d.status.net_boot.is_none() && p.d.status.agent.is_none() {
+                // No boot armed yet (the DHCP gate held it): arm now.
+                return arm(p, client, http_boot);
+            }
             if power_on_lost(p, now) {
                 // The machine is off although its boot was armed a while
                 // ago and no agent registered: the power-on did not take
@@ -2271,6 +2278,43 @@ mod tests {
                 .actions
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_run_held_by_the_dhcp_gate_is_armed_once_the_gate_opens() {
+        let cfg = cfg();
+        // Provisioning, a current run, no boot armed, no agent (the gate
+        // held the power-on when the run started).
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c1"}}),
+            json!({"state": "Provisioning", "poweredOn": false, "currentRunRef": {"name": "r1"}}),
+        );
+        let d = apply(&with_deploy(
+            &m,
+            &cfg,
+            answer(false),
+            DeployView::Current {
+                run: "r1".into(),
+                phase: Some(anneal_api::RunPhase::Pending),
+                message: String::new(),
+                image: None,
+                percent: None,
+            },
+        ));
+        assert!(
+            matches!(
+                actions(&d)[..],
+                [BmcAction::BootOnce {
+                    reset: ResetType::On,
+                    ..
+                }]
+            ),
+            "{:?}",
+            d.actions
+        );
+        assert_eq!(d.token, TokenOp::Mint);
+        assert!(d.draft.status.net_boot.is_some());
     }
 
     #[test]
