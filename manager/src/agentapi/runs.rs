@@ -335,6 +335,21 @@ pub async fn result(client: &Client, m: &Machine, body: &[u8]) -> Result<(), Ref
                 p.percent = 100;
             }
             st.percent = Some(100);
+            // The run's figure: bytes over the time spent writing content.
+            let bytes: i64 = st.partitions.iter().map(|p| p.bytes_total).sum();
+            if let Some(t) = st
+                .phase_timings
+                .iter()
+                .find(|t| t.phase == "WritingContent")
+                && let (Some(a), Some(b)) = (&t.start, &t.end)
+            {
+                let secs = b.0.duration_since(a.0).as_secs_f64();
+                if secs > 0.0 {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+                    let mib = (bytes as f64 / secs / f64::from(1u32 << 20)) as i64;
+                    st.throughput_mib_ps = Some(mib);
+                }
+            }
             crate::conditions::set(
                 &mut st.conditions,
                 types::SUCCEEDED,
