@@ -107,6 +107,25 @@ async fn image(client: &kube::Client, name: &str) {
     .await;
 }
 
+/// Waits until `name` is armed (`what` names the wait) and registers with
+/// its boot token: the session token.
+async fn register_next_boot(
+    client: &kube::Client,
+    agent: &AgentClient,
+    name: &str,
+    what: &str,
+) -> String {
+    let token = eventually(what, Duration::from_secs(30), || async {
+        boot_token(client, name).await
+    })
+    .await;
+    let (code, reg) = agent
+        .register(&token, Some(&format!("default/{name}")))
+        .await;
+    assert_eq!(code, 200, "{reg}");
+    reg["sessionToken"].as_str().unwrap().to_string()
+}
+
 async fn state(machines: &Api<Machine>, name: &str) -> String {
     machine_json(machines, name).await["status"]["state"]
         .as_str()
@@ -133,13 +152,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
         )
         .await
         .unwrap();
-    let token = eventually("dp-1 armed", Duration::from_secs(30), || async {
-        boot_token(&client, "dp-1").await
-    })
-    .await;
-    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
-    assert_eq!(code, 200, "{reg}");
-    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let session = register_next_boot(&client, &agent, "dp-1", "dp-1 armed").await;
     let (code, body) = agent
         .call(
             Method::PUT,
@@ -237,13 +250,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
             .unwrap()
             .is_some()
     );
-    let token = eventually("dp-1 re-armed", Duration::from_secs(30), || async {
-        boot_token(&client, "dp-1").await
-    })
-    .await;
-    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
-    assert_eq!(code, 200, "{reg}");
-    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let session = register_next_boot(&client, &agent, "dp-1", "dp-1 re-armed").await;
     let (code, next) = agent
         .call(
             Method::GET,
@@ -396,13 +403,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     // Finish run 2, then release the claim under Recycle (as the claim
     // controller does: Released with RecyclePending, claimRef cleared): the
     // machine boots to wipe every disk and comes back Available.
-    let token = eventually("dp-1 armed for run 2", Duration::from_secs(30), || async {
-        boot_token(&client, "dp-1").await
-    })
-    .await;
-    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
-    assert_eq!(code, 200, "{reg}");
-    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let session = register_next_boot(&client, &agent, "dp-1", "dp-1 armed for run 2").await;
     let (code, body) = agent
         .call(
             Method::POST,
@@ -532,13 +533,7 @@ async fn fast_track_deploys_through_the_running_agent() {
         )
         .await
         .unwrap();
-    let token = eventually("ft-1 armed", Duration::from_secs(30), || async {
-        boot_token(&client, "ft-1").await
-    })
-    .await;
-    let (code, reg) = agent.register(&token, Some("default/ft-1")).await;
-    assert_eq!(code, 200, "{reg}");
-    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let session = register_next_boot(&client, &agent, "ft-1", "ft-1 armed").await;
     let mut hw = two_disks();
     hw["disks"].as_array_mut().unwrap().truncate(1);
     let (code, _) = agent

@@ -843,7 +843,7 @@ fn finalize(d: &mut Prepared<'_>) -> Result<(), DeployError> {
             d.target
                 .sync()
                 .map_err(step("flushing before mkfs".into()))?;
-            mkfs(
+            anneal_image::restore::mkfs(
                 Path::new(&dev),
                 fs,
                 slot.start_bytes,
@@ -868,52 +868,6 @@ fn finalize(d: &mut Prepared<'_>) -> Result<(), DeployError> {
         if let Err(e) = wipe::reread_partitions(d.target.file()) {
             tracing::warn!(disk = %dev, error = %e, "re-reading the partition table failed");
         }
-    }
-    Ok(())
-}
-
-/// A blank filesystem in `[offset, offset+size)` of `target` (the tools of
-/// the live image), as `anneal_image::restore::restore_image` makes them.
-fn mkfs(
-    target: &Path,
-    fs: &str,
-    offset: u64,
-    size: u64,
-    label: Option<&str>,
-) -> std::io::Result<()> {
-    let mut cmd = match fs {
-        "ext2" | "ext3" | "ext4" => {
-            let mut c = std::process::Command::new("mke2fs");
-            c.args(["-q", "-F", "-t", fs, "-E"])
-                .arg(format!("offset={offset}"));
-            if let Some(l) = label {
-                c.args(["-L", l]);
-            }
-            c.arg(target).arg(format!("{}k", size / 1024));
-            c
-        }
-        "vfat" => {
-            let mut c = std::process::Command::new("mkfs.vfat");
-            c.arg("--offset").arg((offset / 512).to_string());
-            if let Some(l) = label {
-                c.args(["-n", l]);
-            }
-            c.arg(target).arg((size / 1024).to_string());
-            c
-        }
-        other => {
-            return Err(std::io::Error::other(format!(
-                "no mkfs for filesystem {other}"
-            )));
-        }
-    };
-    let out = cmd.output()?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!(
-            "mkfs exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
     }
     Ok(())
 }

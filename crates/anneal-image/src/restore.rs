@@ -790,8 +790,14 @@ pub fn restore_image(
 }
 
 /// Makes a blank filesystem in `[offset, offset+size)` of `target` with the
-/// tools of the live image.
-fn mkfs(target: &Path, fs: &str, offset: u64, size: u64, label: Option<&str>) -> io::Result<()> {
+/// tools of the live image (restore and the agent's deploy path).
+pub fn mkfs(
+    target: &Path,
+    fs: &str,
+    offset: u64,
+    size: u64,
+    label: Option<&str>,
+) -> io::Result<()> {
     let mut cmd = match fs {
         "ext2" | "ext3" | "ext4" => {
             let mut c = std::process::Command::new("mke2fs");

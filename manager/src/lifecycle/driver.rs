@@ -211,6 +211,25 @@ async fn carry_out(
 ) -> Result<Outcome, Error> {
     let m = snap.machine;
     let key = key_of(m)?;
+    if decision.token == TokenOp::Mint {
+        // A new boot token replaces the Secret before the status write: a
+        // pass deciding from a stale cached copy would leave the Secret's
+        // token out of step with the hash in status. Decide on the server's
+        // copy only.
+        let live =
+            Api::<Machine>::namespaced(ctx.client.clone(), &m.namespace().unwrap_or_default())
+                .get(&m.name_any())
+                .await
+                .map_err(Error::kube(
+                    "reading the machine before minting a boot token",
+                ))?;
+        if live.resource_version() != m.resource_version() {
+            return Err(Error::Stale {
+                cached: m.resource_version().unwrap_or_default(),
+                live: live.resource_version().unwrap_or_default(),
+            });
+        }
+    }
     set_warned(ctx, &key, decision.dhcp_warned);
     // The token is minted right before the power-on it is for (after a
     // reboot reset that may fail), or before the write without a BMC.

@@ -129,6 +129,17 @@ pub enum Error {
     /// The Machine has no namespace.
     #[error("machine has no namespace")]
     NoNamespace,
+    /// The pass decided from a cached copy older than the Machine on the
+    /// API server; it is run again on the fresh one (nothing was done).
+    #[error(
+        "the cached machine is older than the server's (resourceVersion {cached} vs {live}); deciding again"
+    )]
+    Stale {
+        /// The cached resourceVersion.
+        cached: String,
+        /// The server's.
+        live: String,
+    },
     /// The BMC cleanup of a deleted machine has to be retried.
     #[error("bmc cleanup pending: {0}")]
     CleanupPending(String),
@@ -148,6 +159,7 @@ impl Error {
                 source: kube::Error::Api(e),
                 ..
             } => e.code == 409,
+            Self::Stale { .. } => true,
             Self::Finalizer(f) => match f.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(e)
                 | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_conflict(),
