@@ -3,7 +3,8 @@
 //!
 //! Every Machine whose `spec.subnetRef` names the Subnet, that has a boot
 //! MAC, is not being deleted and is net-booting or deployed (state
-//! `Inspecting`, `Provisioning` or `Provisioned`) holds one reservation from
+//! `Inspecting`, `Provisioning`, `Provisioned` or `Deprovisioning`: the wipe
+//! of a Recycle boots the agent too) holds one reservation from
 //! `spec.dhcp.leaseRange`. An existing reservation is kept as long as its
 //! Machine qualifies with the same MAC (an address never moves); a new one
 //! takes the lowest free address of the range that is not bootd's server
@@ -60,11 +61,17 @@ pub enum IpamError {
     NotReady,
 }
 
-/// States whose Machines hold a reservation: net-booting or deployed.
+/// States whose Machines hold a reservation: net-booting (inspection, a
+/// deploy, the wipe of a Recycle) or deployed.
 pub fn holds_reservation(state: Option<MachineState>) -> bool {
     matches!(
         state,
-        Some(MachineState::Inspecting | MachineState::Provisioning | MachineState::Provisioned)
+        Some(
+            MachineState::Inspecting
+                | MachineState::Provisioning
+                | MachineState::Provisioned
+                | MachineState::Deprovisioning
+        )
     )
 }
 
@@ -609,6 +616,18 @@ mod tests {
         // 9..14 minus server .10 and gateway .11
         assert_eq!(p.pool_size, 4);
         assert!(!pool_condition(&s, &p).0);
+    }
+
+    #[test]
+    fn net_booting_and_deployed_states_hold_a_reservation() {
+        use MachineState::*;
+        for st in [Inspecting, Provisioning, Provisioned, Deprovisioning] {
+            assert!(holds_reservation(Some(st)), "{st:?}");
+        }
+        for st in [Enrolling, Available, Released, Parked] {
+            assert!(!holds_reservation(Some(st)), "{st:?}");
+        }
+        assert!(!holds_reservation(None));
     }
 
     #[test]

@@ -104,6 +104,12 @@ pub struct LabOptions {
     /// `process` executor, the content server relayed at [`CONTENT_URL`]),
     /// bigger disks ([`DEPLOY_DISKS`]).
     pub deploy: bool,
+    /// The manager's fast-track window (`--fast-track-window`): an Available
+    /// machine's agent stays up that long after registering.
+    pub fast_track_window: Option<Duration>,
+    /// The manager's deploy stall timeout (`--deploy-stall-timeout`; the
+    /// default when None).
+    pub stall_timeout: Option<Duration>,
 }
 
 impl Drop for Lab {
@@ -189,6 +195,10 @@ impl Lab {
             lc.deploy.content_url = Some(CONTENT_URL.into());
             lc.health_interval = Duration::from_secs(10);
         }
+        lc.fast_track_window = opts.fast_track_window;
+        if opts.stall_timeout.is_some() {
+            lc.deploy.stall_timeout = opts.stall_timeout;
+        }
         let (api, _controller) = anneal_manager::lifecycle::start(
             client.clone(),
             lc,
@@ -198,7 +208,7 @@ impl Lab {
                 server_names: vec![SERVER_IP.into(), "127.0.0.1".into(), "localhost".into()],
                 session_ttl: Duration::from_secs(600),
                 long_poll: Duration::from_secs(5),
-                fast_track_window: None,
+                fast_track_window: opts.fast_track_window,
             },
             cancel.clone(),
         )
@@ -569,6 +579,19 @@ impl Lab {
         checksum: &str,
         timeout: Duration,
     ) -> anyhow::Result<()> {
+        self.import_as(name, url, checksum, true, timeout).await
+    }
+
+    /// [`Lab::import`] of a bootable OS image or (`bootable` false) a data
+    /// image.
+    pub async fn import_as(
+        &self,
+        name: &str,
+        url: &str,
+        checksum: &str,
+        bootable: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
         let client = self.cp.client();
         let imports: Api<anneal_api::ImageImport> = Api::namespaced(client.clone(), NAMESPACE);
         imports
@@ -579,7 +602,7 @@ impl Lab {
                     "metadata": {"name": name},
                     "spec": {"source": {"url": url, "checksum": format!("sha256:{checksum}")},
                              "imageName": name, "contentPrefix": name, "osFamily": "Linux",
-                             "bootable": true},
+                             "bootable": bootable},
                 }))?,
             )
             .await?;
@@ -635,6 +658,88 @@ impl Lab {
             )
             .await?;
         Ok(())
+    }
+
+    /// Merge-patches the lab's Machine with `patch`.
+    pub async fn patch_machine(&self, patch: serde_json::Value) -> anyhow::Result<()> {
+        let machines: Api<Machine> = Api::namespaced(self.cp.client(), NAMESPACE);
+        machines
+            .patch(
+                MACHINE,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Sends `ComputerSystem.Reset` (`ForceOff`, `On`, ...) to the VM's BMC
+    /// behind the manager's back, as a power loss or a hand on the switch.
+    pub fn bmc_reset(&self, reset_type: &str) -> anyhow::Result<()> {
+        let port = self.bmc.as_ref().map_or(0, |b| b.addr().port());
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-f", "-u"])
+            .arg(format!("{BMC_USER}:{BMC_PASSWORD}"))
+            .args(["-H", "Content-Type: application/json", "-d"])
+            .arg(format!("{{\"ResetType\":\"{reset_type}\"}}"))
+            .arg(format!(
+                "http://127.0.0.1:{port}/redfish/v1/Systems/vm0/Actions/ComputerSystem.Reset"
+            ))
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "BMC reset {reset_type}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    /// Deletes the MachineClaim `name`.
+    pub async fn delete_claim(&self, name: &str) -> anyhow::Result<()> {
+        let claims: Api<anneal_api::MachineClaim> = Api::namespaced(self.cp.client(), NAMESPACE);
+        claims.delete(name, &Default::default()).await?;
+        Ok(())
+    }
+
+    /// DHCP DISCOVERs bootd has seen (every outcome, dropped ones too): a
+    /// PXE or iPXE boot starts with one; a running agent only renews.
+    pub fn dhcp_discovers(&self) -> u64 {
+        self.bootd
+            .shared()
+            .metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("bootd_dhcp_packets") && l.contains("msg_type=\"discover\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// The raw file behind the VM's disk with serial `serial`.
+    pub fn disk_path(&self, serial: &str) -> PathBuf {
+        self.dir.join(format!("{serial}.raw"))
+    }
+
+    /// Waits until `text` occurs at least `count` times on the console (or
+    /// `timeout`); the error carries the console's tail.
+    pub async fn wait_console(
+        &self,
+        text: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let console = self.console();
+            if console.matches(text).count() >= count {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{text:?} not printed {count} times in {timeout:?}; console tail:\n{}",
+                tail(&console, 60)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 

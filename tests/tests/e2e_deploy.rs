@@ -8,19 +8,80 @@
 //! OVMF boots the load option the agent wrote (first in BootOrder; the only
 //! anneal entry in the VARS store) and the test OS prints the marker's
 //! SHA-256 and the Machine's name. The Machine is Provisioned.
+//!
+//! The same VM then goes through the rest of a machine's life (second
+//! acceptance line, fast-track): the first claim is bound inside the
+//! manager's fast-track window, so it deploys without a new PXE boot; the
+//! deployed VM is power-cycled through the BMC (`anneal.dev/reboot`) and
+//! boots its disk again, with no DHCP DISCOVER reaching bootd after the
+//! deploy; the claim is released under `Retain` (Released, the disk's GPT
+//! untouched), the machine re-inspected (Available), claimed again once its
+//! agent was powered off (a cold deploy: power-on through the BMC, PXE,
+//! agent), and released under `Recycle`: the agent wipes the disk (no GPT at
+//! either end, no filesystem signature where the partitions were) and the
+//! Machine returns to Available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, Progress};
 use anneal_tests::images::{FileServer, sha256_file};
+
+/// The lab manager's fast-track window.
+const FAST_TRACK: Duration = Duration::from_secs(45);
+
+/// The partitions of the GPT in `disk` (first and last byte offsets), or
+/// None when neither header has the `EFI PART` signature.
+fn gpt(disk: &Path) -> Option<Vec<(u64, u64)>> {
+    let mut f = std::fs::File::open(disk).unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut sector = |at: u64| {
+        let mut b = vec![0u8; 512];
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        b
+    };
+    let primary = sector(512);
+    let backup = sector(len - 512);
+    if &primary[..8] != b"EFI PART" && &backup[..8] != b"EFI PART" {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for lba in 2..34u64 {
+        let b = sector(lba * 512);
+        for e in b.chunks(128) {
+            if e[..16].iter().any(|&x| x != 0) {
+                let first = u64::from_le_bytes(e[32..40].try_into().unwrap());
+                let last = u64::from_le_bytes(e[40..48].try_into().unwrap());
+                parts.push((first * 512, last * 512 + 511));
+            }
+        }
+    }
+    Some(parts)
+}
+
+/// What `blkid -p` finds at byte `offset` of `disk` (empty: nothing).
+fn probe(disk: &Path, offset: u64) -> String {
+    let out = std::process::Command::new("blkid")
+        .args(["-p", "-O", &offset.to_string()])
+        .arg(disk)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     let os = tokio::task::spawn_blocking(anneal_tests::testos::test_os);
     let mut lab = Lab::start_with(
         &|s| println!("e2e-deploy: {s}"),
-        LabOptions { deploy: true },
+        LabOptions {
+            deploy: true,
+            fast_track_window: Some(FAST_TRACK),
+            ..LabOptions::default()
+        },
     )
     .await
     .unwrap();
@@ -51,7 +112,10 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     lab.wait_available(Duration::from_secs(600), &mut log)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let power_on = Instant::now();
+    // Claimed inside the fast-track window: the agent that inspected the
+    // machine gets the plan from its next long-poll, no PXE boot.
+    let discovers = lab.dhcp_discovers();
+    let fast = Instant::now();
     lab.claim(
         "deploy",
         "testos",
@@ -65,22 +129,18 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
     let name = format!("ANNEAL-DEPLOYED {MACHINE}");
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let console = lab.console();
-        if console.contains(&marker) && console.contains(&name) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the deployed OS did not print {marker:?} and {name:?}; console tail:\n{}",
-            e2e::tail(&console, 60)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    println!(
-        "e2e-deploy: claim → deployed OS marker in {:.1} s",
-        power_on.elapsed().as_secs_f64()
+    lab.wait_console(&marker, 1, Duration::from_secs(600))
+        .await
+        .unwrap();
+    lab.wait_console(&name, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let fast_secs = fast.elapsed().as_secs_f64();
+    println!("e2e-deploy: fast-track claim → deployed OS marker in {fast_secs:.1} s");
+    assert_eq!(
+        lab.dhcp_discovers(),
+        discovers,
+        "a fast-track deploy and the reboot into the deployed OS send no DHCP DISCOVER"
     );
     let vars = std::fs::read(lab.vm.as_ref().unwrap().vars_path()).unwrap();
     let (entries, order) = anneal_tests::ovmf::boot_entries(&vars).unwrap();
@@ -131,4 +191,107 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     }) {
         println!("e2e-deploy: console: {}", line.trim_end());
     }
+    // Power-cycled through the BMC: the disk boots again, never PXE.
+    let disk = lab.disk_path(e2e::DEPLOY_DISKS[0].1);
+    lab.patch_machine(serde_json::json!({"metadata": {"annotations": {
+        "anneal.dev/reboot": "{\"mode\":\"hard\"}"}}}))
+        .await
+        .unwrap();
+    lab.wait_console(&marker, 2, Duration::from_secs(300))
+        .await
+        .unwrap();
+    assert_eq!(
+        lab.dhcp_discovers(),
+        discovers,
+        "the power-cycled machine booted its disk without DHCP"
+    );
+    println!("e2e-deploy: power-cycled through the BMC, booted its disk again");
+
+    // Retain: Released, the disk untouched.
+    let deployed = gpt(&disk).expect("the deployed disk has a GPT");
+    assert!(deployed.len() >= 3, "{deployed:?}");
+    let head = std::fs::read(&disk)
+        .map(|b| b[..34 * 512].to_vec())
+        .unwrap();
+    lab.delete_claim("deploy").await.unwrap();
+    lab.wait_state("Released", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let after = std::fs::read(&disk)
+        .map(|b| b[..34 * 512].to_vec())
+        .unwrap();
+    assert!(head == after, "Retain left the partition table as it was");
+    assert_eq!(gpt(&disk), Some(deployed.clone()));
+    println!("e2e-deploy: released under Retain, disk untouched");
+
+    // Re-inspected, then claimed once the fast-track window has passed
+    // (the agent powered off): a cold deploy.
+    lab.patch_machine(serde_json::json!({
+        "metadata": {"annotations": {"anneal.dev/re-inspect": ""}},
+        "spec": {"reclaimPolicy": "Recycle"}}))
+        .await
+        .unwrap();
+    lab.wait_state("Inspecting", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    lab.wait_state("Available", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let deadline = Instant::now() + FAST_TRACK + Duration::from_secs(120);
+    while lab.powered_on().await.unwrap() != Some(false) {
+        assert!(
+            Instant::now() < deadline,
+            "the idle agent was not powered off after the fast-track window"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cold = Instant::now();
+    lab.claim(
+        "deploy-2",
+        "testos",
+        e2e::DEPLOY_DISKS[0].1,
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    lab.wait_state("Provisioned", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    lab.wait_console(&marker, 3, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let cold_secs = cold.elapsed().as_secs_f64();
+    println!(
+        "e2e-deploy: cold claim (power-on) → deployed OS marker in {cold_secs:.1} s; \
+         fast-track saved {:.1} s",
+        cold_secs - fast_secs
+    );
+
+    // Recycle: the agent wipes the disk, the Machine is Available again.
+    let deployed = gpt(&disk).expect("the redeployed disk has a GPT");
+    let signed = deployed
+        .iter()
+        .filter(|(first, _)| !probe(&disk, *first).is_empty())
+        .count();
+    assert!(
+        signed >= 3,
+        "the deployed ESP, swap and root carry signatures before the wipe: {deployed:?}"
+    );
+    lab.delete_claim("deploy-2").await.unwrap();
+    lab.wait_state("Deprovisioning", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    lab.wait_state("Available", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(gpt(&disk), None, "no GPT at either end after the wipe");
+    for (first, _) in &deployed {
+        let found = probe(&disk, *first);
+        assert!(
+            found.is_empty(),
+            "a signature survived the wipe at byte {first}: {found}"
+        );
+    }
+    println!("e2e-deploy: released under Recycle, disk wiped, Available");
+    println!("{}", lab.kubectl_get_machines().unwrap());
 }

@@ -2906,6 +2906,30 @@ mod tests {
             assert!(!d.commit);
             assert_eq!(d.token, TokenOp::Delete);
         }
+        // A Provisioned machine whose BMC answers: force-release deletes it
+        // without a single BMC call; without it the cleanup shuts it down.
+        let provisioned = |ann: Value| {
+            machine(
+                ann,
+                json!({}),
+                json!({"state": "Provisioned", "poweredOn": true,
+                       "lastSuccessfulRunRef": {"name": "r1"}}),
+            )
+        };
+        let forced = provisioned(json!({"anneal.dev/force-release": ""}));
+        let d = delete(&snap(&forced, &cfg, answer(true)));
+        assert_eq!(d.outcome, Outcome::Release);
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        let plain = provisioned(json!({}));
+        assert!(!skips_cleanup(&plain));
+        let d = delete(&snap(&plain, &cfg, answer(true)));
+        assert!(
+            d.actions
+                .iter()
+                .any(|a| matches!(a.action, BmcAction::Shutdown { .. })),
+            "{:?}",
+            d.actions
+        );
     }
 
     #[test]
