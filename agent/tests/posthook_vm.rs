@@ -36,8 +36,7 @@ fn sh(cmd: &str) -> String {
 /// Builds `examples/posthook_run` (dev profile, this target dir) and returns
 /// its path.
 fn posthook_run() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
+    let st = anneal_testinfra::cargo_command()
         .args(["build", "-p", "anneal-agent", "--example", "posthook_run"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()

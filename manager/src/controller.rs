@@ -98,6 +98,35 @@ impl Debug for Scope {
     }
 }
 
+/// The longest Event note the API server accepts (events.k8s.io/v1 refuses
+/// a longer one, and the Event is lost).
+pub const EVENT_NOTE_MAX: usize = 1024;
+
+/// `note` cut to [`EVENT_NOTE_MAX`] bytes at a character boundary, ending
+/// in `…` when cut (the full text stays in the object's status).
+pub fn event_note(mut note: String) -> String {
+    if note.len() <= EVENT_NOTE_MAX {
+        return note;
+    }
+    let mut end = EVENT_NOTE_MAX - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push('…');
+    note
+}
+
+/// The Event action for `note`: `action` plus a digest of the note. kube's
+/// Recorder folds a repeat of the same (type, action, reason, object) into
+/// the first Event's series and keeps the first note, so a second failure
+/// with another message (a deploy that failed for another reason) would show
+/// the old one in `kubectl describe`; with the digest only a repeat of the
+/// same note is folded.
+pub fn event_action(action: &str, note: &str) -> String {
+    format!("{action}-{}", &anneal_api::digest(note)[..8])
+}
+
 /// Publishes an Event about `obj` off the reconcile path (an event write
 /// must not hold one of the reconcile slots); a failure is logged at debug.
 pub fn publish_event(
@@ -111,8 +140,8 @@ pub fn publish_event(
     let ev = kube::runtime::events::Event {
         type_,
         reason: reason.to_string(),
-        note: Some(note),
-        action: action.to_string(),
+        action: event_action(action, &note),
+        note: Some(event_note(note)),
         secondary: None,
     };
     let recorder = recorder.clone();
@@ -376,4 +405,30 @@ where
         })
         .touched_objects();
     (store, index, stream)
+}
+
+#[cfg(test)]
+mod note_tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_fit_the_api_servers_limit() {
+        assert_eq!(event_note("short".into()), "short");
+        let exact = "x".repeat(EVENT_NOTE_MAX);
+        assert_eq!(event_note(exact.clone()), exact);
+        // multi-byte characters straddling the limit are not split
+        let long = "é".repeat(EVENT_NOTE_MAX);
+        let cut = event_note(long);
+        assert!(cut.len() <= EVENT_NOTE_MAX, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn only_a_repeat_of_the_same_note_shares_an_event() {
+        let a = event_action("Reconcile", "stalled for 40 s");
+        assert_eq!(a, event_action("Reconcile", "stalled for 40 s"));
+        assert_ne!(a, event_action("Reconcile", "script exited with code 3"));
+        assert!(a.starts_with("Reconcile-") && a.len() <= 128, "{a}");
+    }
 }

@@ -20,7 +20,7 @@ fn cargo(args: &[&str]) {
     // `cargo` through PATH (the rustup proxy honours rust-toolchain.toml):
     // the CARGO the test binary was compiled with may be another toolchain,
     // whose builds would not share artifacts with the workspace's.
-    let out = Command::new("cargo")
+    let out = anneal_testinfra::cargo_command()
         .current_dir(root())
         .args(["build", "--quiet"])
         .args(args)

@@ -48,7 +48,7 @@ const DYN_ADDR: &str = "10.77.0.100";
 const OTHER_MAC: &str = "52:54:00:b3:00:77";
 
 fn bootd_bin() -> PathBuf {
-    let out = Command::new("cargo")
+    let out = anneal_testinfra::cargo_command()
         .current_dir(artifacts::root())
         .args(["build", "--quiet", "-p", "anneal-bootd", "--bin", "bootd"])
         .output()

@@ -437,8 +437,8 @@ async fn commit(m: &Machine, ctx: &Context, mut d: Draft) -> Result<(), Error> {
         let ev = KubeEvent {
             type_: e.type_,
             reason: e.reason.into(),
-            note: Some(e.note),
-            action: "Reconcile".into(),
+            action: crate::controller::event_action("Reconcile", &e.note),
+            note: Some(crate::controller::event_note(e.note)),
             secondary: None,
         };
         if let Err(err) = ctx.recorder.publish(&ev, &reference).await {

@@ -72,6 +72,33 @@ fn radix36(mut v: u32) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `cargo` (through PATH: the rustup proxy honours rust-toolchain.toml) for
+/// a build started from inside a test, with the variables `cargo test` set
+/// for the test removed. Build scripts track some of them (ring's reruns on
+/// `CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, `OUT_DIR`, ...), so a build that
+/// inherited them would rebuild ring and everything above it, and the next
+/// `cargo test` from a shell would rebuild them back.
+pub fn cargo_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new("cargo");
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        let keep = matches!(k, "CARGO_HOME" | "CARGO_TARGET_DIR")
+            || [
+                "CARGO_BUILD_",
+                "CARGO_TERM_",
+                "CARGO_NET_",
+                "CARGO_REGISTRIES_",
+                "CARGO_PROFILE_",
+            ]
+            .iter()
+            .any(|p| k.starts_with(p));
+        if (k.starts_with("CARGO_") && !keep) || matches!(k, "CARGO" | "OUT_DIR" | "RUSTC") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
 /// Runs a command to completion and fails with its stderr when it fails.
 pub fn run(cmd: &mut std::process::Command) -> anyhow::Result<String> {
     let out = cmd

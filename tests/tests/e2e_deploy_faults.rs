@@ -1,0 +1,383 @@
+//! Deploy failures end to end, under TCG (issue 13, "Failures" and the data
+//! image line), in one VM with two disks:
+//!
+//! 1. A claim deploys the test OS to the first disk and a data image to the
+//!    second. While the agent writes, the VM loses power (`ForceOff` sent to
+//!    its BMC behind the manager's back): the OS disk is left without a
+//!    partition table (the table is written last, so nothing half-written
+//!    boots); the run stalls and fails naming the silence; the manager
+//!    restarts it, the next attempt succeeds and the deployed OS boots.
+//!    The second disk holds the data image's filesystem, the OS disk does
+//!    not.
+//! 2. The claim then names a PostHook whose script exits 3: the new run
+//!    fails naming the hook, the step, the exit code and the output tail, in
+//!    the DeployRun, in the Machine's status, in a Warning Event and on the
+//!    console.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anneal_api::DeployRun;
+use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, NAMESPACE, Progress};
+use anneal_tests::images::{FileServer, sha256_file};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
+
+/// The first and last byte of every GPT partition of `disk`; None without a
+/// GPT header at either end.
+fn gpt(disk: &Path) -> Option<Vec<(u64, u64)>> {
+    let mut f = std::fs::File::open(disk).unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut sector = |at: u64| {
+        let mut b = vec![0u8; 512];
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        b
+    };
+    if &sector(512)[..8] != b"EFI PART" && &sector(len - 512)[..8] != b"EFI PART" {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for lba in 2..34u64 {
+        for e in sector(lba * 512).chunks(128) {
+            if e[..16].iter().any(|&x| x != 0) {
+                let first = u64::from_le_bytes(e[32..40].try_into().unwrap());
+                let last = u64::from_le_bytes(e[40..48].try_into().unwrap());
+                parts.push((first * 512, last * 512 + 511));
+            }
+        }
+    }
+    Some(parts)
+}
+
+/// `blkid -p` at byte `offset` of `file`: `KEY="value"` pairs (empty:
+/// nothing found).
+fn probe(file: &Path, offset: u64) -> String {
+    let out = std::process::Command::new("blkid")
+        .args(["-p", "-O", &offset.to_string()])
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The UUIDs of the ext4 filesystems found at the partitions of `disk`.
+fn ext4_uuids(disk: &Path) -> Vec<String> {
+    gpt(disk)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|(first, _)| {
+            let p = probe(disk, *first);
+            if !p.contains(" TYPE=\"ext4\"") {
+                return None;
+            }
+            let at = p.find(" UUID=\"")? + 7;
+            Some(p[at..].split('"').next()?.to_string())
+        })
+        .collect()
+}
+
+async fn runs(lab: &Lab) -> Vec<DeployRun> {
+    let api: Api<DeployRun> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    let mut items = api.list(&ListParams::default()).await.unwrap().items;
+    items.sort_by_key(|r| r.metadata.creation_timestamp.clone().map(|t| t.0));
+    items
+}
+
+fn phase(r: &DeployRun) -> String {
+    r.status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map(|p| format!("{p:?}"))
+        .unwrap_or_default()
+}
+
+/// Waits until `f` holds for the lab's runs (polled; the error names what
+/// was awaited and shows the runs and the console).
+async fn until_runs(
+    lab: &Lab,
+    what: &str,
+    timeout: Duration,
+    f: impl Fn(&[DeployRun]) -> bool,
+) -> Vec<DeployRun> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let rs = runs(lab).await;
+        if f(&rs) {
+            return rs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not after {timeout:?}; runs {:?}; console tail:\n{}",
+            rs.iter()
+                .map(|r| (kube::ResourceExt::name_any(r), phase(r)))
+                .collect::<Vec<_>>(),
+            e2e::tail(&lab.console(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
+    let os = tokio::task::spawn_blocking(anneal_tests::testos::test_os);
+    let mut lab = Lab::start_with(
+        &|s| println!("e2e-faults: {s}"),
+        LabOptions {
+            deploy: true,
+            stall_timeout: Some(Duration::from_secs(40)),
+            ..LabOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let os = os.await.unwrap().unwrap();
+    let src = lab.dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(&os.image, src.join("testos.raw")).unwrap();
+    let data_dir = lab.dir.join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let data = anneal_tests::images::gpt_disk(&data_dir, 96, 8);
+    std::fs::rename(&data, src.join("data.raw")).unwrap();
+    let data_uuid = ext4_uuids(&src.join("data.raw"))
+        .pop()
+        .expect("the data image's ext4 has a UUID");
+    let server = FileServer::start(&src, None);
+    for (name, bootable) in [("testos", true), ("data", false)] {
+        let file = format!("{name}.raw");
+        lab.import_as(
+            name,
+            &server.url(&file),
+            &sha256_file(&src.join(&file)),
+            bootable,
+            Duration::from_secs(900),
+        )
+        .await
+        .unwrap();
+    }
+    // The hook of part 2.
+    let hooks: Api<anneal_api::PostHook> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    hooks
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "PostHook",
+                "metadata": {"name": "site-check"},
+                "spec": {"steps": [{"name": "raid-ready", "script": {"inline":
+                    "#!/bin/sh\necho \"checking {{ machineName }}\"\necho 'controller cache not ready' >&2\nexit 3\n"}}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    lab.launch_vm().await.unwrap();
+    lab.enrol().await.unwrap();
+    let mut log = |p: Progress<'_>| {
+        if let Progress::State(s, t) = p {
+            println!("e2e-faults: state {s:?} at {:.1} s", t.as_secs_f64());
+        }
+    };
+    lab.wait_available(Duration::from_secs(600), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (os_serial, data_serial) = (e2e::DEPLOY_DISKS[0].1, e2e::DEPLOY_DISKS[1].1);
+    let (os_disk, data_disk) = (lab.disk_path(os_serial), lab.disk_path(data_serial));
+    lab.claim(
+        "faults",
+        "testos",
+        os_serial,
+        serde_json::json!({"dataImages": [
+            {"imageRef": {"name": "data"}, "targetDisk": {"serialNumber": data_serial}}]}),
+    )
+    .await
+    .unwrap();
+
+    // 1. Power lost while the agent writes.
+    let rs = until_runs(
+        &lab,
+        "a run writing content",
+        Duration::from_secs(900),
+        |rs| {
+            rs.last().is_some_and(|r| {
+                r.status.as_ref().is_some_and(|s| {
+                    s.phase == Some(anneal_api::RunPhase::WritingContent)
+                        && s.percent.unwrap_or(0) >= 1
+                })
+            })
+        },
+    )
+    .await;
+    let first = kube::ResourceExt::name_any(rs.last().unwrap());
+    lab.bmc_reset("ForceOff").unwrap();
+    println!("e2e-faults: power lost while {first} was writing");
+    assert_eq!(
+        gpt(&os_disk),
+        None,
+        "a deploy cut mid-write leaves the OS disk without a partition table"
+    );
+    let rs = until_runs(
+        &lab,
+        "the cut run failed and another one succeeded",
+        Duration::from_secs(1200),
+        |rs| {
+            rs.iter()
+                .any(|r| kube::ResourceExt::name_any(r) == first && phase(r) == "Failed")
+                && rs.iter().any(|r| phase(r) == "Succeeded")
+        },
+    )
+    .await;
+    let cut = rs
+        .iter()
+        .find(|r| kube::ResourceExt::name_any(*r) == first)
+        .unwrap();
+    let cut_status = serde_json::to_string(&cut.status).unwrap();
+    println!("e2e-faults: {first}: {cut_status}");
+    assert!(
+        cut_status.contains("no progress") || cut_status.contains("stall"),
+        "the cut run's failure names the silence: {cut_status}"
+    );
+    lab.wait_state("Provisioned", Duration::from_secs(1800), &mut log)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    lab.wait_console(
+        &format!("ANNEAL-MARKER {}", os.marker_sha256),
+        1,
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    println!("e2e-faults: the next attempt deployed and the OS booted");
+    assert!(
+        ext4_uuids(&data_disk).contains(&data_uuid),
+        "the data image's filesystem {data_uuid} is on the data disk: {:?}",
+        ext4_uuids(&data_disk)
+    );
+    assert!(
+        !ext4_uuids(&os_disk).contains(&data_uuid),
+        "the OS disk does not carry the data image: {:?}",
+        ext4_uuids(&os_disk)
+    );
+
+    // 2. A hook whose script exits 3.
+    let before = runs(&lab).await.len();
+    let claims: Api<anneal_api::MachineClaim> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    claims
+        .patch(
+            "faults",
+            &Default::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "spec": {"postHookRefs": [{"name": "site-check"}]}})),
+        )
+        .await
+        .unwrap();
+    let rs = until_runs(
+        &lab,
+        "the hook's run failed",
+        Duration::from_secs(900),
+        |rs| rs.len() > before && rs.last().is_some_and(|r| phase(r) == "Failed"),
+    )
+    .await;
+    let failed = serde_json::to_string(&rs.last().unwrap().status).unwrap();
+    for want in [
+        "site-check",
+        "raid-ready",
+        "exited with code 3",
+        "controller cache not ready",
+    ] {
+        assert!(failed.contains(want), "run status names {want:?}: {failed}");
+    }
+    let machines: Api<anneal_api::Machine> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    let m = serde_json::to_string(&machines.get(MACHINE).await.unwrap().status).unwrap();
+    assert!(
+        m.contains("site-check") && m.contains("exited with code 3"),
+        "Machine status names the hook and the exit code: {m}"
+    );
+    let events: Api<Event> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    let warning = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.message
+                    .as_deref()
+                    .is_some_and(|n| n.contains("exited with code 3"))
+        });
+    assert!(warning.is_some(), "a Warning Event names the exit code");
+    lab.wait_console("script exited with code 3", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    println!(
+        "e2e-faults: the failing hook is named in the run, the Machine, an Event and on the console"
+    );
+
+    // 3. A corrupt range: one byte of testos-p3's stream flipped on disk.
+    let stream = lab
+        .store
+        .clone()
+        .unwrap()
+        .join(NAMESPACE)
+        .join("testos-p3")
+        .join("stream");
+    let at = 32u64 << 20;
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&stream)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.read_exact(&mut b).unwrap();
+        f.seek(SeekFrom::Start(at)).unwrap();
+        f.write_all(&[b[0] ^ 0xff]).unwrap();
+        f.sync_all().unwrap();
+    }
+    let before = runs(&lab).await.len();
+    claims
+        .patch(
+            "faults",
+            &Default::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"postHookRefs": null}})),
+        )
+        .await
+        .unwrap();
+    let failed_on_piece = |r: &DeployRun| {
+        phase(r) == "Failed"
+            && serde_json::to_string(&r.status)
+                .unwrap()
+                .contains("failed its SHA-1")
+    };
+    let rs = until_runs(
+        &lab,
+        "a run failed on the corrupt piece",
+        Duration::from_secs(900),
+        |rs| rs.iter().skip(before).any(failed_on_piece),
+    )
+    .await;
+    let corrupt = rs
+        .iter()
+        .skip(before)
+        .find(|r| failed_on_piece(r))
+        .map(|r| serde_json::to_string(&r.status).unwrap())
+        .unwrap();
+    assert!(
+        corrupt.contains("content testos-p3: piece "),
+        "the run names the content and the piece: {corrupt}"
+    );
+    assert_eq!(
+        gpt(&os_disk),
+        None,
+        "a run failed on a corrupt piece leaves the OS disk unbootable"
+    );
+    lab.wait_console("re-fetching", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    println!("e2e-faults: the corrupt piece was re-fetched, then the run failed naming it");
+}
