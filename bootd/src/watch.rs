@@ -14,6 +14,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
+
+/// A Machine annotation: its agent boots with `anneal.debug=shell`.
+pub const DEBUG_SHELL_ANNOTATION: &str = "anneal.dev/debug-shell";
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, ConfigError, DhcpSpec, LeaseRange, StaticConfig, SubnetInput};
@@ -157,7 +160,13 @@ pub async fn build(
                 console: m.spec.console.clone(),
                 token,
                 chain_undionly: false,
-                debug_shell: false,
+                // `anneal.dev/debug-shell`: the agent opens a shell on the
+                // console when it fails instead of rebooting
+                debug_shell: m
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(DEBUG_SHELL_ANNOTATION)),
             },
         );
     }

@@ -394,6 +394,8 @@ impl Lab {
                 a
             },
             no_reboot: false,
+            // the console takes input too (Lab::type_on_console)
+            serial_input: true,
             ..VmConfig::default()
         };
         let launched = Instant::now();
@@ -692,6 +694,11 @@ impl Lab {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(())
+    }
+
+    /// Types `text` on the VM's serial console.
+    pub fn type_on_console(&self, text: &str) -> anyhow::Result<()> {
+        self.vm.as_ref().context("no VM")?.send_serial(text)
     }
 
     /// Deletes the MachineClaim `name`.

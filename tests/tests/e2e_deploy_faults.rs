@@ -339,6 +339,11 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
         f.write_all(&[b[0] ^ 0xff]).unwrap();
         f.sync_all().unwrap();
     }
+    lab.patch_machine(
+        serde_json::json!({"metadata": {"annotations": {"anneal.dev/debug-shell": ""}}}),
+    )
+    .await
+    .unwrap();
     let before = runs(&lab).await.len();
     claims
         .patch(
@@ -380,4 +385,34 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
         .await
         .unwrap();
     println!("e2e-faults: the corrupt piece was re-fetched, then the run failed naming it");
+
+    // 4. Held after three failures; the last agent's shell stays.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let m = serde_json::to_value(machines.get(MACHINE).await.unwrap()).unwrap();
+        let held = m["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "RetryHeld" && c["status"] == "True");
+        let console = lab.console();
+        let shell_after_last_failure = console
+            .rfind("failed its SHA-1")
+            .is_some_and(|at| console[at..].contains("starting a debug shell"));
+        if held && shell_after_last_failure {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not held with a shell on the console (held {held}); console tail:\n{}",
+            e2e::tail(&console, 40)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    lab.type_on_console("\necho ANNEAL-SHELL-$((6*7))\n")
+        .unwrap();
+    lab.wait_console("ANNEAL-SHELL-42", 1, Duration::from_secs(120))
+        .await
+        .unwrap();
+    println!("e2e-faults: held after three failures; the debug shell answered on the console");
 }

@@ -97,6 +97,9 @@ pub struct VmConfig {
     pub extra_args: Vec<String>,
     /// Exit QEMU instead of rebooting the guest.
     pub no_reboot: bool,
+    /// The serial console also takes input ([`Vm::send_serial`]): a socket
+    /// chardev whose output is logged to the same file.
+    pub serial_input: bool,
 }
 
 impl Default for VmConfig {
@@ -112,6 +115,7 @@ impl Default for VmConfig {
             append: None,
             extra_args: Vec::new(),
             no_reboot: true,
+            serial_input: false,
         }
     }
 }
@@ -148,11 +152,23 @@ impl Vm {
             "none".into(),
             "-monitor".into(),
             "none".into(),
-            "-serial".into(),
-            format!("file:{}", serial.display()),
             "-qmp".into(),
             format!("unix:{},server=on,wait=off", qmp.display()),
         ];
+        if cfg.serial_input {
+            // Output is logged whether or not a client is connected.
+            args.push("-chardev".into());
+            args.push(format!(
+                "socket,id=ser0,path={},server=on,wait=off,logfile={}",
+                dir.path().join("serial.sock").display(),
+                serial.display()
+            ));
+            args.push("-serial".into());
+            args.push("chardev:ser0".into());
+        } else {
+            args.push("-serial".into());
+            args.push(format!("file:{}", serial.display()));
+        }
         if cfg.no_reboot {
             args.push("-no-reboot".into());
         }
@@ -253,6 +269,19 @@ impl Vm {
     /// The QMP socket.
     pub fn qmp_path(&self) -> &Path {
         &self.qmp
+    }
+
+    /// Types `text` on the serial console (a VM launched with
+    /// `serial_input`).
+    pub fn send_serial(&self, text: &str) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let sock = self.dir.path().join("serial.sock");
+        let mut s = std::os::unix::net::UnixStream::connect(&sock)
+            .map_err(|e| anyhow::anyhow!("serial socket {}: {e}", sock.display()))?;
+        // QEMU reads the socket only as fast as the guest's UART takes it.
+        s.write_all(text.as_bytes())?;
+        s.flush()?;
+        Ok(())
     }
 
     /// Everything the guest printed on the serial console so far.
