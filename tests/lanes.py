@@ -143,7 +143,7 @@ def order(jobs, first):
             head.append(by_target.pop(name))
         else:
             print(f"lanes: --first {name}: no such test binary in this build "
-                  "(update the list in tests/run.sh)", file=sys.stderr)
+                  "(update the list in tests/run.sh)", flush=True)
     return head + [j for j in jobs if j not in head]
 
 
@@ -220,7 +220,10 @@ def main():
         print(f"\n==== [{elapsed:6.0f}s] {job.name}: {status} in {job.seconds:.1f}s "
               f"(lane {job.lane}, {ended}/{len(jobs)}; log {job.log})", flush=True)
         with open(job.log, "rb") as f:
-            sys.stdout.buffer.write(f.read())
+            text = f.read()
+        sys.stdout.buffer.write(text)
+        if text and not text.endswith(b"\n"):
+            sys.stdout.buffer.write(b"\n")
         print(f"==== end of {job.name}", flush=True)
     for t in threads:
         t.join()
