@@ -171,13 +171,21 @@ def main():
     ap.add_argument("--log-dir", required=True)
     ap.add_argument("--first", action="append", default=[],
                     help="a test target to start first (repeat; in order)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only this test target (repeat); implies --no-doc")
     ap.add_argument("--no-doc", action="store_true", help="skip the doctests")
     args = ap.parse_args()
     os.makedirs(args.log_dir, exist_ok=True)
     root = os.path.abspath(args.root)
 
     jobs = order(collect(args, root), args.first)
-    if not args.no_doc:
+    if args.only:
+        missing = set(args.only) - {j.target for j in jobs}
+        if missing:
+            print(f"lanes: --only {' '.join(sorted(missing))}: no such test binary", flush=True)
+            return 2
+        jobs = [j for j in jobs if j.target in args.only]
+    if not args.no_doc and not args.only:
         doc = Job("doctests", ["cargo", "test", "--workspace", "--doc", "--locked",
                                "--", f"--test-threads={args.test_threads}"],
                   root, dict(os.environ), "cargo test --workspace --doc",
