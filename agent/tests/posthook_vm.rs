@@ -40,7 +40,24 @@ fn sh(cmd: &str) -> String {
 /// package alone and compiled half the dependency tree again).
 fn posthook_run() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
+    let mut cmd = Command::new(cargo);
+    // Not the variables cargo test set for this process: ring's build script
+    // reruns when CARGO_MANIFEST_DIR changes (tests/src/artifacts.rs
+    // `clear_test_env`, which this crate cannot use).
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+            ]
+            .contains(&k.as_ref())
+        {
+            cmd.env_remove(&key);
+        }
+    }
+    let st = cmd
         .args(["build", "--workspace", "--example", "posthook_run"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()

@@ -33,11 +33,39 @@ fn cargo_host(args: &[&str]) {
     cargo(&all);
 }
 
+/// The variables `cargo test` sets for a test process (its package's
+/// manifest and metadata) that a build must not inherit: ring's build script
+/// asks cargo to rerun it when `CARGO_MANIFEST_DIR` changes, and cargo
+/// compares the value in its own environment, so a build started from a test
+/// (`CARGO_MANIFEST_DIR=<repo>/tests`) reran it and recompiled ring, rustls,
+/// hyper, kube... and the agent, and the next build from a shell did it
+/// again. Without them, a build from a test is the build `tests/run.sh` (or a
+/// developer's shell) ran, and finds it fresh.
+pub fn clear_test_env(cmd: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        let Some(k) = key.to_str() else { continue };
+        if k.starts_with("CARGO_PKG_")
+            || matches!(
+                k,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd
+}
+
 fn cargo(args: &[&str]) {
     // `cargo` through PATH (the rustup proxy honours rust-toolchain.toml):
     // the CARGO the test binary was compiled with may be another toolchain,
     // whose builds would not share artifacts with the workspace's.
-    let out = Command::new("cargo")
+    let out = clear_test_env(&mut Command::new("cargo"))
         .current_dir(root())
         .args(["build", "--quiet"])
         .args(args)
