@@ -8,6 +8,13 @@ mkdir -p "$cache"
 if [ -L "$cache/current" ] && [ -e "$cache/current/vmlinuz" ]; then
   exit 0
 fi
+# Test binaries run concurrently (tests/run.sh's lanes) and each fetches the
+# kernel on first use: one fetch at a time, the others find it done.
+exec 9>"$cache/.fetch.lock"
+flock 9
+if [ -L "$cache/current" ] && [ -e "$cache/current/vmlinuz" ]; then
+  exit 0
+fi
 pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 if [ -z "$pkg" ]; then
   apt-get update -qq

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The README's test command: set-up (idempotent), then every test tier:
-# formatting, clippy with -D warnings, and `cargo test --workspace`
-# (unit tests, loopback/namespace integration, control-plane and VM tests).
+# formatting, clippy with -D warnings, and the tests of `cargo test
+# --workspace` (unit tests, loopback/namespace integration, control-plane and
+# VM tests, doctests), built once and run as concurrent lanes of test
+# binaries (docs/testing.md).
+#
+#   ANNEAL_TEST_LANES    test binaries running at once (default 2)
+#   ANNEAL_TEST_THREADS  --test-threads of each binary (default 4)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -10,27 +15,66 @@ bash "$here/setup.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 cd "$repo"
 step() { printf '\n== %s (%ss elapsed)\n' "$*" "$(( $(date +%s) - start ))"; }
+logdir=$(mktemp -d -t anneal-test.XXXXXX)
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+# The static musl agent (release; what the VM tests boot) shares no unit with
+# the debug builds below, and cargo locks target/debug and the release
+# directories separately: it builds beside clippy and the test build, filling
+# the cores they leave idle. The exact command of tests/src/artifacts.rs
+# `agent_musl`, so the tests find it fresh.
+step "static agent (release, musl): building in the background"
+musl_log="$logdir/agent-musl-build.log"
+setsid cargo build --quiet --locked --release --target x86_64-unknown-linux-musl \
+  -p anneal-agent --bin anneal-agent >"$musl_log" 2>&1 &
+musl_pid=$!
+trap 'kill -- "-$musl_pid" 2>/dev/null || true' EXIT
+
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-step "cargo test --workspace"
-# Every test binary runs even after a failure (--no-fail-fast); the output is
-# kept in a log so one summary of every failure can be printed at the end.
-log=$(mktemp -t anneal-test.XXXXXX.log)
-set +e
-cargo test --workspace --locked --no-fail-fast -- --test-threads="${ANNEAL_TEST_THREADS:-4}" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-set -e
-if [ "$rc" != 0 ]; then
-  step "FAILED: summary"
-  echo "failed tests:"
-  grep -E '^test .* \.\.\. FAILED$' "$log" | sed 's/^test /  /; s/ \.\.\. FAILED$//' | sort -u || true
-  echo "failed test binaries (cargo's list; rerun one with the command shown):"
-  sed -n '/^error: [0-9]* targets\? failed:/,/^[^ ]/p' "$log" | grep -E '^ +`' || \
-    grep -E '^error: test failed' "$log" || true
-  echo "full log: $log"
-  exit "$rc"
+
+step "cargo test --workspace: build"
+messages="$logdir/test-build.json"
+cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >"$messages"
+
+# What the tests build on demand with `cargo build --workspace` (the same
+# feature unification as the test build: only these binaries compile, the
+# examples and the agent's binary are already fresh).
+step "test artifacts (bootd, anneal-initramfs, examples)"
+cargo build --workspace --locked --bin bootd --bin anneal-initramfs --bin anneal-agent \
+  --example fake_manager --example posthook_run
+
+step "static agent (release, musl): waiting for the background build"
+musl_rc=0
+wait "$musl_pid" || musl_rc=$?
+trap - EXIT
+cat "$musl_log"
+if [ "$musl_rc" != 0 ]; then
+  echo "the static agent did not build (exit $musl_rc): the VM tests that boot it will fail"
 fi
-rm -f "$log"
+
+# Longest first (measured warm; docs/testing.md): with 2 lanes the longest
+# binaries overlap and the short ones fill in at the end. A binary missing
+# from this list runs after these; a name here that no longer exists is
+# reported.
+long=(
+  e2e_deploy_faults e2e_deploy bootd_renew agent_vm lifecycle_faults agent_tokens agent_initramfs
+  bootd_vm images_import posthook_vm manager_leader e2e_inspect
+  redfish_conformance bootd_watch lifecycle_walk testos_boot manager_claims
+  controlplane vm_smoke lifecycle_power_gate
+)
+first=()
+for t in "${long[@]}"; do first+=(--first "$t"); done
+step "cargo test --workspace: run (${ANNEAL_TEST_LANES:-2} lanes)"
+rc=0
+python3 "$here/lanes.py" --messages "$messages" --root "$repo" --log-dir "$logdir" \
+  --lanes "${ANNEAL_TEST_LANES:-2}" --test-threads "${ANNEAL_TEST_THREADS:-4}" \
+  "${first[@]}" || rc=$?
+if [ "$rc" != 0 ] || [ "$musl_rc" != 0 ]; then
+  step "FAILED (the summary above; every log in $logdir)"
+  exit 1
+fi
+rm -rf "$logdir"
 step "all tiers passed"

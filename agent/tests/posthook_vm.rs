@@ -34,10 +34,13 @@ fn sh(cmd: &str) -> String {
 }
 
 /// Builds `examples/posthook_run` (dev profile, this target dir) and returns
-/// its path.
+/// its path. `--workspace`, not `-p anneal-agent`: features are then unified
+/// across the workspace as `cargo test --workspace` did, so the example that
+/// run already built is fresh (a `-p` build resolves features for this
+/// package alone and compiled half the dependency tree again).
 fn posthook_run() -> PathBuf {
     let st = anneal_testinfra::cargo_command()
-        .args(["build", "-p", "anneal-agent", "--example", "posthook_run"])
+        .args(["build", "--workspace", "--example", "posthook_run"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .unwrap();

@@ -1,5 +1,15 @@
 //! The artifacts the agent tests boot or inspect, built with cargo on
-//! demand: the static musl agent, the initramfs builder, the fake manager.
+//! demand: the static musl agent, the initramfs builder, the fake manager,
+//! bootd's binary.
+//!
+//! Every host (debug) artifact is built with `--workspace`, so that cargo
+//! unifies dependency features across the whole workspace exactly as
+//! `cargo test --workspace` did: the dependencies that build compiled are
+//! reused and only the artifact itself is compiled (or nothing, when cargo
+//! test already built it: the examples, the agent's binary). A `-p` build
+//! would resolve features for one package only and compile half the
+//! dependency tree again. cargo is always asked (never a file found on
+//! disk), so a stale artifact is rebuilt, never used.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,10 +26,17 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// Host artifacts: `--workspace` (see the module comment) plus `args`.
+fn cargo_host(args: &[&str]) {
+    let mut all = vec!["--workspace"];
+    all.extend_from_slice(args);
+    cargo(&all);
+}
+
 fn cargo(args: &[&str]) {
-    // `cargo` through PATH (the rustup proxy honours rust-toolchain.toml):
-    // the CARGO the test binary was compiled with may be another toolchain,
-    // whose builds would not share artifacts with the workspace's.
+    // `anneal_testinfra::cargo_command`: cargo through PATH (the rustup
+    // proxy honours rust-toolchain.toml) without the variables cargo test
+    // set for this process, so the build finds fresh what run.sh built.
     let out = anneal_testinfra::cargo_command()
         .current_dir(root())
         .args(["build", "--quiet"])
@@ -33,7 +50,10 @@ fn cargo(args: &[&str]) {
     );
 }
 
-/// The static musl agent (release), built if needed.
+/// The static musl agent (release), built if needed: the production build
+/// (`-p`: its features are the agent's own, not the workspace's). No test
+/// build shares its profile or target; `tests/run.sh` starts this exact
+/// command early, beside clippy, so the tests find it fresh.
 pub fn agent_musl() -> PathBuf {
     cargo(&[
         "--release",
@@ -49,13 +69,13 @@ pub fn agent_musl() -> PathBuf {
 
 /// The initramfs builder (debug build).
 pub fn initramfs_tool() -> PathBuf {
-    cargo(&["-p", "anneal-initramfs", "--bin", "anneal-initramfs"]);
+    cargo_host(&["--bin", "anneal-initramfs"]);
     target_dir().join("debug/anneal-initramfs")
 }
 
 /// The agent-protocol test server (debug build of the agent's example).
 pub fn fake_manager() -> PathBuf {
-    cargo(&["-p", "anneal-agent", "--example", "fake_manager"]);
+    cargo_host(&["--example", "fake_manager"]);
     target_dir().join("debug/examples/fake_manager")
 }
 
@@ -94,6 +114,12 @@ pub fn build_initramfs(tool: &Path, agent: &Path, modules: &Path, out: &Path) ->
 /// The host (debug) `anneal-agent`, built if needed: the ingest and store
 /// workloads of the `process` executor.
 pub fn agent_host() -> PathBuf {
-    cargo(&["-p", "anneal-agent", "--bin", "anneal-agent"]);
+    cargo_host(&["--bin", "anneal-agent"]);
     target_dir().join("debug/anneal-agent")
+}
+
+/// bootd's binary (debug build).
+pub fn bootd() -> PathBuf {
+    cargo_host(&["--bin", "bootd"]);
+    target_dir().join("debug/bootd")
 }

@@ -47,20 +47,6 @@ const DYN_MAC: &str = "52:54:00:b3:00:02";
 const DYN_ADDR: &str = "10.77.0.100";
 const OTHER_MAC: &str = "52:54:00:b3:00:77";
 
-fn bootd_bin() -> PathBuf {
-    let out = anneal_testinfra::cargo_command()
-        .current_dir(artifacts::root())
-        .args(["build", "--quiet", "-p", "anneal-bootd", "--bin", "bootd"])
-        .output()
-        .expect("cargo runs");
-    assert!(
-        out.status.success(),
-        "building bootd failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    artifacts::target_dir().join("debug/bootd")
-}
-
 /// Kernel, bootd binary, agent initramfs: built once for both cases.
 struct Artifacts {
     kernel: DebianKernel,
@@ -74,7 +60,7 @@ fn artifacts() -> &'static Artifacts {
         let kernel = debian_kernel().unwrap();
         let agent = artifacts::agent_musl();
         let tool = artifacts::initramfs_tool();
-        let bootd = bootd_bin();
+        let bootd = artifacts::bootd();
         let dir = artifacts::target_dir().join("bootd-renew");
         std::fs::create_dir_all(&dir).unwrap();
         let initrd = dir.join("agent.cpio.zst");
