@@ -135,7 +135,9 @@ impl Screen {
     }
 
     fn st(&self) -> std::sync::MutexGuard<'_, ScreenState> {
-        self.st.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn bold(&self, s: &str) -> String {
@@ -302,9 +304,14 @@ fn guid(b: &[u8; 16]) -> String {
         b[6],
         b[8],
         b[9],
-        b[10..].iter().map(|x| format!("{x:02x}")).collect::<String>()
+        b[10..]
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
     )
 }
+
+type OsBuild = tokio::task::JoinHandle<anyhow::Result<anneal_tests::testos::TestOs>>;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -315,7 +322,8 @@ async fn main() -> anyhow::Result<()> {
     let say = |s: &str| sc.say(s);
 
     // The test OS builds (or comes from the cache) while the lab starts.
-    let os_build = (!opts.inspect_only).then(|| tokio::task::spawn_blocking(anneal_tests::testos::test_os));
+    let os_build =
+        (!opts.inspect_only).then(|| tokio::task::spawn_blocking(anneal_tests::testos::test_os));
     let mut lab = Lab::start_with(
         &say,
         LabOptions {
@@ -323,7 +331,53 @@ async fn main() -> anyhow::Result<()> {
         },
     )
     .await?;
+    let result = demo(&mut lab, &sc, os_build).await;
+    sc.end_progress();
+    // The lab's directory goes with it: keep what explains the run.
+    match keep_logs(&lab) {
+        Ok(dir) => say(&format!(
+            "logs kept in {} (lab.log: manager and bootd, console.log: the serial console, bmc-requests.jsonl); cleaning up",
+            dir.display()
+        )),
+        Err(e) => say(&format!(
+            "the logs in {} could not be kept ({e:#}); cleaning up",
+            lab.dir.display()
+        )),
+    }
+    if let Some(last) = result? {
+        say(&last);
+    }
+    Ok(())
+}
 
+/// Copies the lab's logs and the serial console to `<target>/demo/`
+/// (replacing an earlier run's) and returns that directory.
+fn keep_logs(lab: &Lab) -> anyhow::Result<std::path::PathBuf> {
+    let dir = anneal_tests::artifacts::target_dir().join("demo");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    for name in ["lab.log", "bmc-requests.jsonl"] {
+        let from = lab.dir.join(name);
+        if from.exists() {
+            std::fs::copy(&from, dir.join(name))
+                .with_context(|| format!("copy {} into {}", from.display(), dir.display()))?;
+        }
+    }
+    std::fs::write(dir.join("console.log"), lab.console())
+        .with_context(|| format!("write {}", dir.join("console.log").display()))?;
+    Ok(dir)
+}
+
+/// The demo after the lab is up; returns the last line to print (the
+/// deploy's time), `None` for the inspection-only demo.
+async fn demo(
+    lab: &mut Lab,
+    sc: &Screen,
+    os_build: Option<OsBuild>,
+) -> anyhow::Result<Option<String>> {
+    let say = |s: &str| sc.say(s);
     // 1. The image.
     let mut image = None;
     if let Some(build) = os_build {
@@ -339,7 +393,10 @@ async fn main() -> anyhow::Result<()> {
             mib(i64::try_from(allocated)?),
             &os.marker_sha256[..12]
         ));
-        let dir = os.image.parent().context("the test OS image has no directory")?;
+        let dir = os
+            .image
+            .parent()
+            .context("the test OS image has no directory")?;
         let file = os
             .image
             .file_name()
@@ -419,7 +476,7 @@ async fn main() -> anyhow::Result<()> {
     let mut f = Follow::new();
     let timeout = Duration::from_secs(600);
     loop {
-        if f.pump(&lab, &sc).await == "Available" {
+        if f.pump(lab, sc).await == "Available" {
             break;
         }
         anyhow::ensure!(
@@ -437,7 +494,7 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut off = false;
     while Instant::now() < deadline {
-        f.pump(&lab, &sc).await;
+        f.pump(lab, sc).await;
         if lab.powered_on().await? == Some(false) {
             off = true;
             break;
@@ -464,11 +521,7 @@ async fn main() -> anyhow::Result<()> {
         sc.block(&e2e::summary(&hw));
     }
     let Some(os) = image else {
-        say(&format!(
-            "logs in {} (lab.log: manager and bootd); cleaning up",
-            lab.dir.display()
-        ));
-        return Ok(());
+        return Ok(None);
     };
 
     // 3. The claim and the deploy.
@@ -494,7 +547,7 @@ async fn main() -> anyhow::Result<()> {
     let mut marker_ms = None;
     let mut marker_seen: Option<Instant> = None;
     loop {
-        f.pump(&lab, &sc).await;
+        f.pump(lab, sc).await;
         if power_on_ms.is_none() {
             power_on_ms = lab.power_on_after(claim_ms);
             if let Some(t) = power_on_ms {
@@ -581,7 +634,7 @@ async fn main() -> anyhow::Result<()> {
         if let Some(seen) = marker_seen
             && (done || seen.elapsed() > Duration::from_secs(10))
         {
-            f.pump(&lab, &sc).await;
+            f.pump(lab, sc).await;
             break;
         }
         if done && marker_seen.is_none() {
@@ -602,8 +655,13 @@ async fn main() -> anyhow::Result<()> {
     sc.end_progress();
 
     // 4. The summary.
-    say("the deployed OS printed its marker (the sha256 of /anneal-marker in the image) and the Machine's name");
-    sc.block(&lab.kubectl_get("deployruns").unwrap_or_else(|e| e.to_string()));
+    say(
+        "the deployed OS printed its marker (the sha256 of /anneal-marker in the image) and the Machine's name",
+    );
+    sc.block(
+        &lab.kubectl_get("deployruns")
+            .unwrap_or_else(|e| e.to_string()),
+    );
     sc.block(&lab.kubectl_get_machines().unwrap_or_else(|e| e.to_string()));
     let origin_ms = power_on_ms.unwrap_or(claim_ms);
     if let Some((rn, st)) = lab.deploy_run_status().await? {
@@ -631,7 +689,10 @@ async fn main() -> anyhow::Result<()> {
     }
     match lab.boot_entries() {
         Ok((entries, order)) => {
-            for e in entries.iter().filter(|e| e.description.starts_with("anneal")) {
+            for e in entries
+                .iter()
+                .filter(|e| e.description.starts_with("anneal"))
+            {
                 say(&format!(
                     "UEFI boot entry the agent wrote: Boot{:04X} {:?} → {}{} ({} in BootOrder {})",
                     e.number,
@@ -645,7 +706,10 @@ async fn main() -> anyhow::Result<()> {
                     } else {
                         format!(
                             "position {}",
-                            order.iter().position(|n| *n == e.number).map_or(0, |p| p + 1)
+                            order
+                                .iter()
+                                .position(|n| *n == e.number)
+                                .map_or(0, |p| p + 1)
                         )
                     },
                     order
@@ -656,14 +720,12 @@ async fn main() -> anyhow::Result<()> {
                 ));
             }
         }
-        Err(e) => say(&format!("the VM's UEFI boot entries could not be read: {e:#}")),
+        Err(e) => say(&format!(
+            "the VM's UEFI boot entries could not be read: {e:#}"
+        )),
     }
-    say(&format!(
-        "logs in {} (lab.log: manager and bootd); cleaning up",
-        lab.dir.display()
-    ));
     let marker_ms = marker_ms.unwrap_or_else(now_ms);
-    say(&format!(
+    Ok(Some(format!(
         "{}: {:.1} s from {} to the deployed OS's marker ({:.1} s from the claim; QEMU launched {:.1} s ago)",
         sc.bold("deployed"),
         marker_ms.saturating_sub(origin_ms) as f64 / 1000.0,
@@ -674,6 +736,5 @@ async fn main() -> anyhow::Result<()> {
         },
         marker_ms.saturating_sub(claim_ms) as f64 / 1000.0,
         lab.since_launch().as_secs_f64()
-    ));
-    Ok(())
+    )))
 }

@@ -736,16 +736,18 @@ impl Lab {
             .items
             .into_iter()
             .filter(|r| r.spec.machine_ref.name == MACHINE)
-            .max_by(|a, b| {
-                let key = |r: &anneal_api::DeployRun| {
-                    (
-                        r.metadata.creation_timestamp.clone().map(|t| t.0),
-                        kube::ResourceExt::name_any(r),
-                    )
-                };
-                key(a).cmp(&key(b))
+            .max_by_key(|r| {
+                (
+                    r.metadata.creation_timestamp.clone().map(|t| t.0),
+                    kube::ResourceExt::name_any(r),
+                )
             });
-        Ok(newest.map(|r| (kube::ResourceExt::name_any(&r), r.status.unwrap_or_default())))
+        Ok(newest.map(|r| {
+            (
+                kube::ResourceExt::name_any(&r),
+                r.status.unwrap_or_default(),
+            )
+        }))
     }
 
     /// `kubectl get <kinds> -o wide` in the lab's namespace (`kinds` as
