@@ -560,6 +560,15 @@ async fn demo(
         if !run_done && last_poll.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             last_poll = Some(Instant::now());
             if let Some(r) = lab.deploy_run_status().await.ok().flatten() {
+                if run.as_ref().is_none_or(|(n, _)| *n != r.0) {
+                    sc.end_progress();
+                    say(&format!(
+                        "DeployRun {}/{} planned for Image {IMAGE} ({:.1} s after the claim)",
+                        e2e::NAMESPACE,
+                        r.0,
+                        claimed.elapsed().as_secs_f64()
+                    ));
+                }
                 run = Some(r);
             }
             let since = power_on_ms.map_or_else(
@@ -600,13 +609,14 @@ async fn demo(
                             sc.progress(
                                 &format!("{phase:?}"),
                                 &format!(
-                                    "deploy {rn}: {phase:?} {:>3}% {:>3} MiB/s{} · {since}",
+                                    "deploy: {:<15} {:>3}% {:>3} MiB/s · {since}{}",
+                                    format!("{phase:?}"),
                                     st.percent.unwrap_or(0),
                                     st.throughput_mib_ps.unwrap_or(0),
                                     if parts.is_empty() {
                                         String::new()
                                     } else {
-                                        format!(" ({})", parts.join(" "))
+                                        format!(" · {}", parts.join(" "))
                                     }
                                 ),
                             );
