@@ -822,3 +822,82 @@ pub fn summary(hw: &MachineHardware) -> String {
     }
     out
 }
+
+// demo helpers: used by the demo (`tests/examples/demo.rs`); new functions
+// only, the ones above keep their behaviour.
+impl Lab {
+    /// The ImageImport `name`'s status (`None` before its first write or
+    /// when it does not exist).
+    pub async fn import_status(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<Option<anneal_api::ImageImportStatus>> {
+        let imports: Api<anneal_api::ImageImport> = Api::namespaced(self.cp.client(), NAMESPACE);
+        Ok(imports.get_opt(name).await?.and_then(|i| i.status))
+    }
+
+    /// The Machine's newest DeployRun (by creation time, then name) with its
+    /// status, if it has one.
+    pub async fn deploy_run_status(
+        &self,
+    ) -> anyhow::Result<Option<(String, anneal_api::DeployRunStatus)>> {
+        let runs: Api<anneal_api::DeployRun> = Api::namespaced(self.cp.client(), NAMESPACE);
+        let newest = runs
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|r| r.spec.machine_ref.name == MACHINE)
+            .max_by_key(|r| {
+                (
+                    r.metadata.creation_timestamp.clone().map(|t| t.0),
+                    kube::ResourceExt::name_any(r),
+                )
+            });
+        Ok(newest.map(|r| {
+            (
+                kube::ResourceExt::name_any(&r),
+                r.status.unwrap_or_default(),
+            )
+        }))
+    }
+
+    /// `kubectl get <kinds> -o wide` in the lab's namespace (`kinds` as
+    /// kubectl takes them: `deployruns`, `imageimports,images`).
+    pub fn kubectl_get(&self, kinds: &str) -> anyhow::Result<String> {
+        let out = self
+            .cp
+            .kubectl()?
+            .args(["get", kinds, "-n", NAMESPACE, "-o", "wide"])
+            .output()?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// When (ms since the Unix epoch) the BMC first powered the VM on at or
+    /// after `since_ms`: a successful `ComputerSystem.Reset` of a type that
+    /// leaves it running.
+    pub fn power_on_after(&self, since_ms: u64) -> Option<u64> {
+        self.bmc_requests()
+            .iter()
+            .filter(|e| e.ts_ms >= since_ms && e.is_reset() && (200..300).contains(&e.status))
+            .find(|e| {
+                matches!(
+                    e.action.as_deref(),
+                    Some("On" | "ForceOn" | "ForceRestart" | "GracefulRestart")
+                )
+            })
+            .map(|e| e.ts_ms)
+    }
+
+    /// The VM's UEFI boot entries and BootOrder, read from its VARS store.
+    pub fn boot_entries(&self) -> anyhow::Result<(Vec<crate::ovmf::BootEntry>, Vec<u16>)> {
+        let vm = self.vm.as_ref().context("the lab's VM is not launched")?;
+        let vars = std::fs::read(vm.vars_path())
+            .with_context(|| format!("read the VM's VARS store {}", vm.vars_path().display()))?;
+        crate::ovmf::boot_entries(&vars)
+    }
+}
