@@ -328,6 +328,7 @@ async fn main() -> anyhow::Result<()> {
         &say,
         LabOptions {
             deploy: !opts.inspect_only,
+            ..LabOptions::default()
         },
     )
     .await?;

@@ -195,23 +195,35 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
     .await
     .unwrap();
 
-    // 1. Power lost while the agent writes.
-    let rs = until_runs(
-        &lab,
-        "a run writing content",
-        Duration::from_secs(900),
-        |rs| {
-            rs.last().is_some_and(|r| {
-                r.status.as_ref().is_some_and(|s| {
-                    s.phase == Some(anneal_api::RunPhase::WritingContent)
-                        && s.percent.unwrap_or(0) >= 1
-                })
-            })
-        },
-    )
-    .await;
-    let first = kube::ResourceExt::name_any(rs.last().unwrap());
+    // 1. Power lost while the agent writes: cut when its console shows
+    // WritingContent between 1 and 80 % (the console, not the run's status,
+    // which trails the agent by a progress report or more).
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let console = lab.console();
+        let writing = console
+            .lines()
+            .filter_map(|l| l.split("anneal: deploy: WritingContent ").nth(1))
+            .filter_map(|rest| rest.split('%').next()?.trim().parse::<u32>().ok())
+            .any(|pct| (1..=80).contains(&pct));
+        if writing {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent never reported WritingContent; console tail:\n{}",
+            e2e::tail(&console, 40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     lab.bmc_reset("ForceOff").unwrap();
+    let console = lab.console();
+    assert!(
+        !console.contains("anneal: deploy: Finalizing"),
+        "the power was cut after the contents were written; console tail:\n{}",
+        e2e::tail(&console, 20)
+    );
+    let first = kube::ResourceExt::name_any(runs(&lab).await.last().unwrap());
     println!("e2e-faults: power lost while {first} was writing");
     assert_eq!(
         gpt(&os_disk),
