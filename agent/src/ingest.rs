@@ -1124,11 +1124,7 @@ impl Spool {
             g.discard_below = g.discard_below.max(end);
             let below = g.discard_below / c;
             let mut idxs: Vec<u64> = g.chunks.range(..below).map(|(i, _)| *i).collect();
-            idxs.extend(
-                g.chunks
-                    .range(start.div_ceil(c)..end / c)
-                    .map(|(i, _)| *i),
-            );
+            idxs.extend(g.chunks.range(start.div_ceil(c)..end / c).map(|(i, _)| *i));
             for i in idxs {
                 match g.chunks.remove(&i) {
                     Some(Chunk::Mem(b)) => {
@@ -1385,9 +1381,7 @@ fn stream_raw(
             Err(_) => g.failed = true,
         });
         let (captured, capture_secs) = match cap {
-            Ok(h) => h
-                .join()
-                .unwrap_or((Err(CaptureError::Pipeline), f64::NAN)),
+            Ok(h) => h.join().unwrap_or((Err(CaptureError::Pipeline), f64::NAN)),
             Err(e) => (
                 Err(CaptureError::Io {
                     what: "starting the capture thread for",
@@ -1757,9 +1751,10 @@ mod tests {
         };
         let mut head = Vec::new();
         (&mut src).take(512).read_to_end(&mut head).unwrap();
-        let (got, sha, stats) = stream_raw(&mut src, head, &spool, &out, Options::default(), limits)
-            .map_err(|f| f.message)
-            .unwrap();
+        let (got, sha, stats) =
+            stream_raw(&mut src, head, &spool, &out, Options::default(), limits)
+                .map_err(|f| f.message)
+                .unwrap();
         let _ = std::fs::remove_file(&spool);
         let got = got.unwrap();
         assert_eq!(
