@@ -1226,7 +1226,11 @@ impl fs::ReadAt for Spool {
         if let Some(t) = self.total {
             return t;
         }
+        // the size of a body without Content-Length is known at its end:
+        // let the download run there (past the memory cap into the file)
         let mut g = self.lock();
+        g.want = u64::MAX;
+        self.cv.notify_all();
         loop {
             if let Some(e) = g.end {
                 return e;
