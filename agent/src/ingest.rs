@@ -7,13 +7,15 @@
 //! - a single partclone image (plain, gzip, zstd; or `partclone.dd` output)
 //!   is captured while it streams;
 //! - a raw disk image is captured while it streams too, in one pass over
-//!   the body: each chunk goes into a sparse scratch file ([`Spool`]: zero
-//!   blocks are holes, the download stays within a window of the capture's
-//!   reads, what the capture has read is punched out) and to a SHA-256
-//!   thread, while `capture_disk_of` reads the partition table and then the
+//!   the body: each 1 MiB chunk is read into a buffer that the [`Spool`]
+//!   keeps in memory (all-zero chunks as nothing; past a 96 MiB cap, in a
+//!   sparse scratch file) and a SHA-256 thread hashes, no copy in between,
+//!   while `capture_disk_of` reads the partition table and then the
 //!   partitions in offset order from it (used-block detection reads the
 //!   filesystems' own metadata, ext bitmaps or the FAT, at offsets inside
-//!   each partition; such a read waits until its bytes have arrived);
+//!   each partition; such a read waits until its bytes have arrived); the
+//!   download stays within a window of the capture's reads and what the
+//!   capture has read is dropped;
 //! - qcow2 needs random access: it is spooled into a scratch file and
 //!   converted by `capture_qcow2`;
 //! - a Clonezilla image directory packed as tar is unpacked into a scratch
@@ -187,7 +189,7 @@ impl Progress {
 /// `max_bytes`; the first failure is kept for the report.
 struct Source {
     inner: Box<dyn Read + Send>,
-    /// `None` while the caller hashes on its own thread ([`HashThread`]).
+    /// `None` while the caller hashes on its own thread ([`stream_raw`]).
     hasher: Option<sha2::Sha256>,
     n: u64,
     max: Option<u64>,
@@ -626,9 +628,17 @@ fn ingest(
             // captured while it arrives, hashed on its own thread
             set_phase(1);
             let spool_path = scratch.join("source.raw");
-            let r = stream_raw(&mut src, head, &spool_path, &capture_dir, opts, WINDOW);
+            let r = stream_raw(&mut src, head, &spool_path, &capture_dir, opts, LIMITS);
             let _ = std::fs::remove_file(&spool_path);
-            let (captured, got) = r.map_err(&source_failure)?;
+            let (captured, got, stats) = r.map_err(&source_failure)?;
+            tracing::info!(
+                download_secs = stats.download_secs,
+                capture_secs = stats.capture_secs,
+                hash_secs = stats.hash_secs,
+                mem_peak = stats.mem_peak,
+                spilled = stats.spilled,
+                "raw source streamed"
+            );
             let sha = check_sum(got, src.n)?;
             (Some(captured.map_err(|e| invalid(&e))?), sha)
         }
@@ -961,10 +971,39 @@ const CHUNK: usize = 1 << 20;
 /// How far the download may run ahead of the capture's latest read.
 const WINDOW: u64 = 64 << 20;
 
+/// How many bytes of a raw source the spool holds in memory at most; past
+/// that, arriving chunks go to the sparse scratch file.
+const MEM_CAP: u64 = 96 << 20;
+
+/// The bounds of a streamed raw source's spool.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// [`WINDOW`] (smaller in tests).
+    window: u64,
+    /// [`MEM_CAP`] (smaller in tests).
+    mem_cap: u64,
+}
+
+const LIMITS: Limits = Limits {
+    window: WINDOW,
+    mem_cap: MEM_CAP,
+};
+
+/// Where one [`CHUNK`] of the source is, once it arrived.
+#[derive(Debug)]
+enum Chunk {
+    /// In memory (the buffer it was read into, shared with the hash thread).
+    Mem(Arc<Vec<u8>>),
+    /// All zero: nothing stored.
+    Zero,
+    /// In the scratch file at its own offset (zero blocks are holes).
+    Spilled,
+}
+
 /// The state of a raw source being spooled and captured at once.
 #[derive(Debug, Default)]
 struct SpoolState {
-    /// Bytes written so far (`[0, avail)` readable).
+    /// Bytes arrived so far (`[0, avail)` readable).
     avail: u64,
     /// The source's length once its end was read.
     end: Option<u64>,
@@ -976,24 +1015,47 @@ struct SpoolState {
     discard_below: u64,
     /// The capture returned (the rest is only hashed).
     capture_ended: bool,
+    /// The arrived chunks not released yet, by index (`offset / CHUNK`);
+    /// a chunk released or below `discard_below` is absent.
+    chunks: std::collections::BTreeMap<u64, Chunk>,
+    /// Bytes in [`Chunk::Mem`] chunks, and their peak.
+    mem: u64,
+    mem_peak: u64,
+    /// Bytes written to the scratch file.
+    spilled: u64,
 }
 
-/// A raw source arriving into a sparse scratch file while the capture reads
-/// it: a read blocks until its bytes have arrived; the download waits while
-/// it is more than [`WINDOW`] ahead of the capture's latest read (a read
-/// beyond what has arrived always lets it run); what the capture releases
-/// is punched out of the file and not written again. The file holds at
-/// most the window plus the partition metadata the capture reads ahead,
-/// never the whole image.
+/// What streaming a raw source cost, for the log.
+#[derive(Debug, Default, Clone, Copy)]
+struct StreamStats {
+    mem_peak: u64,
+    spilled: u64,
+    /// Seconds from the start until the body was read, the capture
+    /// returned, and the hash was done.
+    download_secs: f64,
+    capture_secs: f64,
+    hash_secs: f64,
+}
+
+/// A raw source arriving while the capture reads it: each chunk is kept in
+/// memory as read (no copy; all-zero chunks as nothing), or, past
+/// [`MEM_CAP`], written into a sparse scratch file. A read blocks until its
+/// bytes have arrived; the download waits while it is a window ahead of the
+/// capture's latest read (a read beyond what has arrived always lets it
+/// run); what the capture releases is dropped (punched out of the file) and
+/// not stored again. Memory holds at most the cap; the file the chunks
+/// that arrived past it (the partition metadata the capture reads ahead
+/// pulls the download that far), never the whole image.
 struct Spool {
     file: File,
     path: PathBuf,
     /// Content-Length, when the server sent one.
     total: Option<u64>,
-    /// [`WINDOW`] (smaller in tests).
-    window: u64,
+    limits: Limits,
     st: Mutex<SpoolState>,
     cv: Condvar,
+    /// Buffers the spool let go, back to the download for reuse.
+    returned: Mutex<mpsc::Sender<Arc<Vec<u8>>>>,
 }
 
 impl Spool {
@@ -1007,16 +1069,91 @@ impl Spool {
     }
 
     /// Blocks the download at `off` while it is a window ahead of the
-    /// capture; the offset below which nothing needs writing.
-    fn wait_room(&self, off: u64) -> u64 {
+    /// capture; whether the chunk at `off` is to be stored at all.
+    fn wait_room(&self, off: u64) -> bool {
         let mut g = self.lock();
-        while !g.capture_ended && !g.failed && off >= g.want.saturating_add(self.window) {
+        while !g.capture_ended && !g.failed && off >= g.want.saturating_add(self.limits.window) {
             g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
-        if g.capture_ended {
-            u64::MAX
-        } else {
-            g.discard_below
+        !g.capture_ended && off + CHUNK as u64 > g.discard_below
+    }
+
+    /// Stores the chunk `buf` read at `off` (a multiple of [`CHUNK`]) and
+    /// makes `[0, off + len)` readable.
+    fn store(&self, buf: &Arc<Vec<u8>>, off: u64, keep: bool) -> io::Result<()> {
+        let len = buf.len() as u64;
+        let idx = off / CHUNK as u64;
+        let zero = keep && buf.chunks(4096).all(is_zero);
+        let spill = keep && !zero && {
+            let g = self.lock();
+            g.mem + len > self.limits.mem_cap
+        };
+        if spill {
+            write_nonzero(&self.file, buf, off, 0)?;
+            if self.total.is_none() {
+                self.file.set_len(off + len)?;
+            }
+        }
+        self.update(|g| {
+            if keep {
+                let c = if zero {
+                    Chunk::Zero
+                } else if spill {
+                    g.spilled += len;
+                    Chunk::Spilled
+                } else {
+                    g.mem += len;
+                    g.mem_peak = g.mem_peak.max(g.mem);
+                    Chunk::Mem(buf.clone())
+                };
+                g.chunks.insert(idx, c);
+            }
+            g.avail = off + len;
+        });
+        Ok(())
+    }
+
+    /// Drops the chunks wholly inside `[start, end)` or below
+    /// `discard_below`.
+    fn drop_chunks(&self, start: u64, end: u64) {
+        use std::os::fd::AsFd as _;
+        let c = CHUNK as u64;
+        let mut gone = Vec::new();
+        {
+            let mut g = self.lock();
+            g.discard_below = g.discard_below.max(end);
+            let below = g.discard_below / c;
+            let mut idxs: Vec<u64> = g.chunks.range(..below).map(|(i, _)| *i).collect();
+            idxs.extend(g.chunks.range(start.div_ceil(c)..end / c).map(|(i, _)| *i));
+            for i in idxs {
+                match g.chunks.remove(&i) {
+                    Some(Chunk::Mem(b)) => {
+                        g.mem -= b.len() as u64;
+                        gone.push((i, Some(b)));
+                    }
+                    Some(Chunk::Spilled) => gone.push((i, None)),
+                    _ => {}
+                }
+            }
+        }
+        self.cv.notify_all();
+        let returned = self.returned.lock().unwrap_or_else(PoisonError::into_inner);
+        for (i, b) in gone {
+            match b {
+                Some(b) => {
+                    let _ = returned.send(b);
+                }
+                None => {
+                    let (Ok(so), Ok(len)) = (i64::try_from(i * c), i64::try_from(c)) else {
+                        continue;
+                    };
+                    let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                        | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+                    if let Err(e) = nix::fcntl::fallocate(self.file.as_fd(), flags, so, len) {
+                        tracing::debug!(path = %self.path.display(), error = %e, "punching the spool");
+                    }
+                }
+            }
         }
     }
 }
@@ -1027,7 +1164,12 @@ impl fs::ReadAt for Spool {
         let end = off
             .checked_add(buf.len() as u64)
             .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let c = CHUNK as u64;
+        // the chunks under the lock, the copies outside it
+        let parts: Vec<(u64, Option<Arc<Vec<u8>>>, bool)> = {
             let mut g = self.lock();
             let grew = end > g.want;
             g.want = end;
@@ -1051,15 +1193,44 @@ impl fs::ReadAt for Spool {
                 }
                 g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
             }
+            (off / c..end.div_ceil(c))
+                .map(|i| match g.chunks.get(&i) {
+                    Some(Chunk::Mem(b)) => (i, Some(b.clone()), false),
+                    Some(Chunk::Spilled) => (i, None, true),
+                    // all zero, or released (never read again: zeros, as
+                    // a hole would read)
+                    _ => (i, None, false),
+                })
+                .collect()
+        };
+        for (i, mem, spilled) in parts {
+            let cs = i * c;
+            let (s, e) = (off.max(cs), end.min(cs + c));
+            let dst = &mut buf[(s - off) as usize..(e - off) as usize];
+            match mem {
+                Some(b) => {
+                    let from = (s - cs) as usize;
+                    let src = b.get(from..from + dst.len()).ok_or_else(|| {
+                        io::Error::new(io::ErrorKind::UnexpectedEof, "short chunk")
+                    })?;
+                    dst.copy_from_slice(src);
+                }
+                None if spilled => self.file.read_exact_at(dst, s)?,
+                None => dst.fill(0),
+            }
         }
-        self.file.read_exact_at(buf, off)
+        Ok(())
     }
 
     fn size(&self) -> u64 {
         if let Some(t) = self.total {
             return t;
         }
+        // the size of a body without Content-Length is known at its end:
+        // let the download run there (past the memory cap into the file)
         let mut g = self.lock();
+        g.want = u64::MAX;
+        self.cv.notify_all();
         loop {
             if let Some(e) = g.end {
                 return e;
@@ -1074,20 +1245,7 @@ impl fs::ReadAt for Spool {
 
 impl capture::DiskSource for Spool {
     fn release(&self, start: u64, end: u64) {
-        use std::os::fd::AsFd as _;
-        self.update(|g| g.discard_below = g.discard_below.max(end));
-        let (s, e) = (start.next_multiple_of(4096), end / 4096 * 4096);
-        if e <= s {
-            return;
-        }
-        let (Ok(so), Ok(len)) = (i64::try_from(s), i64::try_from(e - s)) else {
-            return;
-        };
-        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
-            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
-        if let Err(e) = nix::fcntl::fallocate(self.file.as_fd(), flags, so, len) {
-            tracing::debug!(path = %self.path.display(), error = %e, "punching the spool");
-        }
+        self.drop_chunks(start, end);
     }
 }
 
@@ -1100,73 +1258,38 @@ impl Drop for CaptureEnded<'_> {
     }
 }
 
-/// SHA-256 on its own thread over the buffers the download hands it
-/// (returned to a small pool for reuse).
-struct HashThread {
-    tx: Option<mpsc::SyncSender<Vec<u8>>>,
-    free: mpsc::Receiver<Vec<u8>>,
-    handle: Option<std::thread::JoinHandle<[u8; 32]>>,
-}
-
-impl HashThread {
-    fn start(mut h: sha2::Sha256) -> io::Result<Self> {
-        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(4);
-        let (free_tx, free) = mpsc::channel::<Vec<u8>>();
-        for _ in 0..6 {
-            let _ = free_tx.send(Vec::with_capacity(CHUNK));
-        }
-        let handle = std::thread::Builder::new()
-            .name("ingest-sha256".into())
-            .spawn(move || {
-                for buf in rx {
-                    h.update(&buf);
-                    let _ = free_tx.send(buf);
-                }
-                h.finalize().into()
-            })?;
-        Ok(Self {
-            tx: Some(tx),
-            free,
-            handle: Some(handle),
-        })
-    }
-
-    fn buffer(&self) -> Vec<u8> {
-        let mut b = self
-            .free
-            .recv()
-            .unwrap_or_else(|_| Vec::with_capacity(CHUNK));
-        b.clear();
-        b
-    }
-
-    fn submit(&self, buf: Vec<u8>) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(buf);
+/// Reads from `input` into `buf` until it is full or the input ends; the
+/// bytes read.
+fn fill_slice(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-
-    fn finish(mut self) -> Option<[u8; 32]> {
-        drop(self.tx.take());
-        self.handle.take()?.join().ok()
-    }
+    Ok(n)
 }
 
-/// Streams a raw disk image from `src` (`head` already read from it):
-/// one pass over the body, each chunk written into the sparse spool at
-/// `spool_path` for the capture (on its own thread, `capture_disk_of` over
-/// the spool) and handed to the hash thread. The capture's result and the
-/// source's SHA-256; an error when reading or spooling the source failed.
-/// A capture that fails stops the spooling; the rest is still read and
-/// hashed (so a damaged download is reported as a checksum mismatch).
+/// Streams a raw disk image from `src` (`head` already read from it and
+/// hashed): one pass over the body, each chunk read into a buffer that the
+/// spool keeps for the capture (on its own thread, `capture_disk_of` over
+/// the [`Spool`]) and that the hash thread hashes, no copy in between;
+/// buffers come back for reuse once both let go. The capture's result and
+/// the source's SHA-256; an error when reading or spooling the source
+/// failed. A capture that fails stops the spooling; the rest is still read
+/// and hashed (so a damaged download is reported as a checksum mismatch).
 fn stream_raw(
     src: &mut Source,
     head: Vec<u8>,
     spool_path: &Path,
     capture_dir: &Path,
     opts: Options,
-    window: u64,
-) -> Result<(Result<Layout, CaptureError>, [u8; 32]), Failure> {
+    limits: Limits,
+) -> Result<(Result<Layout, CaptureError>, [u8; 32], StreamStats), Failure> {
+    let t0 = std::time::Instant::now();
     let file = File::options()
         .read(true)
         .write(true)
@@ -1181,89 +1304,126 @@ fn stream_raw(
         file.set_len(t)
             .map_err(|e| store_err("sizing", spool_path, &e))?;
     }
+    let (ret_tx, ret_rx) = mpsc::channel::<Arc<Vec<u8>>>();
     let spool = Spool {
         file,
         path: spool_path.to_owned(),
         total,
-        window,
+        limits,
         st: Mutex::new(SpoolState::default()),
         cv: Condvar::new(),
+        returned: Mutex::new(ret_tx.clone()),
     };
-    let hasher = HashThread::start(src.hasher.take().unwrap_or_default())
-        .map_err(|e| store_err("starting the hash thread for", spool_path, &e))?;
-    let (fetched, captured) = std::thread::scope(|s| {
+    let mut hasher = src.hasher.take().unwrap_or_default();
+    let (hash_tx, hash_rx) = mpsc::sync_channel::<(Arc<Vec<u8>>, usize)>(8);
+    let (fetched, captured, sha, capture_secs, hash_secs) = std::thread::scope(|s| {
+        let hash = std::thread::Builder::new()
+            .name("ingest-sha256".into())
+            .spawn_scoped(s, move || {
+                for (b, from) in hash_rx {
+                    hasher.update(b.get(from..).unwrap_or_default());
+                    let _ = ret_tx.send(b);
+                }
+                (hasher.finalize().into(), t0.elapsed().as_secs_f64())
+            });
         let cap = std::thread::Builder::new()
             .name("ingest-capture".into())
             .spawn_scoped(s, || {
                 // set when the capture returns or unwinds: the download
                 // then never waits for it
                 let _ended = CaptureEnded(&spool);
-                capture::capture_disk_of(&spool, capture_dir, opts)
+                let r = capture::capture_disk_of(&spool, capture_dir, opts);
+                (r, t0.elapsed().as_secs_f64())
             });
         if cap.is_err() {
             spool.update(|g| g.capture_ended = true);
         }
         let fetched = (|| -> Result<u64, Failure> {
+            let hash_tx = match &hash {
+                Ok(_) => hash_tx,
+                Err(e) => return Err(store_err("starting the hash thread for", spool_path, e)),
+            };
+            let mut pool: Vec<Vec<u8>> = Vec::new();
             let mut off = 0u64;
             let mut first = Some(head);
             loop {
-                let skip_below = spool.wait_room(off);
-                let mut buf = hasher.buffer();
-                // the head was hashed already: it goes to the spool only
-                let pre = first.take().unwrap_or_default();
-                buf.extend_from_slice(&pre);
-                let n = fill(src, &mut buf, CHUNK)
-                    .map_err(|e| Failure::new("Unreachable", chain(&e)))?;
-                if buf.is_empty() {
-                    return Ok(off);
-                }
-                if skip_below != u64::MAX {
-                    write_nonzero(&spool.file, &buf, off, skip_below)
-                        .map_err(|e| store_err("writing", spool_path, &e))?;
-                    if total.is_none() {
-                        spool
-                            .file
-                            .set_len(off + buf.len() as u64)
-                            .map_err(|e| store_err("sizing", spool_path, &e))?;
+                let keep = spool.wait_room(off);
+                for b in ret_rx.try_iter() {
+                    if let Ok(v) = Arc::try_unwrap(b)
+                        && v.len() == CHUNK
+                    {
+                        pool.push(v);
                     }
                 }
-                off += buf.len() as u64;
-                spool.update(|g| g.avail = off);
-                if pre.is_empty() {
-                    hasher.submit(buf);
-                } else {
-                    let mut rest = hasher.buffer();
-                    rest.extend_from_slice(&buf[pre.len()..]);
-                    hasher.submit(rest);
+                let mut buf = pool.pop().unwrap_or_else(|| vec![0u8; CHUNK]);
+                let pre = first.take().map_or(0, |h| {
+                    buf[..h.len()].copy_from_slice(&h);
+                    h.len()
+                });
+                let n = fill_slice(src, &mut buf[pre..])
+                    .map_err(|e| Failure::new("Unreachable", chain(&e)))?;
+                if n + pre == 0 {
+                    return Ok(off);
                 }
-                if n + pre.len() < CHUNK {
+                buf.truncate(n + pre);
+                let buf = Arc::new(buf);
+                spool
+                    .store(&buf, off, keep)
+                    .map_err(|e| store_err("writing", spool_path, &e))?;
+                off += buf.len() as u64;
+                let last = buf.len() < CHUNK;
+                // the head was hashed already
+                let _ = hash_tx.send((buf, pre));
+                if last {
                     return Ok(off);
                 }
             }
         })();
+        let download_secs = t0.elapsed().as_secs_f64();
         spool.update(|g| match &fetched {
             Ok(n) => g.end = Some(*n),
             Err(_) => g.failed = true,
         });
-        let captured = match cap {
-            Ok(h) => h.join().unwrap_or(Err(CaptureError::Pipeline)),
-            Err(e) => Err(CaptureError::Io {
-                what: "starting the capture thread for",
-                path: spool_path.to_owned(),
-                source: e,
-            }),
+        let (captured, capture_secs) = match cap {
+            Ok(h) => h.join().unwrap_or((Err(CaptureError::Pipeline), f64::NAN)),
+            Err(e) => (
+                Err(CaptureError::Io {
+                    what: "starting the capture thread for",
+                    path: spool_path.to_owned(),
+                    source: e,
+                }),
+                f64::NAN,
+            ),
         };
-        (fetched, captured)
+        let (sha, hash_secs) = match hash.map(|h| h.join()) {
+            Ok(Ok((sha, secs))) => (Some(sha), secs),
+            _ => (None, f64::NAN),
+        };
+        (
+            fetched.map(|n| (n, download_secs)),
+            captured,
+            sha,
+            capture_secs,
+            hash_secs,
+        )
     });
-    let sha = hasher.finish();
-    fetched?;
+    let (_, download_secs) = fetched?;
     let sha = sha.ok_or_else(|| {
         Failure::new(
             "StoreError",
             format!("hashing {}: the hash thread stopped", src.url),
         )
     })?;
-    Ok((captured, sha))
+    let g = spool.lock();
+    let stats = StreamStats {
+        mem_peak: g.mem_peak,
+        spilled: g.spilled,
+        download_secs,
+        capture_secs,
+        hash_secs,
+    };
+    drop(g);
+    Ok((captured, sha, stats))
 }
 
 /// Errors of unpacking a tar archive.
@@ -1528,15 +1688,9 @@ mod tests {
         }
     }
 
-    /// A raw disk with 96 MiB of incompressible files streams through a
-    /// 4 MiB window: the spool never holds more than the window, a release
-    /// step and the metadata read ahead; the contents and layout equal
-    /// `capture_disk`'s of the file, the hash the file's. (4 KiB ext4
-    /// blocks: one flex group of bitmaps at the start; with 1 KiB blocks a
-    /// 140 MiB ext4 has a second flex group whose bitmaps sit at 128 MiB,
-    /// and the spool holds everything before them.)
-    #[test]
-    fn raw_stream_holds_a_window_not_a_copy() {
+    /// A GPT disk (8 MiB ESP, 140 MiB ext4 with 4 KiB blocks) holding 96
+    /// MiB of incompressible files, in a temporary directory.
+    fn disk_with_files() -> (tempfile::TempDir, PathBuf) {
         let d = tempfile::tempdir().unwrap();
         let tree = d.path().join("tree");
         std::fs::create_dir_all(&tree).unwrap();
@@ -1565,13 +1719,20 @@ mod tests {
             .status()
             .unwrap();
         assert!(st.success());
-        let want = capture::capture_disk(&disk, &d.path().join("ref"), Options::default()).unwrap();
+        (d, disk)
+    }
 
-        let spool = d.path().join("spool.raw");
-        let out = d.path().join("out");
+    /// Streams `disk` through a spool with `limits`; checks the contents
+    /// and layout equal `capture_disk`'s of the file and the hash the
+    /// file's; the stats and the peak allocation of the spool file.
+    fn stream_and_compare(d: &Path, disk: &Path, limits: Limits) -> (StreamStats, u64) {
+        let want = capture::capture_disk(disk, &d.join("ref"), Options::default()).unwrap();
+        let spool = d.join("spool.raw");
+        let out = d.join("out");
+        let _ = std::fs::remove_dir_all(&out);
         std::fs::create_dir_all(&out).unwrap();
         let max = Arc::new(AtomicU64::new(0));
-        let len = std::fs::metadata(&disk).unwrap().len();
+        let len = std::fs::metadata(disk).unwrap().len();
         let prog = Arc::new(Progress {
             phase: AtomicU64::new(1),
             fetched: AtomicU64::new(0),
@@ -1581,7 +1742,7 @@ mod tests {
         });
         let mut src = Source {
             inner: Box::new(Watch {
-                f: File::open(&disk).unwrap(),
+                f: File::open(disk).unwrap(),
                 spool: spool.clone(),
                 max: max.clone(),
             }),
@@ -1594,9 +1755,11 @@ mod tests {
         };
         let mut head = Vec::new();
         (&mut src).take(512).read_to_end(&mut head).unwrap();
-        let (got, sha) = stream_raw(&mut src, head, &spool, &out, Options::default(), 4 << 20)
-            .map_err(|f| f.message)
-            .unwrap();
+        let (got, sha, stats) =
+            stream_raw(&mut src, head, &spool, &out, Options::default(), limits)
+                .map_err(|f| f.message)
+                .unwrap();
+        let _ = std::fs::remove_file(&spool);
         let got = got.unwrap();
         assert_eq!(
             serde_json::to_value(&got).unwrap(),
@@ -1605,18 +1768,55 @@ mod tests {
         for s in got.slots.iter().filter_map(|s| s.content_ref.as_ref()) {
             for ext in ["index", "stream"] {
                 let a = std::fs::read(out.join(format!("{s}.{ext}"))).unwrap();
-                let b = std::fs::read(d.path().join("ref").join(format!("{s}.{ext}"))).unwrap();
+                let b = std::fs::read(d.join("ref").join(format!("{s}.{ext}"))).unwrap();
                 assert!(a == b, "{s}.{ext} differs");
             }
         }
-        let file_sha: [u8; 32] = sha2::Sha256::digest(std::fs::read(&disk).unwrap()).into();
+        let file_sha: [u8; 32] = sha2::Sha256::digest(std::fs::read(disk).unwrap()).into();
         assert_eq!(sha, file_sha);
         assert_eq!(src.n, len);
-        let used: u64 = 96 << 20;
-        let peak = max.load(Ordering::Relaxed);
+        (stats, max.load(Ordering::Relaxed))
+    }
+
+    /// A raw disk with 96 MiB of incompressible files streams through a
+    /// 4 MiB window: memory never holds more than the window, a release
+    /// step and the metadata read ahead, the scratch file nothing; the
+    /// contents and layout equal `capture_disk`'s of the file, the hash the
+    /// file's. (4 KiB ext4 blocks: one flex group of bitmaps at the start;
+    /// with 1 KiB blocks a 140 MiB ext4 has a second flex group whose
+    /// bitmaps sit at 128 MiB, and the spool holds everything before them.)
+    #[test]
+    fn raw_stream_holds_a_window_not_a_copy() {
+        let (d, disk) = disk_with_files();
+        let limits = Limits {
+            window: 4 << 20,
+            mem_cap: 96 << 20,
+        };
+        let (stats, file_peak) = stream_and_compare(d.path(), &disk, limits);
         assert!(
-            peak > 0 && peak < 48 << 20,
-            "the spool held {peak} bytes of a source with {used} bytes of files"
+            stats.mem_peak > 0 && stats.mem_peak < 48 << 20,
+            "the spool held {} bytes of a source with 96 MiB of files",
+            stats.mem_peak
+        );
+        assert_eq!((stats.spilled, file_peak), (0, 0), "{stats:?}");
+    }
+
+    /// Past its memory cap the spool writes arriving chunks into the
+    /// sparse scratch file (punched out once read): same contents, memory
+    /// within the cap, the file within the window's bound.
+    #[test]
+    fn raw_stream_spills_past_its_memory_cap() {
+        let (d, disk) = disk_with_files();
+        let limits = Limits {
+            window: 4 << 20,
+            mem_cap: 2 << 20,
+        };
+        let (stats, file_peak) = stream_and_compare(d.path(), &disk, limits);
+        assert!(stats.mem_peak <= 2 << 20, "{stats:?}");
+        assert!(stats.spilled > 0, "{stats:?}");
+        assert!(
+            file_peak > 0 && file_peak < 48 << 20,
+            "the spool file held {file_peak} bytes of a source with 96 MiB of files"
         );
     }
 

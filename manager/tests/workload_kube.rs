@@ -14,7 +14,7 @@ use anneal_manager::workload::{
 use anneal_testinfra::ControlPlane;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, PostParams};
 use kube::runtime::events::Recorder;
 use kube::{Resource, ResourceExt};
@@ -245,4 +245,67 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
     );
     // Removing what is gone is fine.
     ex.remove(&spec).await.unwrap();
+
+    // An https import with a CA bundle: a Secret beside the Job holds the
+    // bundle the controller read, mounted read-only at /ca and passed as
+    // --ca-bundle; it goes with the Job.
+    let imp: ImageImport = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
+        "metadata": {"name": "private"},
+        "spec": {"source": {"url": "https://images.internal/disk.raw",
+                            "caBundleSecretRef": {"name": "images-ca"}},
+                 "imageName": "private", "contentPrefix": "private"},
+    }))
+    .unwrap();
+    let imp = imports.create(&PostParams::default(), &imp).await.unwrap();
+    let mut spec = ingest_spec(&imp, &ctx);
+    let pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_vec();
+    for v in &mut spec.volumes {
+        if let VolumeSource::Files(f) = &mut v.source {
+            f.insert("ca.crt".into(), pem.clone());
+        }
+    }
+    ex.ensure(&spec).await.unwrap();
+    let name = kube_ex.object_name(&spec);
+    let job = jobs.get(&name).await.unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap();
+    let at = args.iter().position(|a| a == "--ca-bundle").unwrap();
+    assert_eq!(args[at + 1], "/ca/ca.crt");
+    let m = c
+        .volume_mounts
+        .clone()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.name == "ca")
+        .unwrap();
+    assert_eq!((m.mount_path.as_str(), m.read_only), ("/ca", Some(true)));
+    let vol = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "ca")
+        .unwrap();
+    let sv = vol.secret.unwrap();
+    let secret_name = sv.secret_name.unwrap();
+    assert_eq!(secret_name, kube_ex.files_secret_name(&spec, "ca"));
+    assert_eq!(sv.default_mode, Some(0o440));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "anneal-system");
+    let secret = secrets.get(&secret_name).await.unwrap();
+    assert_eq!(
+        secret.data.unwrap().get("ca.crt").map(|b| b.0.clone()),
+        Some(pem)
+    );
+    assert_eq!(
+        secret
+            .metadata
+            .labels
+            .unwrap()
+            .get("anneal.dev/workload")
+            .map(String::as_str),
+        Some(name.as_str())
+    );
+    ex.remove(&spec).await.unwrap();
+    assert!(secrets.get_opt(&secret_name).await.unwrap().is_none());
 }

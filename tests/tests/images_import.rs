@@ -25,7 +25,7 @@ use anneal_tests::images::{
     FileServer, SWAP_UUID, clonezilla_of, gpt_disk, partclone_of_root, sha256_file,
 };
 use anneal_tests::{artifacts, eventually};
-use k8s_openapi::api::core::v1::{Event, Namespace};
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -247,27 +247,28 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         .unwrap()
         .set_len(400 << 20)
         .unwrap();
-    // An https server whose self-signed certificate nobody trusts.
+    // An https server whose certificate a test CA signed (nobody trusts it
+    // but a bundle holding that CA).
     let tls_port = anneal_testinfra::free_port().unwrap();
-    let o = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-days",
-            "1",
-            "-keyout",
-        ])
-        .arg(work.path().join("tls.key"))
-        .arg("-out")
-        .arg(work.path().join("tls.crt"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ca_pem = {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "images_import test ca");
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
+        std::fs::write(work.path().join("tls.crt"), leaf.pem()).unwrap();
+        std::fs::write(work.path().join("tls.key"), leaf_key.serialize_pem()).unwrap();
+        ca_cert.pem()
+    };
     let _tls_server = anneal_testinfra::ChildGroup::spawn(
         "openssl-s_server",
         Command::new("openssl")
@@ -749,6 +750,122 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
             == Some("deb-raw"),
         "the existing Image was overwritten"
     );
+
+    // --- https with a test CA: without a bundle TLSError, nothing created;
+    // with spec.source.caBundleSecretRef Pending (CABundleUnavailable) until
+    // the Secret exists, then Succeeded with the source's checksum.
+    let tls_url = format!("https://127.0.0.1:{tls_port}/disk.raw");
+    create_import(
+        &client,
+        "tls-untrusted",
+        json!({
+            "source": {"url": tls_url},
+            "imageName": "tls-untrusted", "contentPrefix": "tlsu",
+        }),
+    )
+    .await;
+    create_import(
+        &client,
+        "tls-ca",
+        json!({
+            "source": {"url": tls_url, "checksum": format!("sha256:{raw_sum}"),
+                       "caBundleSecretRef": {"name": "images-ca"}},
+            "imageName": "tls-ca", "contentPrefix": "tlsca",
+        }),
+    )
+    .await;
+    assert_refused(
+        &client,
+        "tls-untrusted",
+        "TLSError",
+        &tls_url,
+        "tls-untrusted",
+        "tlsu",
+    )
+    .await;
+    let waiting = eventually("tls-ca waits for its CA bundle", WAIT, || {
+        let imports = imports.clone();
+        async move {
+            let i = imports.get("tls-ca").await.ok()?;
+            let c = i
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == types::SUCCEEDED)?
+                .clone();
+            (c.reason == "CABundleUnavailable").then_some((i, c.message))
+        }
+    })
+    .await;
+    assert_eq!(
+        waiting.0.status.as_ref().and_then(|s| s.state),
+        Some(ImportState::Pending)
+    );
+    assert!(
+        waiting.1.contains("images/images-ca") && waiting.1.contains("ca.crt"),
+        "{}",
+        waiting.1
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "images-ca"},
+        "stringData": {"ca.crt": ca_pem},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let tls = finished(&client, "tls-ca").await;
+    let st = tls.status.clone().unwrap();
+    assert_eq!(
+        st.state,
+        Some(ImportState::Succeeded),
+        "{:?}",
+        st.conditions
+    );
+    let tls_contents: Vec<&str> = st.content_refs.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(tls_contents, ["tlsca-p1", "tlsca-p3", "tlsca-p4"]);
+    for (name, local_name) in [("tlsca-p1", "p1"), ("tlsca-p4", "p4")] {
+        let pc = contents.get(name).await.unwrap();
+        assert_matches_capture(&pc, &index(&local.join(format!("{local_name}.index"))));
+    }
+    // the bundle file goes with the finished job
+    eventually("the CA bundle file removed with its job", WAIT, || async {
+        walk_files(&store.join(".workloads"))
+            .iter()
+            .all(|p| !p.ends_with("ca.crt"))
+            .then_some(())
+    })
+    .await;
+
+    // --- admission: the CA bundle Secret only from the import's own
+    // namespace, and only for https.
+    for (name, source, needle) in [
+        (
+            "ca-elsewhere",
+            json!({"url": tls_url, "caBundleSecretRef": {"name": "images-ca", "namespace": "other"}}),
+            "spec.source.caBundleSecretRef.namespace",
+        ),
+        (
+            "ca-plain-http",
+            json!({"url": server.url("disk.raw"), "caBundleSecretRef": {"name": "images-ca"}}),
+            "spec.source.caBundleSecretRef needs an https://",
+        ),
+    ] {
+        let imp: ImageImport = serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
+            "metadata": {"name": name},
+            "spec": {"source": source, "imageName": name, "contentPrefix": name},
+        }))
+        .unwrap();
+        let err = imports
+            .create(&PostParams::default(), &imp)
+            .await
+            .expect_err(name);
+        assert!(err.to_string().contains(needle), "{name}: {err}");
+    }
 
     // --- deletion: refused while the Image references the content.
     contents

@@ -71,6 +71,49 @@ fn same_file(a: &Path, b: &Path) -> anyhow::Result<bool> {
     }
 }
 
+/// What ingest's `raw source streamed` log line says (seconds from the
+/// start of the body; bytes).
+#[derive(Clone, Copy, Debug, Default)]
+struct Internal {
+    download: f64,
+    capture: f64,
+    hash: f64,
+    mem_peak: u64,
+    spilled: u64,
+}
+
+/// The fields of a `raw source streamed` log line (ANSI colours removed).
+fn internal_of(line: &str) -> Option<Internal> {
+    if !line.contains("raw source streamed") {
+        return None;
+    }
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    let field = |k: &str| -> Option<&str> {
+        plain
+            .split_whitespace()
+            .find_map(|t| t.strip_prefix(k)?.strip_prefix('='))
+    };
+    Some(Internal {
+        download: field("download_secs")?.parse().ok()?,
+        capture: field("capture_secs")?.parse().ok()?,
+        hash: field("hash_secs")?.parse().ok()?,
+        mem_peak: field("mem_peak")?.parse().ok()?,
+        spilled: field("spilled")?.parse().ok()?,
+    })
+}
+
 fn main() -> anyhow::Result<()> {
     let runs: usize = anneal_bench::option_or("--runs", 3)?;
     let size_mib: u64 = anneal_bench::option_or("--size-mib", 1024)?;
@@ -103,12 +146,13 @@ fn main() -> anyhow::Result<()> {
     let scratch = dir.join("scratch");
     let cap = dir.join("capture");
 
-    let ingest = |check: bool| -> anyhow::Result<(f64, [f64; 3])> {
+    let ingest = |check: bool| -> anyhow::Result<(f64, [f64; 3], Internal)> {
         fresh_dir(&store)?;
         fresh_dir(&scratch)?;
         sync()?;
         let mut lines = Vec::new();
         let mut phases: Vec<(String, f64)> = Vec::new();
+        let mut internal = Internal::default();
         let start = Instant::now();
         let t = timed(|| {
             let mut child = Command::new(&agent)
@@ -130,8 +174,17 @@ fn main() -> anyhow::Result<()> {
                 .arg("--scratch")
                 .arg(&scratch)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null())
+                .stderr(Stdio::piped())
                 .spawn()?;
+            let err = child.stderr.take().context("no stderr")?;
+            // read to the end (a closed pipe would fail the agent's logging)
+            let err_thread = std::thread::spawn(move || {
+                let mut found = None;
+                for l in BufReader::new(err).lines().map_while(Result::ok) {
+                    found = found.or_else(|| internal_of(&l));
+                }
+                found
+            });
             // the time each phase is first announced (a line at each change)
             let out = BufReader::new(child.stdout.take().context("no stdout")?);
             for line in out.lines() {
@@ -145,6 +198,7 @@ fn main() -> anyhow::Result<()> {
                 lines.push(line);
             }
             let status = child.wait()?;
+            internal = err_thread.join().ok().flatten().unwrap_or_default();
             ensure!(
                 status.success(),
                 "ingest failed ({status}): {}",
@@ -181,7 +235,7 @@ fn main() -> anyhow::Result<()> {
         fresh_dir(&scratch)?;
         let at = |p: &str| phases.iter().find(|(q, _)| q == p).map(|(_, t)| *t);
         let (c, p) = (at("Capturing").unwrap_or(t), at("Publishing").unwrap_or(t));
-        Ok((t, [c, p - c, t - p]))
+        Ok((t, [c, p - c, t - p], internal))
     };
     let curl = || -> anyhow::Result<f64> {
         timed(|| {
@@ -228,13 +282,15 @@ fn main() -> anyhow::Result<()> {
     let (mut ours, mut t_curl, mut t_cap) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ph_fetch, mut ph_cap, mut ph_pub, mut t_spool) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut internals: Vec<Internal> = Vec::new();
     for r in 0..runs {
         let mut ours_run = || -> anyhow::Result<()> {
-            let (t, [f, c, p]) = ingest(false)?;
+            let (t, [f, c, p], i) = ingest(false)?;
             ours.push(t);
             ph_fetch.push(f);
             ph_cap.push(c);
             ph_pub.push(p);
+            internals.push(i);
             Ok(())
         };
         if r % 2 == 0 {
@@ -257,6 +313,15 @@ fn main() -> anyhow::Result<()> {
             t_cap[r],
             t_curl[r] + t_cap[r],
             t_spool[r]
+        );
+        let i = &internals[r];
+        eprintln!(
+            "run {r}: inside ingest: body read at {:.2}s, capture returned at {:.2}s, hash done at {:.2}s; spool memory peak {} MiB, spilled {} MiB",
+            i.download,
+            i.capture,
+            i.hash,
+            i.mem_peak >> 20,
+            i.spilled >> 20
         );
     }
     drop(nginx);
@@ -289,6 +354,13 @@ fn main() -> anyhow::Result<()> {
             "publishAndSync": median(&mut ph_pub.clone()),
         },
         "diagnosticCurlToFileAndSyncSeconds": median(&mut t_spool.clone()),
+        "insideIngestSeconds (median; from its 'raw source streamed' log line, from the start of the body)": {
+            "bodyRead": median(&mut internals.iter().map(|i| i.download).collect::<Vec<_>>()),
+            "captureReturned": median(&mut internals.iter().map(|i| i.capture).collect::<Vec<_>>()),
+            "hashDone": median(&mut internals.iter().map(|i| i.hash).collect::<Vec<_>>()),
+        },
+        "spoolMemoryPeakBytes": internals.iter().map(|i| i.mem_peak).max(),
+        "spoolSpilledBytes": internals.iter().map(|i| i.spilled).max(),
         "allRuns": {
             "ingest": ours, "curl": t_curl, "capture": t_cap,
             "ingestFetch": ph_fetch, "ingestCapture": ph_cap, "ingestPublish": ph_pub,

@@ -199,6 +199,10 @@ pub mod reasons {
     pub const NAME_TAKEN: &str = "NameTaken";
     /// Succeeded=False: the ingest job ended without a usable result.
     pub const WORKLOAD_FAILED: &str = "WorkloadFailed";
+    /// Succeeded=False: the Secret of `spec.source.caBundleSecretRef` is
+    /// missing or its key holds no PEM certificate (the import stays
+    /// Pending and is looked at again every 5 s).
+    pub const CA_BUNDLE_UNAVAILABLE: &str = "CABundleUnavailable";
 
     // --- PartitionContent Ready ---
     /// Ready=False: the stored stream is being verified against its index.

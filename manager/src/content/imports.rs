@@ -29,6 +29,7 @@ use anneal_api::{
     Layout, NameRef, PartitionContent, PartitionContentSpec, PartitionTable, Slot, SlotRole,
     SourceFormat, Time,
 };
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
@@ -154,6 +155,30 @@ pub fn ingest_spec(imp: &ImageImport, ctx: &ContentContext) -> WorkloadSpec {
     if let Some(max) = ctx.max_source_bytes {
         args.extend(["--max-bytes".into(), max.to_string()]);
     }
+    let mut volumes = vec![
+        Volume {
+            name: "store".into(),
+            mount_path: "/store".into(),
+            source: VolumeSource::ContentStore,
+        },
+        Volume {
+            name: "scratch".into(),
+            mount_path: "/scratch".into(),
+            source: VolumeSource::Scratch,
+        },
+    ];
+    if imp.spec.source.ca_bundle_secret_ref.is_some() {
+        // the files are filled in by `with_ca_bundle` when the job starts
+        args.extend([
+            "--ca-bundle".into(),
+            format!("${{volume:{CA_VOLUME}}}/{CA_FILE}"),
+        ]);
+        volumes.push(Volume {
+            name: CA_VOLUME.into(),
+            mount_path: "/ca".into(),
+            source: VolumeSource::Files(BTreeMap::new()),
+        });
+    }
     let mut labels = BTreeMap::new();
     labels.insert(IMPORT_LABEL.to_string(), name.clone());
     WorkloadSpec {
@@ -162,23 +187,67 @@ pub fn ingest_spec(imp: &ImageImport, ctx: &ContentContext) -> WorkloadSpec {
         kind: Kind::Job,
         program: Program::Agent,
         args,
-        volumes: vec![
-            Volume {
-                name: "store".into(),
-                mount_path: "/store".into(),
-                source: VolumeSource::ContentStore,
-            },
-            Volume {
-                name: "scratch".into(),
-                mount_path: "/scratch".into(),
-                source: VolumeSource::Scratch,
-            },
-        ],
+        volumes,
         env: BTreeMap::new(),
         labels,
         owner: imp.controller_owner_ref(&()),
         deadline_secs: Some(ctx.ingest_deadline_secs),
     }
+}
+
+/// The ingest job's volume holding the CA bundle, and its file.
+const CA_VOLUME: &str = "ca";
+const CA_FILE: &str = "ca.crt";
+
+/// `spec` with the CA bundle of `spec.source.caBundleSecretRef` (read from
+/// the import's namespace) in its files volume; the reason and message why
+/// it cannot be used otherwise.
+async fn with_ca_bundle(
+    mut spec: WorkloadSpec,
+    imp: &ImageImport,
+    ns: &str,
+    ctx: &ContentContext,
+) -> Result<Result<WorkloadSpec, String>, ImportError> {
+    let Some(r) = &imp.spec.source.ca_bundle_secret_ref else {
+        return Ok(Ok(spec));
+    };
+    let key = if r.key.is_empty() {
+        CA_FILE
+    } else {
+        r.key.as_str()
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(secret) = secrets.get_opt(&r.name).await? else {
+        return Ok(Err(format!(
+            "spec.source.caBundleSecretRef: Secret {ns}/{} not found; create it with the PEM CA bundle in key {key}",
+            r.name
+        )));
+    };
+    let pem = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|s| s.clone().into_bytes())
+        });
+    let Some(pem) = pem.filter(|p| p.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----"))
+    else {
+        return Ok(Err(format!(
+            "spec.source.caBundleSecretRef: Secret {ns}/{} has no PEM certificate in key {key}; put the CA bundle (-----BEGIN CERTIFICATE-----) there",
+            r.name
+        )));
+    };
+    for v in &mut spec.volumes {
+        if v.name == CA_VOLUME {
+            v.source = VolumeSource::Files(BTreeMap::from([(CA_FILE.to_string(), pem.clone())]));
+        }
+    }
+    Ok(Ok(spec))
 }
 
 fn event(ctx: &ContentContext, imp: &ImageImport, type_: EventType, reason: &str, note: String) {
@@ -206,6 +275,40 @@ async fn write_status(
     )
     .await?;
     Ok(())
+}
+
+/// Pending while the CA bundle Secret is missing or holds no certificate
+/// (created in any order with the import): the condition names the Secret
+/// and the fix; looked at again every 5 s.
+async fn ca_bundle_missing(
+    imp: &ImageImport,
+    status: &ImageImportStatus,
+    message: String,
+    ctx: &ContentContext,
+) -> Result<Action, ImportError> {
+    let mut next = status.clone();
+    next.state = Some(ImportState::Pending);
+    next.observed_generation = imp.metadata.generation;
+    let changed = conditions::set(
+        &mut next.conditions,
+        types::SUCCEEDED,
+        false,
+        reasons::CA_BUNDLE_UNAVAILABLE,
+        &message,
+        imp.metadata.generation,
+    );
+    write_status(imp, &next, ctx).await?;
+    if changed {
+        warn!(import = %imp.name_any(), %message, "waiting for the CA bundle");
+        event(
+            ctx,
+            imp,
+            EventType::Warning,
+            reasons::CA_BUNDLE_UNAVAILABLE,
+            message,
+        );
+    }
+    Ok(Action::requeue(Duration::from_secs(5)))
 }
 
 async fn fail(
@@ -509,6 +612,10 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
             if let Some(message) = taken_name(&imp, &ns, &ctx).await? {
                 return fail(&imp, reasons::NAME_TAKEN, message, &ctx).await;
             }
+            let spec = match with_ca_bundle(spec, &imp, &ns, &ctx).await? {
+                Ok(s) => s,
+                Err(message) => return ca_bundle_missing(&imp, &status, message, &ctx).await,
+            };
             ctx.executor.ensure(&spec).await?;
             let mut next = status.clone();
             next.state = Some(ImportState::Ingesting);
@@ -541,9 +648,19 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
         }
         Some(ImportState::Ingesting) => {
             // Idempotent: a manager that restarted finds the job (or its
-            // result) where it left it.
-            ctx.executor.ensure(&spec).await?;
-            let obs = ctx.executor.observe(&spec).await?;
+            // result) where it left it; a job that vanished is started
+            // again (with its CA bundle).
+            let mut obs = ctx.executor.observe(&spec).await?;
+            if obs.phase == Phase::Absent {
+                let spec = match with_ca_bundle(spec.clone(), &imp, &ns, &ctx).await? {
+                    Ok(s) => s,
+                    Err(message) => {
+                        return fail(&imp, reasons::CA_BUNDLE_UNAVAILABLE, message, &ctx).await;
+                    }
+                };
+                ctx.executor.ensure(&spec).await?;
+                obs = ctx.executor.observe(&spec).await?;
+            }
             match obs.phase {
                 Phase::Absent | Phase::Running => {
                     if let Some(p) = &obs.progress {

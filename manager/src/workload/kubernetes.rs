@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -109,7 +109,12 @@ impl KubeExecutor {
         let mounts: Vec<Value> = spec
             .volumes
             .iter()
-            .map(|v| json!({"name": v.name, "mountPath": v.mount_path}))
+            .map(|v| match v.source {
+                VolumeSource::Files(_) => {
+                    json!({"name": v.name, "mountPath": v.mount_path, "readOnly": true})
+                }
+                _ => json!({"name": v.name, "mountPath": v.mount_path}),
+            })
             .collect();
         let volumes: Vec<Value> = spec
             .volumes
@@ -120,6 +125,11 @@ impl KubeExecutor {
                     "persistentVolumeClaim": {"claimName": self.cfg.content_claim},
                 }),
                 VolumeSource::Scratch => json!({"name": v.name, "emptyDir": {}}),
+                // readable by the pod's group (fsGroup) only
+                VolumeSource::Files(_) => json!({
+                    "name": v.name,
+                    "secret": {"secretName": self.files_secret_name(spec, &v.name), "defaultMode": 0o440},
+                }),
             })
             .collect();
         let pod = json!({
@@ -184,11 +194,57 @@ impl KubeExecutor {
         }
     }
 
-    /// Applies the object (server-side apply; idempotent).
+    /// The Secret holding a [`VolumeSource::Files`] volume's files.
+    pub fn files_secret_name(&self, spec: &WorkloadSpec, volume: &str) -> String {
+        workload_name(&self.object_name(spec), &self.cfg.namespace, volume)
+    }
+
+    /// The Secrets of the workload's [`VolumeSource::Files`] volumes that
+    /// have files, as applied (labelled like the workload).
+    pub fn files_secrets(&self, spec: &WorkloadSpec) -> Vec<(String, Value)> {
+        use base64::Engine as _;
+        let obj = self.object(spec);
+        spec.volumes
+            .iter()
+            .filter_map(|v| match &v.source {
+                VolumeSource::Files(files) if !files.is_empty() => Some((v, files)),
+                _ => None,
+            })
+            .map(|(v, files)| {
+                let name = self.files_secret_name(spec, &v.name);
+                let data: serde_json::Map<String, Value> = files
+                    .iter()
+                    .map(|(k, d)| {
+                        (
+                            k.clone(),
+                            json!(base64::engine::general_purpose::STANDARD.encode(d)),
+                        )
+                    })
+                    .collect();
+                let secret = json!({
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {
+                        "name": name,
+                        "namespace": self.cfg.namespace,
+                        "labels": obj["metadata"]["labels"],
+                        "ownerReferences": obj["metadata"]["ownerReferences"],
+                    },
+                    "type": "Opaque",
+                    "data": data,
+                });
+                (name, secret)
+            })
+            .collect()
+    }
+
+    /// Applies the object (server-side apply; idempotent), and first the
+    /// Secrets of its file volumes when it is created.
     pub async fn ensure(&self, spec: &WorkloadSpec) -> Result<(), WorkloadError> {
         let name = self.object_name(spec);
         let obj = self.object(spec);
         let pp = PatchParams::apply(FIELD_MANAGER).force();
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
         match spec.kind {
             Kind::Job => {
                 let api: Api<Job> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
@@ -199,12 +255,24 @@ impl KubeExecutor {
                     .map_err(|e| kube_err(&name, e))?
                     .is_none()
                 {
+                    for (sname, s) in self.files_secrets(spec) {
+                        secrets
+                            .patch(&sname, &pp, &Patch::Apply(&s))
+                            .await
+                            .map_err(|e| kube_err(&name, e))?;
+                    }
                     api.patch(&name, &pp, &Patch::Apply(&obj))
                         .await
                         .map_err(|e| kube_err(&name, e))?;
                 }
             }
             Kind::Server => {
+                for (sname, s) in self.files_secrets(spec) {
+                    secrets
+                        .patch(&sname, &pp, &Patch::Apply(&s))
+                        .await
+                        .map_err(|e| kube_err(&name, e))?;
+                }
                 let api: Api<Deployment> =
                     Api::namespaced(self.client.clone(), &self.cfg.namespace);
                 api.patch(&name, &pp, &Patch::Apply(&obj))
@@ -309,9 +377,21 @@ impl KubeExecutor {
                 .map(|_| ()),
         };
         match res {
-            Ok(()) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(kube_err(&name, e)),
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(&name, e)),
         }
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        for v in &spec.volumes {
+            if matches!(v.source, VolumeSource::Files(_)) {
+                let sname = self.files_secret_name(spec, &v.name);
+                match secrets.delete(&sname, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(kube_err(&name, e)),
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -61,6 +61,14 @@ pub enum VolumeSource {
     ContentStore,
     /// An empty scratch directory that lives as long as the workload.
     Scratch,
+    /// Files the controller supplies (file name to bytes; for example a CA
+    /// bundle read from a Secret), read-only for the program and removed
+    /// with the workload. Process: written with mode 0600 into a directory
+    /// (0700) in the workload's state directory; kubernetes: a Secret named
+    /// like the Job in the workload namespace, mounted as a Secret volume.
+    /// Supplied when the workload starts: an empty map means "already
+    /// written" to an executor whose workload exists.
+    Files(BTreeMap<String, Vec<u8>>),
 }
 
 /// A directory the program sees.

@@ -138,7 +138,14 @@ impl ProcessExecutor {
         let args = spec.resolved_args(|v| match v.source {
             VolumeSource::ContentStore => store.display().to_string(),
             VolumeSource::Scratch => scratch.display().to_string(),
+            VolumeSource::Files(_) => dir.join(&v.name).display().to_string(),
         });
+        for v in &spec.volumes {
+            if let VolumeSource::Files(files) = &v.source {
+                write_files(&dir.join(&v.name), files)
+                    .map_err(|e| io_err(spec, &format!("writing volume {}", v.name), e))?;
+            }
+        }
         if spec
             .volumes
             .iter()
@@ -273,6 +280,35 @@ impl ProcessExecutor {
     }
 }
 
+/// Writes `files` into a new directory `dir` (mode 0700), each file with
+/// mode 0600 (created so, never readable by others even for a moment).
+fn write_files(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    // left over from a start that failed half-way (no process has it)
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    fs::DirBuilder::new().mode(0o700).create(dir)?;
+    for (name, data) in files {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("file name {name:?} is not a plain file name"),
+            ));
+        }
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(name))?;
+        f.write_all(data)?;
+    }
+    Ok(())
+}
+
 /// The last `max` bytes of a file, from a line start.
 fn read_tail(path: &Path, max: u64) -> std::io::Result<String> {
     let mut f = fs::File::open(path)?;
@@ -364,6 +400,45 @@ mod tests {
         ex.remove(&s).expect("remove");
         assert!(!scratch.exists());
         assert_eq!(ex.observe(&s).expect("observe").phase, Phase::Absent);
+    }
+
+    /// A files volume: written 0600 in a 0700 directory of the state
+    /// directory before the program starts, its path substituted, removed
+    /// with the workload.
+    #[test]
+    fn files_volumes_are_private_files_removed_with_the_workload() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (_d, ex) = executor(
+            r#"echo "{\"event\":\"result\",\"ca\":\"$(cat "$1")\",\"mode\":\"$(stat -c %a "$1")\"}""#,
+        );
+        let mut s = spec("files", &["${volume:ca}/ca.crt"]);
+        s.volumes.push(Volume {
+            name: "ca".into(),
+            mount_path: "/ca".into(),
+            source: VolumeSource::Files(BTreeMap::from([("ca.crt".to_string(), b"PEM".to_vec())])),
+        });
+        ex.ensure(&s).expect("ensure");
+        let o = wait_done(&ex, &s);
+        assert_eq!(o.phase, Phase::Succeeded, "{o:?}");
+        let out = o.outcome.expect("outcome");
+        assert_eq!(
+            (out["ca"].as_str(), out["mode"].as_str()),
+            (Some("PEM"), Some("600"))
+        );
+        let dir = ex.store_dir().join(".workloads/ns/files/ca");
+        let mode = fs::metadata(&dir).expect("ca dir").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        ex.remove(&s).expect("remove");
+        assert!(!dir.exists());
+        // a file name that is not plain is refused before anything starts
+        let mut bad = spec("bad-files", &[]);
+        bad.volumes.push(Volume {
+            name: "ca".into(),
+            mount_path: "/ca".into(),
+            source: VolumeSource::Files(BTreeMap::from([("../x".to_string(), Vec::new())])),
+        });
+        let e = ex.ensure(&bad).expect_err("a path as a file name");
+        assert!(e.to_string().contains("../x"), "{e}");
     }
 
     #[test]

@@ -98,6 +98,7 @@ pub enum SourceFormat {
 /// The source of an import.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.caBundleSecretRef) || self.url.startsWith('https://')").message("spec.source.caBundleSecretRef needs an https:// spec.source.url").field_path(".caBundleSecretRef"))]
 pub struct ImportSource {
     /// `http://…`, `https://…`, or `staged://NAME` for an upload.
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://') || self.matches('^staged://[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("spec.source.url must be an http(s):// URL or staged://NAME"))]
@@ -111,6 +112,35 @@ pub struct ImportSource {
     /// `raw`, `qcow2` or `partclone`; absent: detected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<SourceFormat>,
+    /// Secret in the import's own namespace holding the PEM CA bundle that
+    /// verifies an `https://` source's certificate (instead of the system
+    /// roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle_secret_ref: Option<SecretKeyRef>,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
+}
+
+/// A key of a Secret in the namespace of the object holding the reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.namespace)").message("spec.source.caBundleSecretRef.namespace must be left out: the Secret is read from the ImageImport's own namespace").field_path(".namespace"))]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key holding the PEM bundle.
+    #[serde(default = "default_ca_key")]
+    #[x_kube(validation = Rule::new("self.matches('^[-._a-zA-Z0-9]+$')").message("spec.source.caBundleSecretRef.key must be a Secret key (letters, digits, '-', '_', '.')"))]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+    /// Not allowed (refused at admission): only a Secret in the holder's
+    /// own namespace may be referenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub namespace: Option<String>,
 }
 
 /// Progress of an import or of one partition's transfer.
