@@ -146,6 +146,14 @@ fn detect(head: &[u8], forced: Option<IngestFormat>) -> Kind {
     }
 }
 
+/// One chunk of a read under the spool's lock: its stream offset, its
+/// buffer when held in memory, and whether it is in the scratch file.
+type ChunkPart = (u64, Option<Arc<Vec<u8>>>, bool);
+
+/// What a streamed raw capture returns: the capture's result, the source's
+/// SHA-256 and the stream's statistics.
+type Streamed = (Result<Layout, CaptureError>, [u8; 32], StreamStats);
+
 const PHASES: [&str; 3] = ["Fetching", "Capturing", "Publishing"];
 
 /// Counters shared with the progress ticker.
@@ -1169,7 +1177,7 @@ impl fs::ReadAt for Spool {
         }
         let c = CHUNK as u64;
         // the chunks under the lock, the copies outside it
-        let parts: Vec<(u64, Option<Arc<Vec<u8>>>, bool)> = {
+        let parts: Vec<ChunkPart> = {
             let mut g = self.lock();
             let grew = end > g.want;
             g.want = end;
@@ -1288,7 +1296,7 @@ fn stream_raw(
     capture_dir: &Path,
     opts: Options,
     limits: Limits,
-) -> Result<(Result<Layout, CaptureError>, [u8; 32], StreamStats), Failure> {
+) -> Result<Streamed, Failure> {
     let t0 = std::time::Instant::now();
     let file = File::options()
         .read(true)
