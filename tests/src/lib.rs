@@ -24,6 +24,7 @@ pub mod agent_vm;
 pub mod artifacts;
 pub mod bmc;
 pub mod dhcp_probe;
+pub mod disks;
 pub mod e2e;
 pub mod images;
 pub mod lab;

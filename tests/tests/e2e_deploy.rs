@@ -22,55 +22,14 @@
 //! Machine returns to Available.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use anneal_tests::disks::{gpt_partitions, probe};
 use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, Progress};
 use anneal_tests::images::{FileServer, sha256_file};
 
 /// The lab manager's fast-track window.
 const FAST_TRACK: Duration = Duration::from_secs(45);
-
-/// The partitions of the GPT in `disk` (first and last byte offsets), or
-/// None when neither header has the `EFI PART` signature.
-fn gpt(disk: &Path) -> Option<Vec<(u64, u64)>> {
-    let mut f = std::fs::File::open(disk).unwrap();
-    let len = f.metadata().unwrap().len();
-    let mut sector = |at: u64| {
-        let mut b = vec![0u8; 512];
-        f.seek(SeekFrom::Start(at)).unwrap();
-        f.read_exact(&mut b).unwrap();
-        b
-    };
-    let primary = sector(512);
-    let backup = sector(len - 512);
-    if &primary[..8] != b"EFI PART" && &backup[..8] != b"EFI PART" {
-        return None;
-    }
-    let mut parts = Vec::new();
-    for lba in 2..34u64 {
-        let b = sector(lba * 512);
-        for e in b.chunks(128) {
-            if e[..16].iter().any(|&x| x != 0) {
-                let first = u64::from_le_bytes(e[32..40].try_into().unwrap());
-                let last = u64::from_le_bytes(e[40..48].try_into().unwrap());
-                parts.push((first * 512, last * 512 + 511));
-            }
-        }
-    }
-    Some(parts)
-}
-
-/// What `blkid -p` finds at byte `offset` of `disk` (empty: nothing).
-fn probe(disk: &Path, offset: u64) -> String {
-    let out = std::process::Command::new("blkid")
-        .args(["-p", "-O", &offset.to_string()])
-        .arg(disk)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
@@ -208,7 +167,7 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     println!("e2e-deploy: power-cycled through the BMC, booted its disk again");
 
     // Retain: Released, the disk untouched.
-    let deployed = gpt(&disk).expect("the deployed disk has a GPT");
+    let deployed = gpt_partitions(&disk).expect("the deployed disk has a GPT");
     assert!(deployed.len() >= 3, "{deployed:?}");
     let head = std::fs::read(&disk)
         .map(|b| b[..34 * 512].to_vec())
@@ -221,7 +180,7 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
         .map(|b| b[..34 * 512].to_vec())
         .unwrap();
     assert!(head == after, "Retain left the partition table as it was");
-    assert_eq!(gpt(&disk), Some(deployed.clone()));
+    assert_eq!(gpt_partitions(&disk), Some(deployed.clone()));
     println!("e2e-deploy: released under Retain, disk untouched");
 
     // Re-inspected, then claimed once the fast-track window has passed
@@ -268,7 +227,7 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     );
 
     // Recycle: the agent wipes the disk, the Machine is Available again.
-    let deployed = gpt(&disk).expect("the redeployed disk has a GPT");
+    let deployed = gpt_partitions(&disk).expect("the redeployed disk has a GPT");
     let signed = deployed
         .iter()
         .filter(|(first, _)| !probe(&disk, *first).is_empty())
@@ -284,7 +243,11 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     lab.wait_state("Available", Duration::from_secs(1800), &mut log)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(gpt(&disk), None, "no GPT at either end after the wipe");
+    assert_eq!(
+        gpt_partitions(&disk),
+        None,
+        "no GPT at either end after the wipe"
+    );
     for (first, _) in &deployed {
         let found = probe(&disk, *first);
         assert!(

@@ -16,68 +16,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anneal_api::DeployRun;
+use anneal_tests::disks::{ext4_uuids, gpt_partitions};
 use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, NAMESPACE, Progress};
 use anneal_tests::images::{FileServer, sha256_file};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
-
-/// The first and last byte of every GPT partition of `disk`; None without a
-/// GPT header at either end.
-fn gpt(disk: &Path) -> Option<Vec<(u64, u64)>> {
-    let mut f = std::fs::File::open(disk).unwrap();
-    let len = f.metadata().unwrap().len();
-    let mut sector = |at: u64| {
-        let mut b = vec![0u8; 512];
-        f.seek(SeekFrom::Start(at)).unwrap();
-        f.read_exact(&mut b).unwrap();
-        b
-    };
-    if &sector(512)[..8] != b"EFI PART" && &sector(len - 512)[..8] != b"EFI PART" {
-        return None;
-    }
-    let mut parts = Vec::new();
-    for lba in 2..34u64 {
-        for e in sector(lba * 512).chunks(128) {
-            if e[..16].iter().any(|&x| x != 0) {
-                let first = u64::from_le_bytes(e[32..40].try_into().unwrap());
-                let last = u64::from_le_bytes(e[40..48].try_into().unwrap());
-                parts.push((first * 512, last * 512 + 511));
-            }
-        }
-    }
-    Some(parts)
-}
-
-/// `blkid -p` at byte `offset` of `file`: `KEY="value"` pairs (empty:
-/// nothing found).
-fn probe(file: &Path, offset: u64) -> String {
-    let out = std::process::Command::new("blkid")
-        .args(["-p", "-O", &offset.to_string()])
-        .arg(file)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// The UUIDs of the ext4 filesystems found at the partitions of `disk`.
-fn ext4_uuids(disk: &Path) -> Vec<String> {
-    gpt(disk)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|(first, _)| {
-            let p = probe(disk, *first);
-            if !p.contains(" TYPE=\"ext4\"") {
-                return None;
-            }
-            let at = p.find(" UUID=\"")? + 7;
-            Some(p[at..].split('"').next()?.to_string())
-        })
-        .collect()
-}
 
 async fn runs(lab: &Lab) -> Vec<DeployRun> {
     let api: Api<DeployRun> = Api::namespaced(lab.cp.client(), NAMESPACE);
@@ -236,7 +182,7 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
     let first = kube::ResourceExt::name_any(runs(&lab).await.last().unwrap());
     println!("e2e-faults: power lost while {first} was writing");
     assert_eq!(
-        gpt(&os_disk),
+        gpt_partitions(&os_disk),
         None,
         "a deploy cut mid-write leaves the OS disk without a partition table"
     );
@@ -421,7 +367,7 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
         "the run names the content and the piece: {corrupt}"
     );
     assert_eq!(
-        gpt(&os_disk),
+        gpt_partitions(&os_disk),
         None,
         "a run failed on a corrupt piece leaves the OS disk unbootable"
     );
