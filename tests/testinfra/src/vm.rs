@@ -128,6 +128,9 @@ pub struct Vm {
     serial: PathBuf,
     qmp: PathBuf,
     started: Instant,
+    /// The serial socket's connection, kept open: QEMU drops what it has
+    /// not yet handed to the UART when the client hangs up.
+    serial_in: std::sync::Mutex<Option<std::os::unix::net::UnixStream>>,
 }
 
 impl Vm {
@@ -247,6 +250,7 @@ impl Vm {
             serial,
             qmp,
             started: Instant::now(),
+            serial_in: std::sync::Mutex::new(None),
         })
     }
 
@@ -275,10 +279,22 @@ impl Vm {
     /// `serial_input`).
     pub fn send_serial(&self, text: &str) -> anyhow::Result<()> {
         use std::io::Write as _;
-        let sock = self.dir.path().join("serial.sock");
-        let mut s = std::os::unix::net::UnixStream::connect(&sock)
-            .map_err(|e| anyhow::anyhow!("serial socket {}: {e}", sock.display()))?;
-        // QEMU reads the socket only as fast as the guest's UART takes it.
+        let mut conn = self
+            .serial_in
+            .lock()
+            .map_err(|_| anyhow::anyhow!("serial connection lock poisoned"))?;
+        if conn.is_none() {
+            let sock = self.dir.path().join("serial.sock");
+            *conn = Some(
+                std::os::unix::net::UnixStream::connect(&sock)
+                    .map_err(|e| anyhow::anyhow!("serial socket {}: {e}", sock.display()))?,
+            );
+        }
+        let s = conn
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("serial connection"))?;
+        // QEMU reads the socket only as fast as the guest's UART takes it;
+        // the connection stays open so nothing unread is dropped.
         s.write_all(text.as_bytes())?;
         s.flush()?;
         Ok(())
