@@ -245,10 +245,17 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
         &lab,
         "the hook's run failed",
         Duration::from_secs(900),
-        |rs| rs.len() > before && rs.last().is_some_and(|r| phase(r) == "Failed"),
+        // the first failed run of the new intent: its next attempt may
+        // already be planned, so the newest run is not the failed one
+        |rs| rs.iter().skip(before).any(|r| phase(r) == "Failed"),
     )
     .await;
-    let failed = serde_json::to_string(&rs.last().unwrap().status).unwrap();
+    let failed = rs
+        .iter()
+        .skip(before)
+        .find(|r| phase(r) == "Failed")
+        .map(|r| serde_json::to_string(&r.status).unwrap())
+        .unwrap();
     for want in [
         "site-check",
         "raid-ready",
