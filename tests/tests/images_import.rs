@@ -43,6 +43,16 @@ async fn create_import(client: &Client, name: &str, spec: serde_json::Value) {
     api.create(&PostParams::default(), &imp).await.unwrap();
 }
 
+/// The content once its verify workload made it Ready (an import's
+/// Succeeded means its objects exist, not that they are verified).
+async fn content_ready(contents: &Api<PartitionContent>, name: &str) -> PartitionContent {
+    eventually(&format!("{name} Ready"), WAIT, || async move {
+        let pc = contents.get(name).await.ok()?;
+        (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
+    })
+    .await
+}
+
 async fn finished(client: &Client, name: &str) -> ImageImport {
     let api: Api<ImageImport> = Api::namespaced(client.clone(), NS);
     eventually(&format!("ImageImport {name} finished"), WAIT, || {
@@ -415,15 +425,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     // the stored files byte-identical to it.
     let contents: Api<PartitionContent> = Api::namespaced(client.clone(), NS);
     for (name, local_name) in [("deb-p1", "p1"), ("deb-p3", "p3"), ("deb-p4", "p4")] {
-        let pc = eventually(&format!("{name} Ready"), WAIT, || {
-            let contents = contents.clone();
-            async move {
-                let pc = contents.get(name).await.ok()?;
-                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
-                    .then_some(pc)
-            }
-        })
-        .await;
+        let pc = content_ready(&contents, name).await;
         let idx = index(&local.join(format!("{local_name}.index")));
         assert_matches_capture(&pc, &idx);
         assert_eq!(
@@ -567,15 +569,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         q.status
     );
     for (name, local_name) in [("debq-p1", "p1"), ("debq-p3", "p3")] {
-        let pc = eventually(&format!("{name} Ready"), WAIT, || {
-            let contents = contents.clone();
-            async move {
-                let pc = contents.get(name).await.ok()?;
-                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
-                    .then_some(pc)
-            }
-        })
-        .await;
+        let pc = content_ready(&contents, name).await;
         assert_matches_capture(&pc, &index(&local.join(format!("{local_name}.index"))));
     }
     let leftovers: Vec<_> = std::fs::read_dir(&store)
@@ -618,15 +612,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         c.status
     );
     for (name, local_name) in [("cz-p1", "p1"), ("cz-p3", "p3")] {
-        let pc = eventually(&format!("{name} Ready"), WAIT, || {
-            let contents = contents.clone();
-            async move {
-                let pc = contents.get(name).await.ok()?;
-                (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
-                    .then_some(pc)
-            }
-        })
-        .await;
+        let pc = content_ready(&contents, name).await;
         assert_matches_capture(&pc, &index(&local_cz.join(format!("{local_name}.index"))));
     }
     let cz_image = images.get("cz").await.unwrap();
@@ -647,14 +633,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         }
     })
     .await;
-    let pc = eventually("pcl-p1 Ready", WAIT, || {
-        let contents = contents.clone();
-        async move {
-            let pc = contents.get("pcl-p1").await.ok()?;
-            (pc.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready)).then_some(pc)
-        }
-    })
-    .await;
+    let pc = content_ready(&contents, "pcl-p1").await;
     assert_matches_capture(&pc, &index(&local_pcl.join("p1.index")));
     assert!(
         images.get_opt("root-only").await.unwrap().is_some(),
@@ -828,7 +807,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     let tls_contents: Vec<&str> = st.content_refs.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(tls_contents, ["tlsca-p1", "tlsca-p3", "tlsca-p4"]);
     for (name, local_name) in [("tlsca-p1", "p1"), ("tlsca-p4", "p4")] {
-        let pc = contents.get(name).await.unwrap();
+        let pc = content_ready(&contents, name).await;
         assert_matches_capture(&pc, &index(&local.join(format!("{local_name}.index"))));
     }
     // the bundle file goes with the finished job
