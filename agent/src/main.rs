@@ -195,7 +195,11 @@ fn cmdline_vector(line: &str) -> serde_json::Value {
 }
 
 fn tracing_init() {
+    use std::io::IsTerminal as _;
+    // colours only on a terminal: logs piped to a file, a test or the
+    // serial console's capture stay plain text
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }

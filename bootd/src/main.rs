@@ -55,6 +55,8 @@ fn load(cli: &Cli) -> anyhow::Result<anneal_bootd::Snapshot> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        // colours only on a terminal (logs piped to files stay plain)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -70,6 +70,8 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        // colours only on a terminal (logs piped to files stay plain)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

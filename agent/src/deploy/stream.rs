@@ -389,6 +389,9 @@ pub(super) fn write_content(
         let mut written = 0u64;
         let mut bad: (u64, u32) = (u64::MAX, 0);
         let mut pending: BTreeMap<u64, AlignedBuf> = BTreeMap::new();
+        // time inside the target's writes: the restore part of the deploy
+        let mut writing = Duration::ZERO;
+        let began = Instant::now();
         let result = (|| -> Result<(), DeployError> {
             while done < pieces {
                 for line in log_rx.try_iter() {
@@ -455,6 +458,7 @@ pub(super) fn write_content(
                 while let Some(buf) = pending.remove(&done) {
                     let start = done * piece_length;
                     let len = piece_end(done) - start;
+                    let t = Instant::now();
                     for r in map.ranges(start, start + len) {
                         let a = (r.stream_offset - start) as usize;
                         let data = &buf.as_slice()[a..a + r.len as usize];
@@ -470,6 +474,7 @@ pub(super) fn write_content(
                                 source,
                             })?;
                     }
+                    writing += t.elapsed();
                     let _ = sha_tx.send((buf, len as usize));
                     written += len;
                     done += 1;
@@ -485,6 +490,13 @@ pub(super) fn write_content(
             DeployError::Mismatch(format!("content {name}: the SHA-256 thread panicked"))
         })?;
         result?;
+        tracing::info!(
+            content = %name,
+            bytes = written,
+            seconds = began.elapsed().as_secs_f64(),
+            write_seconds = writing.as_secs_f64(),
+            "content written"
+        );
         tick.tick(written, None)?;
         if !digest.eq_ignore_ascii_case(c.stream_sha256.trim()) {
             return Err(DeployError::StreamHash {

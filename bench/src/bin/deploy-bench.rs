@@ -12,6 +12,12 @@
 //! - reference: `curl -s <stream> | dd of=FILE oflag=direct bs=4M
 //!   iflag=fullblock conv=fsync` of the same streams from the same server.
 //!
+//! - write rate alone: `dd if=<stream> of=FILE oflag=direct bs=4M
+//!   conv=fsync` from the store (the page cache), no network, no hashing;
+//!   the restore part of ours (stream bytes / seconds inside the target's
+//!   writes, from the agent's `content written` lines) against it: goal
+//!   >= 0.9; the whole deploy path against it is printed too.
+//!
 //! Throughput = stream bytes / wall time. The order alternates every round;
 //! `--rounds` (3); the ratio ours / reference of each round, median printed
 //! (goal >= 0.9). Writes target/bench/deploy.json. Run after building
@@ -88,6 +94,7 @@ fn bench(
     let port = anneal_bench::free_port()?;
     let mut contents = Vec::new();
     let mut streams = Vec::new();
+    let mut stream_files = Vec::new();
     let mut total = 0u64;
     for s in layout["slots"].as_array().context("layout without slots")? {
         let Some(name) = s["contentRef"].as_str() else {
@@ -112,6 +119,7 @@ fn bench(
             "streamBytes": bytes,
         }));
         streams.push(url);
+        stream_files.push(c.join("stream"));
     }
     eprintln!(
         "{} contents, {:.1} MiB of used blocks",
@@ -148,7 +156,9 @@ fn bench(
     )?;
     anneal_bench::wait_listening(port, 10)?;
 
-    let ours = || -> anyhow::Result<f64> {
+    // (wall seconds, seconds inside the target's writes summed over the
+    // contents: from the agent's `content written` lines)
+    let ours = || -> anyhow::Result<(f64, f64)> {
         let _ = std::fs::remove_file(&target);
         let t = Instant::now();
         let out = Command::new(agent)
@@ -170,7 +180,26 @@ fn bench(
         if retries > 0 {
             eprintln!("ours: {retries} range retries in this round");
         }
-        Ok(secs)
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let writing: Vec<f64> = stdout
+            .lines()
+            .chain(stderr.lines())
+            .filter(|l| l.contains("content written"))
+            .filter_map(|l| {
+                let v = l.split("write_seconds=").nth(1)?;
+                v.split(|c: char| c.is_whitespace() || c == ',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        ensure!(
+            writing.len() == streams.len(),
+            "anneal-agent deploy logged {} 'content written' lines for {} contents",
+            writing.len(),
+            streams.len()
+        );
+        Ok((secs, writing.iter().sum()))
     };
     let reference = || -> anyhow::Result<f64> {
         let mut script = String::from("set -e -o pipefail\n");
@@ -186,37 +215,73 @@ fn bench(
         anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
         Ok(t.elapsed().as_secs_f64())
     };
-    // warm-up: the streams into the server's page cache, both paths once
+    // The write rate alone: dd direct from the streams in the page cache
+    // (no network, no hashing). The whole deploy path against it bounds
+    // the restore part of the deploy from below.
+    let dd_direct = || -> anyhow::Result<f64> {
+        let mut script = String::from("set -e\n");
+        for (i, f) in stream_files.iter().enumerate() {
+            let out = dir.join(format!("dd{i}.img"));
+            let _ = std::fs::remove_file(&out);
+            script.push_str(&format!(
+                "dd if='{}' of='{}' oflag=direct bs=4M conv=fsync status=none\n",
+                f.display(),
+                out.display()
+            ));
+        }
+        let t = Instant::now();
+        anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // warm-up: the streams into the server's page cache, all paths once
     reference()?;
     ours()?;
-    let (mut o, mut r, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    dd_direct()?;
+    let (mut o, mut r, mut d, mut ratios, mut write_ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut w, mut restore_ratios) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let (os, rs) = if round % 2 == 0 {
+        let ((os, ws), rs, ds) = if round % 2 == 0 {
             let a = ours()?;
-            (a, reference()?)
-        } else {
             let b = reference()?;
-            (ours()?, b)
+            (a, b, dd_direct()?)
+        } else {
+            let c = dd_direct()?;
+            let b = reference()?;
+            (ours()?, b, c)
         };
-        let (ot, rt) = (mib(total) / os, mib(total) / rs);
+        let (ot, rt, dt) = (mib(total) / os, mib(total) / rs, mib(total) / ds);
+        let wt = mib(total) / ws;
         eprintln!(
-            "round {}: ours {os:.2} s ({ot:.0} MiB/s), curl|dd {rs:.2} s ({rt:.0} MiB/s), ratio {:.3}",
+            "round {}: ours {os:.2} s ({ot:.0} MiB/s; its writes {ws:.2} s, {wt:.0} MiB/s), curl|dd {rs:.2} s ({rt:.0} MiB/s), ratio {:.3}; dd direct from the page cache {ds:.2} s ({dt:.0} MiB/s), ours / it {:.3}, our writes / it {:.3}",
             round + 1,
-            ot / rt
+            ot / rt,
+            ot / dt,
+            wt / dt
         );
+        w.push(wt);
+        restore_ratios.push(wt / dt);
         o.push(ot);
         r.push(rt);
+        d.push(dt);
         ratios.push(ot / rt);
+        write_ratios.push(ot / dt);
     }
-    let (om, rm, ratio) = (
+    let (om, rm, dm, ratio, write_ratio) = (
         median(&mut o.clone()),
         median(&mut r.clone()),
+        median(&mut d.clone()),
         median(&mut ratios.clone()),
+        median(&mut write_ratios.clone()),
     );
+    let (wm, restore_ratio) = (median(&mut w.clone()), median(&mut restore_ratios.clone()));
     let load = anneal_bench::load_average();
     println!(
         "deploy throughput: ours {om:.0} MiB/s / curl|dd oflag=direct {rm:.0} MiB/s = {ratio:.3} (goal >= 0.9, median of {rounds} rounds, load {})",
         load.as_deref().unwrap_or("?")
+    );
+    println!(
+        "restore part of the deploy: its writes {wm:.0} MiB/s / dd oflag=direct from the page cache {dm:.0} MiB/s = {restore_ratio:.3} (goal >= 0.9); the whole deploy path (fetch, verify, write) / dd direct = {write_ratio:.3}"
     );
     anneal_bench::write_json(
         "deploy",
@@ -231,6 +296,15 @@ fn bench(
             "medianReferenceMiBps": rm,
             "medianRatio": ratio,
             "goal": 0.9,
+            "oursWriteMiBps (stream bytes / seconds inside the target's writes)": w,
+            "medianOursWriteMiBps": wm,
+            "restoreRatios (our writes / dd direct)": restore_ratios,
+            "medianRestoreRatio": restore_ratio,
+            "ddDirectMiBps": d,
+            "medianDdDirectMiBps": dm,
+            "writeRatios (ours / dd direct from the page cache)": write_ratios,
+            "medianWriteRatio": write_ratio,
+            "writeGoal": 0.9,
             "loadAverage": load,
         }),
     )?;
