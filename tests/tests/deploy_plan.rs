@@ -6,7 +6,8 @@
 //! gets the plan from `next`, reports progress (phase, percent, timings, log
 //! ConfigMap), is refused for another run, reports success, and the Machine
 //! is Provisioned; an unchanged claim starts nothing, a new image starts a
-//! new run. A Machine without BMC is used: it is armed, never powered.
+//! new run, naming a PostHook starts one and editing only that PostHook
+//! starts another (hooksHash). A Machine without BMC is used: it is armed, never powered.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -27,7 +28,7 @@ const CONTENT_URL: &str = "http://10.0.0.9:8081";
 fn configs() -> (LifecycleConfig, AgentApiConfig) {
     let mut lc = LifecycleConfig {
         boot_token_lifetime: Duration::from_secs(300),
-        health_interval: Duration::from_secs(5),
+        health_interval: Duration::from_secs(600),
         ..LifecycleConfig::default()
     };
     lc.deploy.content_url = Some(CONTENT_URL.into());
@@ -420,6 +421,109 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
         || async { (state(&machines, "dp-1").await == "Provisioned").then_some(()) },
     )
     .await;
+
+    // A PostHook named by the claim: a new run (the claim's intent changed);
+    // then only the hook is edited: another run (hooksHash), with the new
+    // script in its plan.
+    let hooks: Api<anneal_api::PostHook> = Api::namespaced(client.clone(), "default");
+    let hook = |script: &str| -> anneal_api::PostHook {
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "PostHook",
+            "metadata": {"name": "site"},
+            "spec": {"steps": [{"name": "tag", "script": {"inline": script}}]},
+        }))
+        .unwrap()
+    };
+    hooks
+        .create(&PostParams::default(), &hook("#!/bin/sh\necho v1\n"))
+        .await
+        .unwrap();
+    claims
+        .patch(
+            "c1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"postHookRefs": [{"name": "site"}]}})),
+        )
+        .await
+        .unwrap();
+    let mut done = vec![run.clone(), run2.clone()];
+    let mut hashes = Vec::new();
+    for (what, script) in [
+        ("the claim names a hook", "v1"),
+        ("the hook is edited", "v2"),
+    ] {
+        if script == "v2" {
+            let mut h = hooks.get("site").await.unwrap();
+            h.spec.steps[0].script.as_mut().unwrap().inline = Some("#!/bin/sh\necho v2\n".into());
+            hooks
+                .replace("site", &PostParams::default(), &h)
+                .await
+                .unwrap();
+        }
+        let next = eventually(
+            &format!("a run after {what}"),
+            Duration::from_secs(30),
+            || async {
+                let m = machine_json(&machines, "dp-1").await;
+                m["status"]["currentRunRef"]["name"]
+                    .as_str()
+                    .filter(|r| !done.iter().any(|d| d == r))
+                    .map(str::to_string)
+            },
+        )
+        .await;
+        let spec = runs.get(&next).await.unwrap().spec;
+        hashes.push(spec.hooks_hash.clone().unwrap());
+        let session =
+            register_next_boot(&client, &agent, "dp-1", &format!("dp-1 armed after {what}")).await;
+        let (code, body) = agent
+            .call(
+                Method::GET,
+                anneal_api::agent::paths::NEXT,
+                Some(&session),
+                Some("1"),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (code, body["action"].as_str()),
+            (200, Some("deploy")),
+            "{body}"
+        );
+        let plan = body["plan"].to_string();
+        assert!(
+            plan.contains(r#""hook":"site""#) && !plan.contains("anneal-default-finalize"),
+            "{what}: the plan runs the claim's hook only: {plan}"
+        );
+        assert!(
+            plan.contains(&format!("echo {script}")),
+            "{what}: the plan runs {script}: {plan}"
+        );
+        let (code, body) = agent
+            .call(
+                Method::POST,
+                anneal_api::agent::paths::RESULT,
+                Some(&session),
+                Some("1"),
+                Some(json!({"runId": next, "outcome": {"status": "succeeded"}})),
+            )
+            .await;
+        assert_eq!(code, 204, "{body}");
+        eventually(
+            &format!("dp-1 Provisioned after {what}"),
+            Duration::from_secs(30),
+            || async {
+                let m = machine_json(&machines, "dp-1").await;
+                (m["status"]["state"] == "Provisioned"
+                    && m["status"]["lastSuccessfulRunRef"]["name"] == next.as_str())
+                .then_some(())
+            },
+        )
+        .await;
+        done.push(next);
+    }
+    assert_ne!(hashes[0], hashes[1], "the hook's edit changes hooksHash");
+
     let m = machines.get("dp-1").await.unwrap();
     let mut conds = m.status.clone().unwrap().conditions;
     conds.retain(|c| c.type_ != "Ready");
@@ -497,7 +601,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     .await;
     assert!(boot_token(&client, "dp-1").await.is_none());
 
-    // The label-only edit started nothing: only these two runs exist.
+    // The label-only edit started nothing: only these four runs exist.
     let mut names: Vec<String> = runs
         .list(&ListParams::default())
         .await
@@ -507,9 +611,8 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
         .map(kube::ResourceExt::name_any)
         .collect();
     names.sort();
-    let mut want = vec![run.clone(), run2.clone()];
-    want.sort();
-    assert_eq!(names, want);
+    done.sort();
+    assert_eq!(names, done);
 }
 
 /// Fast-track: an inspected machine's agent keeps polling (`wait`, not

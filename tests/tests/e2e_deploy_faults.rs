@@ -12,7 +12,9 @@
 //! 2. The claim then names a PostHook whose script exits 3: the new run
 //!    fails naming the hook, the step, the exit code and the output tail, in
 //!    the DeployRun, in the Machine's status, in a Warning Event and on the
-//!    console.
+//!    console. The hook is then edited (nothing else): a new run starts
+//!    (hooksHash) and its step, past its 5 s timeout, is killed and named
+//!    the same way.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{Read, Seek, SeekFrom};
@@ -291,6 +293,60 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
         "e2e-faults: the failing hook is named in the run, the Machine, an Event and on the console"
     );
 
+    // 2b. The same hook edited (only the hook: hooksHash changes, so a new
+    // run starts): its step now outlives its 5 s timeout and is killed.
+    let before = runs(&lab).await.len();
+    hooks
+        .patch(
+            "site-check",
+            &Default::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"steps": [
+                {"name": "wait-for-raid", "timeoutSeconds": 5, "script": {"inline":
+                    "#!/bin/sh\necho 'waiting for the RAID controller'\nsleep 600\n"}}]}})),
+        )
+        .await
+        .unwrap();
+    let timed_out = |r: &DeployRun| {
+        phase(r) == "Failed"
+            && serde_json::to_string(&r.status)
+                .unwrap()
+                .contains("exceeded its timeout of 5 s")
+    };
+    let rs = until_runs(
+        &lab,
+        "the edited hook's run failed on its timeout",
+        Duration::from_secs(900),
+        |rs| rs.iter().skip(before).any(timed_out),
+    )
+    .await;
+    let failed = rs
+        .iter()
+        .skip(before)
+        .find(|r| timed_out(r))
+        .map(|r| serde_json::to_string(&r.status).unwrap())
+        .unwrap();
+    for want in [
+        "site-check",
+        "wait-for-raid",
+        "waiting for the RAID controller",
+    ] {
+        assert!(failed.contains(want), "run status names {want:?}: {failed}");
+    }
+    let events_now = events.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        events_now.iter().any(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.message
+                    .as_deref()
+                    .is_some_and(|n| n.contains("exceeded its timeout of 5 s"))
+        }),
+        "a Warning Event names the timeout"
+    );
+    lab.wait_console("exceeded its timeout of 5 s", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    println!("e2e-faults: the edited hook started a run; its step was killed at its timeout");
+
     // 3. A corrupt range: one byte of testos-p3's stream flipped on disk.
     let stream = lab
         .store
@@ -334,7 +390,7 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
                 .unwrap()
                 .contains("failed its SHA-1")
     };
-    // The attempts of part 2's intent already planned run first and fail
+    // The attempts of part 2's intents already planned run first and fail
     // too; the third failure in a row holds the machine (RetryHeld), which
     // `clear-error` lifts, once, so the new intent gets its attempts.
     let deadline = Instant::now() + Duration::from_secs(1200);

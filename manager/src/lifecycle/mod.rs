@@ -265,6 +265,7 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
     let controller = Controller::new(scope.api::<Machine>(), watcher::Config::default());
     let store = controller.store();
     let waiting = store.clone();
+    let bound = store.clone();
     let controller = controller
         .owns(scope.api::<MachineHardware>(), watcher::Config::default())
         // A run's status (progress, result) wakes its Machine.
@@ -282,6 +283,24 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
                     .status
                     .and_then(|s| s.machine_name)
                     .map(|m| ObjectRef::<Machine>::new(&m).within(&ns))
+            },
+        )
+        // A PostHook's edit changes hooksHash for the claims that use it
+        // (by name, or through their Image): their bound Machines plan
+        // again; one whose intent did not change starts nothing.
+        .watches(
+            scope.api::<anneal_api::PostHook>(),
+            watcher::Config::default(),
+            move |hook: anneal_api::PostHook| {
+                let ns = hook.namespace().unwrap_or_default();
+                bound
+                    .state()
+                    .iter()
+                    .filter(|m| {
+                        m.spec.claim_ref.is_some() && m.namespace().unwrap_or_default() == ns
+                    })
+                    .map(|m| ObjectRef::from_obj(m.as_ref()))
+                    .collect::<Vec<_>>()
             },
         )
         .watches(
