@@ -201,6 +201,35 @@ impl AgentClient {
         (r.status.as_u16(), v)
     }
 
+    /// `GET next` with the session and schema 1.
+    pub async fn next(&self, session: &str) -> (u16, serde_json::Value) {
+        self.call(
+            hyper::Method::GET,
+            anneal_api::agent::paths::NEXT,
+            Some(session),
+            Some("1"),
+            None,
+        )
+        .await
+    }
+
+    /// `POST result` of run or action `id` with `outcome`, schema 1.
+    pub async fn result(
+        &self,
+        session: &str,
+        id: &str,
+        outcome: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        self.call(
+            hyper::Method::POST,
+            anneal_api::agent::paths::RESULT,
+            Some(session),
+            Some("1"),
+            Some(serde_json::json!({"runId": id, "outcome": outcome})),
+        )
+        .await
+    }
+
     pub async fn register(&self, token: &str, machine: Option<&str>) -> (u16, serde_json::Value) {
         let mut body = serde_json::json!({
             "bootToken": token,

@@ -252,15 +252,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
             .is_some()
     );
     let session = register_next_boot(&client, &agent, "dp-1", "dp-1 re-armed").await;
-    let (code, next) = agent
-        .call(
-            Method::GET,
-            anneal_api::agent::paths::NEXT,
-            Some(&session),
-            Some("1"),
-            None,
-        )
-        .await;
+    let (code, next) = agent.next(&session).await;
     assert_eq!(code, 200);
     assert_eq!(next["action"], "deploy", "{next}");
     let plan = &next["plan"];
@@ -342,13 +334,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
 
     // Success: Provisioned, no boot token left.
     let (code, body) = agent
-        .call(
-            Method::POST,
-            anneal_api::agent::paths::RESULT,
-            Some(&session),
-            Some("1"),
-            Some(json!({"runId": run, "outcome": {"status": "succeeded"}})),
-        )
+        .result(&session, &run, json!({"status": "succeeded"}))
         .await;
     assert_eq!(code, 204, "{body}");
     eventually("dp-1 Provisioned", Duration::from_secs(30), || async {
@@ -406,13 +392,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     // machine boots to wipe every disk and comes back Available.
     let session = register_next_boot(&client, &agent, "dp-1", "dp-1 armed for run 2").await;
     let (code, body) = agent
-        .call(
-            Method::POST,
-            anneal_api::agent::paths::RESULT,
-            Some(&session),
-            Some("1"),
-            Some(json!({"runId": run2, "outcome": {"status": "succeeded"}})),
-        )
+        .result(&session, &run2, json!({"status": "succeeded"}))
         .await;
     assert_eq!(code, 204, "{body}");
     eventually(
@@ -476,15 +456,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
         hashes.push(spec.hooks_hash.clone().unwrap());
         let session =
             register_next_boot(&client, &agent, "dp-1", &format!("dp-1 armed after {what}")).await;
-        let (code, body) = agent
-            .call(
-                Method::GET,
-                anneal_api::agent::paths::NEXT,
-                Some(&session),
-                Some("1"),
-                None,
-            )
-            .await;
+        let (code, body) = agent.next(&session).await;
         assert_eq!(
             (code, body["action"].as_str()),
             (200, Some("deploy")),
@@ -500,13 +472,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
             "{what}: the plan runs {script}: {plan}"
         );
         let (code, body) = agent
-            .call(
-                Method::POST,
-                anneal_api::agent::paths::RESULT,
-                Some(&session),
-                Some("1"),
-                Some(json!({"runId": next, "outcome": {"status": "succeeded"}})),
-            )
+            .result(&session, &next, json!({"status": "succeeded"}))
             .await;
         assert_eq!(code, 204, "{body}");
         eventually(
@@ -564,28 +530,14 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
     assert_eq!(code, 200, "{reg}");
     let session = reg["sessionToken"].as_str().unwrap().to_string();
-    let (code, next) = agent
-        .call(
-            Method::GET,
-            anneal_api::agent::paths::NEXT,
-            Some(&session),
-            Some("1"),
-            None,
-        )
-        .await;
+    let (code, next) = agent.next(&session).await;
     assert_eq!(code, 200);
     assert_eq!(
         next,
         json!({"action": "wipe", "id": "dp-1-wipe", "disks": ["/dev/vda", "/dev/vdb"]})
     );
     let (code, body) = agent
-        .call(
-            Method::POST,
-            anneal_api::agent::paths::RESULT,
-            Some(&session),
-            Some("1"),
-            Some(json!({"runId": "dp-1-wipe", "outcome": {"status": "succeeded"}})),
-        )
+        .result(&session, "dp-1-wipe", json!({"status": "succeeded"}))
         .await;
     assert_eq!(code, 204, "{body}");
     eventually(
@@ -654,15 +606,7 @@ async fn fast_track_deploys_through_the_running_agent() {
     })
     .await;
     // Inside the window the agent is told to wait, not to power off.
-    let (code, next) = agent
-        .call(
-            Method::GET,
-            anneal_api::agent::paths::NEXT,
-            Some(&session),
-            Some("1"),
-            None,
-        )
-        .await;
+    let (code, next) = agent.next(&session).await;
     assert_eq!(
         (code, next["action"].as_str()),
         (200, Some("wait")),
@@ -699,15 +643,7 @@ async fn fast_track_deploys_through_the_running_agent() {
         "the plan through the running agent",
         Duration::from_secs(30),
         || async {
-            let (code, next) = agent
-                .call(
-                    Method::GET,
-                    anneal_api::agent::paths::NEXT,
-                    Some(&session),
-                    Some("1"),
-                    None,
-                )
-                .await;
+            let (code, next) = agent.next(&session).await;
             assert_eq!(code, 200, "{next}");
             (next["action"] == "deploy").then_some(next)
         },
@@ -723,13 +659,7 @@ async fn fast_track_deploys_through_the_running_agent() {
         "no new boot token"
     );
     let (code, _) = agent
-        .call(
-            Method::POST,
-            anneal_api::agent::paths::RESULT,
-            Some(&session),
-            Some("1"),
-            Some(json!({"runId": run, "outcome": {"status": "succeeded"}})),
-        )
+        .result(&session, &run, json!({"status": "succeeded"}))
         .await;
     assert_eq!(code, 204);
     eventually("ft-1 Provisioned", Duration::from_secs(30), || async {

@@ -181,15 +181,7 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .await;
     assert_eq!(code, 401, "malformed bearer");
     // the boot token is not a session token
-    let (code, _) = agent
-        .call(
-            Method::GET,
-            anneal_api::agent::paths::NEXT,
-            Some(&token_a),
-            Some("1"),
-            None,
-        )
-        .await;
+    let (code, _) = agent.next(&token_a).await;
     assert_eq!(code, 401, "boot token used as session");
     // malformed / unknown boot tokens → 401
     assert_eq!(agent.register("short", Some("default/walk-a")).await.0, 401);
@@ -294,15 +286,7 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         (machine_json(&machines, "walk-a").await["status"]["state"] == "Available").then_some(())
     })
     .await;
-    let (code, next) = agent
-        .call(
-            Method::GET,
-            anneal_api::agent::paths::NEXT,
-            Some(&session),
-            Some("1"),
-            None,
-        )
-        .await;
+    let (code, next) = agent.next(&session).await;
     assert_eq!(
         (code, next["action"].as_str()),
         (200, Some("poweroff")),
