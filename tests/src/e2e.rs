@@ -23,7 +23,7 @@
 //! inspecting: the lowest address of the lease range.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anneal_api::{Machine, MachineHardware, Subnet};
@@ -570,7 +570,55 @@ impl Lab {
     }
 }
 
+/// A progress callback that prints the Machine's state changes, prefixed
+/// with `tag`.
+pub fn print_states(tag: &str) -> impl FnMut(Progress<'_>) + '_ {
+    move |p| {
+        if let Progress::State(s, t) = p {
+            println!("{tag}: state {s:?} at {:.1} s", t.as_secs_f64());
+        }
+    }
+}
+
 impl Lab {
+    /// Copies each `(name, file, bootable)` to `<lab>/src/<name>.raw`, serves
+    /// that directory over HTTP and imports each as Image `name`, waiting
+    /// until all are Ready. The server is returned: keep it alive while the
+    /// lab may import again.
+    pub async fn serve_and_import(
+        &self,
+        images: &[(&str, &Path, bool)],
+        timeout: Duration,
+    ) -> anyhow::Result<crate::images::FileServer> {
+        let src = self.dir.join("src");
+        std::fs::create_dir_all(&src)?;
+        for (name, file, _) in images {
+            std::fs::copy(file, src.join(format!("{name}.raw")))
+                .with_context(|| format!("copying {} into the lab", file.display()))?;
+        }
+        let server = crate::images::FileServer::start(&src, None);
+        for (name, _, bootable) in images {
+            let file = src.join(format!("{name}.raw"));
+            let url = server.url(&format!("{name}.raw"));
+            let sum = crate::images::sha256_file(&file);
+            self.import_as(name, &url, &sum, *bootable, timeout).await?;
+        }
+        Ok(server)
+    }
+
+    /// Launches the VM, enrols its Machine and waits until it is Available,
+    /// printing its state changes prefixed with `tag`.
+    pub async fn boot_until_available(
+        &mut self,
+        tag: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        self.launch_vm().await?;
+        self.enrol().await?;
+        self.wait_available(timeout, &mut print_states(tag)).await?;
+        Ok(())
+    }
+
     /// Imports `url` (sha256 `checksum`) as Image `name` (contents
     /// `<name>-pN`) through an ImageImport and waits until the Image is
     /// Ready.

@@ -25,8 +25,7 @@
 use std::time::{Duration, Instant};
 
 use anneal_tests::disks::{gpt_partitions, probe};
-use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, Progress};
-use anneal_tests::images::{FileServer, sha256_file};
+use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE};
 
 /// The lab manager's fast-track window.
 const FAST_TRACK: Duration = Duration::from_secs(45);
@@ -45,32 +44,16 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     .await
     .unwrap();
     let os = os.await.unwrap().unwrap();
-    let src = lab.dir.join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(&os.image, src.join("testos.raw")).unwrap();
-    let sum = sha256_file(&src.join("testos.raw"));
-    let server = FileServer::start(&src, None);
     let t = Instant::now();
-    lab.import(
-        "testos",
-        &server.url("testos.raw"),
-        &sum,
-        Duration::from_secs(900),
-    )
-    .await
-    .unwrap();
+    let _server = lab
+        .serve_and_import(&[("testos", &os.image, true)], Duration::from_secs(900))
+        .await
+        .unwrap();
     println!("e2e-deploy: imported in {:.1} s", t.elapsed().as_secs_f64());
-
-    lab.launch_vm().await.unwrap();
-    lab.enrol().await.unwrap();
-    let mut log = |p: Progress<'_>| {
-        if let Progress::State(s, t) = p {
-            println!("e2e-deploy: state {s:?} at {:.1} s", t.as_secs_f64());
-        }
-    };
-    lab.wait_available(Duration::from_secs(600), &mut log)
+    lab.boot_until_available("e2e-deploy", Duration::from_secs(600))
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut log = e2e::print_states("e2e-deploy");
     // Claimed inside the fast-track window: the agent that inspected the
     // machine gets the plan from its next long-poll, no PXE boot.
     let discovers = lab.dhcp_discovers();

@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 
 use anneal_api::DeployRun;
 use anneal_tests::disks::{ext4_uuids, gpt_partitions};
-use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, NAMESPACE, Progress};
-use anneal_tests::images::{FileServer, sha256_file};
+use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, NAMESPACE};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 
@@ -92,29 +91,19 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
     .await
     .unwrap();
     let os = os.await.unwrap().unwrap();
-    let src = lab.dir.join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(&os.image, src.join("testos.raw")).unwrap();
     let data_dir = lab.dir.join("data");
     std::fs::create_dir_all(&data_dir).unwrap();
     let data = anneal_tests::images::gpt_disk(&data_dir, 96, 8);
-    std::fs::rename(&data, src.join("data.raw")).unwrap();
-    let data_uuid = ext4_uuids(&src.join("data.raw"))
+    let data_uuid = ext4_uuids(&data)
         .pop()
         .expect("the data image's ext4 has a UUID");
-    let server = FileServer::start(&src, None);
-    for (name, bootable) in [("testos", true), ("data", false)] {
-        let file = format!("{name}.raw");
-        lab.import_as(
-            name,
-            &server.url(&file),
-            &sha256_file(&src.join(&file)),
-            bootable,
+    let _server = lab
+        .serve_and_import(
+            &[("testos", &os.image, true), ("data", &data, false)],
             Duration::from_secs(900),
         )
         .await
         .unwrap();
-    }
     // The hook of part 2.
     let hooks: Api<anneal_api::PostHook> = Api::namespaced(lab.cp.client(), NAMESPACE);
     hooks
@@ -131,16 +120,10 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
         .await
         .unwrap();
 
-    lab.launch_vm().await.unwrap();
-    lab.enrol().await.unwrap();
-    let mut log = |p: Progress<'_>| {
-        if let Progress::State(s, t) = p {
-            println!("e2e-faults: state {s:?} at {:.1} s", t.as_secs_f64());
-        }
-    };
-    lab.wait_available(Duration::from_secs(600), &mut log)
+    lab.boot_until_available("e2e-faults", Duration::from_secs(600))
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut log = e2e::print_states("e2e-faults");
     let (os_serial, data_serial) = (e2e::DEPLOY_DISKS[0].1, e2e::DEPLOY_DISKS[1].1);
     let (os_disk, data_disk) = (lab.disk_path(os_serial), lab.disk_path(data_serial));
     lab.claim(
