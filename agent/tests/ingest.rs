@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use anneal_image::ContentIndex;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rcgen::{CertificateParams, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::Value;
 use sha2::Digest as _;
@@ -387,19 +387,7 @@ fn send_file(mut s: impl Write, path: &Path, chunked: bool) -> std::io::Result<(
 /// A CA and a server certificate for 127.0.0.1 signed by it: (CA PEM,
 /// server config).
 fn tls_server() -> (String, Arc<rustls::ServerConfig>) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "ingest test ca");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&leaf_key, &issuer)
-        .unwrap();
+    let pki = anneal_testinfra::test_pki("ingest test ca").unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -407,13 +395,13 @@ fn tls_server() -> (String, Arc<rustls::ServerConfig>) {
         .with_no_client_auth()
         .with_single_cert(
             vec![
-                leaf.der().clone(),
-                CertificateDer::from(ca_cert.der().to_vec()),
+                CertificateDer::from(pki.leaf_der),
+                CertificateDer::from(pki.ca_der),
             ],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pki.key_der)),
         )
         .unwrap();
-    (ca_cert.pem(), Arc::new(cfg))
+    (pki.ca_pem, Arc::new(cfg))
 }
 
 fn http_get(addr: SocketAddr, req: &str) -> (String, Vec<u8>) {

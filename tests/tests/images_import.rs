@@ -261,23 +261,10 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     // but a bundle holding that CA).
     let tls_port = anneal_testinfra::free_port().unwrap();
     let ca_pem = {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "images_import test ca");
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let leaf_key = KeyPair::generate().unwrap();
-        let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .unwrap()
-            .signed_by(&leaf_key, &issuer)
-            .unwrap();
-        std::fs::write(work.path().join("tls.crt"), leaf.pem()).unwrap();
-        std::fs::write(work.path().join("tls.key"), leaf_key.serialize_pem()).unwrap();
-        ca_cert.pem()
+        let pki = anneal_testinfra::test_pki("images_import test ca").unwrap();
+        std::fs::write(work.path().join("tls.crt"), &pki.leaf_pem).unwrap();
+        std::fs::write(work.path().join("tls.key"), &pki.key_pem).unwrap();
+        pki.ca_pem
     };
     let _tls_server = anneal_testinfra::ChildGroup::spawn(
         "openssl-s_server",

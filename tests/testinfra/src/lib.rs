@@ -9,12 +9,14 @@
 mod controlplane;
 mod kernel;
 mod netns;
+mod pki;
 mod procs;
 mod vm;
 
 pub use controlplane::ControlPlane;
 pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
 pub use netns::{BRIDGE_IP, Netns, TcpForward};
+pub use pki::{TestPki, test_pki};
 pub use procs::{ChildGroup, process_alive};
 pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
 
