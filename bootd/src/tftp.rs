@@ -45,6 +45,11 @@ pub const BLOCK_SIZE_LIMIT: u16 = 1468;
 pub const WINDOW_SIZE_LIMIT: u16 = 64;
 /// Retransmission timeout unless the client negotiates one.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest client-requested `timeout` accepted (RFC 2349 lets the server
+/// only accept or decline the value: a larger one is declined, left out of
+/// the OACK, and the default applies), so one slow or hostile client holds
+/// a transfer slot for at most `MAX_RETRIES` x 5 s.
+pub const TIMEOUT_LIMIT: u8 = 5;
 /// Consecutive retransmissions before a transfer is abandoned.
 pub const MAX_RETRIES: u32 = 8;
 /// Transfers running at once.
@@ -194,7 +199,8 @@ fn negotiate(req: &ReadRequest, size: u64) -> Params {
     if let Some(b) = blksize {
         opt("blksize", u64::from(b));
     }
-    if let Some(t) = req.timeout {
+    let timeout = req.timeout.filter(|t| *t <= TIMEOUT_LIMIT);
+    if let Some(t) = timeout {
         opt("timeout", u64::from(t));
     }
     if req.tsize {
@@ -212,9 +218,7 @@ fn negotiate(req: &ReadRequest, size: u64) -> Params {
     Params {
         blksize: usize::from(blksize.unwrap_or(DEFAULT_BLOCK_SIZE)),
         window: u64::from(window.unwrap_or(1)),
-        timeout: req
-            .timeout
-            .map_or(DEFAULT_TIMEOUT, |t| Duration::from_secs(u64::from(t))),
+        timeout: timeout.map_or(DEFAULT_TIMEOUT, |t| Duration::from_secs(u64::from(t))),
         oack,
     }
 }
@@ -736,6 +740,25 @@ mod tests {
         };
         let p = negotiate(&r, 1);
         assert_eq!((p.blksize, p.window, p.oack), (512, 1, None));
+    }
+
+    #[test]
+    fn a_timeout_above_the_limit_is_declined() {
+        for (asked, want, oack) in [
+            (
+                "5",
+                Duration::from_secs(5),
+                Some(b"\0\x06timeout\x005\0".to_vec()),
+            ),
+            ("6", DEFAULT_TIMEOUT, None),
+            ("255", DEFAULT_TIMEOUT, None),
+        ] {
+            let Some(Request::Read(r)) = parse_request(&rrq("f", &[("timeout", asked)])) else {
+                panic!()
+            };
+            let p = negotiate(&r, 1);
+            assert_eq!((p.timeout, p.oack), (want, oack), "timeout {asked}");
+        }
     }
 
     struct Srv {
