@@ -132,7 +132,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             all_namespaces,
             output,
         } => {
-            let scope = if all_namespaces { None } else { Some(ns.as_str()) };
+            let scope = if all_namespaces {
+                None
+            } else {
+                Some(ns.as_str())
+            };
             status::run(&client, scope, output, out).await
         }
         Command::Cordon { machine: m } => {
@@ -158,9 +162,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             machine::annotate(&client, &ns, &m, req, out).await
         }
         Command::Release { machine: m } => machine::release(&client, &ns, &m, out).await,
-        Command::Logs { machine: m, run } => {
-            logs::run(&client, &ns, &m, run.as_deref(), out).await
-        }
+        Command::Logs { machine: m, run } => logs::run(&client, &ns, &m, run.as_deref(), out).await,
     }
 }
 
@@ -172,12 +174,11 @@ async fn connect(cli: &Cli) -> Result<(kube::Client, String), Error> {
     };
     let config = match (&cli.kubeconfig, &cli.context) {
         (Some(path), _) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
-                Error::Kubeconfig {
+            let kc =
+                kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
                     path: path.display().to_string(),
                     source,
-                }
-            })?;
+                })?;
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|source| Error::Kubeconfig {

@@ -71,9 +71,11 @@ impl Request {
             Self::Unpark if state != "Parked" => Some(format!(
                 "the machine is {state}, not Parked: the manager drops the request"
             )),
-            Self::Reinspect if !matches!(state.as_str(), "Available" | "Released") => Some(format!(
-                "the manager re-inspects from Available or Released; the machine is {state}, so the request waits"
-            )),
+            Self::Reinspect if !matches!(state.as_str(), "Available" | "Released") => {
+                Some(format!(
+                    "the manager re-inspects from Available or Released; the machine is {state}, so the request waits"
+                ))
+            }
             Self::ClearError => {
                 let st = m.status.as_ref();
                 Some(format!(
@@ -196,7 +198,10 @@ pub async fn release(
             name: name.to_string(),
         });
     };
-    let claim_ns = claim_ref.namespace.clone().unwrap_or_else(|| namespace.to_string());
+    let claim_ns = claim_ref
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace.to_string());
     let claims: Api<MachineClaim> = Api::namespaced(client.clone(), &claim_ns);
     let policy = match m.spec.reclaim_policy {
         ReclaimPolicy::Retain => {
@@ -206,7 +211,10 @@ pub async fn release(
             "reclaimPolicy Recycle: its disks are wiped and it returns to Available"
         }
     };
-    match claims.delete(&claim_ref.name, &DeleteParams::default()).await {
+    match claims
+        .delete(&claim_ref.name, &DeleteParams::default())
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {
             return Err(Error::NotFound {
@@ -219,7 +227,12 @@ pub async fn release(
             });
         }
         Err(e) => {
-            return Err(Error::api("deleting", "machineclaim", &claim_ns, &claim_ref.name)(e));
+            return Err(Error::api(
+                "deleting",
+                "machineclaim",
+                &claim_ns,
+                &claim_ref.name,
+            )(e));
         }
     }
     writeln!(

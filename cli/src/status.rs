@@ -155,9 +155,7 @@ pub fn build(scope: &str, machines: &[Machine], runs: &[DeployRun]) -> Report {
                 reason: reason.unwrap_or_else(|| "-".into()),
                 error_type: wire(st.and_then(|s| s.error_type)),
                 error_count: st.and_then(|s| s.error_count).unwrap_or(0),
-                message: st
-                    .and_then(|s| s.error_message.clone())
-                    .unwrap_or_default(),
+                message: st.and_then(|s| s.error_message.clone()).unwrap_or_default(),
             });
         }
     }

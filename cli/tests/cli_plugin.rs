@@ -139,7 +139,14 @@ async fn plugin_commands_change_and_show_what_they_say() {
     )
     .await;
     for (name, mac) in [("m2", "52:54:00:00:00:02"), ("m3", "52:54:00:00:00:03")] {
-        machine(&cp, ns, name, mac, json!({"state": "Available", "operationalStatus": "OK"})).await;
+        machine(
+            &cp,
+            ns,
+            name,
+            mac,
+            json!({"state": "Available", "operationalStatus": "OK"}),
+        )
+        .await;
     }
     machine(
         &cp,
@@ -159,8 +166,22 @@ async fn plugin_commands_change_and_show_what_they_say() {
                "transfer": {"peers": 3, "downloadedBytes": 1, "uploadedBytes": 0, "httpBytes": 0}}),
     )
     .await;
-    run_object(&cp, ns, "m1-aaaa0000-1", "m1", json!({"phase": "Failed", "percent": 10})).await;
-    run_object(&cp, ns, "m4-bbbb0000-1", "m4", json!({"phase": "Succeeded", "percent": 100})).await;
+    run_object(
+        &cp,
+        ns,
+        "m1-aaaa0000-1",
+        "m1",
+        json!({"phase": "Failed", "percent": 10}),
+    )
+    .await;
+    run_object(
+        &cp,
+        ns,
+        "m4-bbbb0000-1",
+        "m4",
+        json!({"phase": "Succeeded", "percent": 100}),
+    )
+    .await;
     log_configmap(&cp, ns, "m1-aaaa0000-2", "agent: writing p2\nagent: 42%\n").await;
     log_configmap(&cp, ns, "m1-aaaa0000-1", "agent: disk gone\n").await;
     log_configmap(&cp, ns, "m4-bbbb0000-1", "agent: deployed\n").await;
@@ -172,17 +193,30 @@ async fn plugin_commands_change_and_show_what_they_say() {
         "{out}"
     );
     assert!(out.contains("Machines in error: 1"), "{out}");
-    let held = out.lines().find(|l| l.starts_with("fleet/m1 ")).expect(&out);
-    assert!(held.contains("Provisioning") && held.contains("BootRetryExhausted"), "{held}");
-    let run_line = out.lines().find(|l| l.starts_with("fleet/m1-aaaa0000-2 ")).expect(&out);
+    let held = out
+        .lines()
+        .find(|l| l.starts_with("fleet/m1 "))
+        .expect(&out);
+    assert!(
+        held.contains("Provisioning") && held.contains("BootRetryExhausted"),
+        "{held}"
+    );
+    let run_line = out
+        .lines()
+        .find(|l| l.starts_with("fleet/m1-aaaa0000-2 "))
+        .expect(&out);
     assert!(
         run_line.contains("WritingContent") && run_line.contains("42%") && run_line.contains("117"),
         "{run_line}"
     );
-    assert!(!out.contains("m4-bbbb0000-1"), "a finished run is not in progress: {out}");
+    assert!(
+        !out.contains("m4-bbbb0000-1"),
+        "a finished run is not in progress: {out}"
+    );
     let wide = ok(&kc, &["status", "-n", ns, "-o", "wide"]).await;
     assert!(wide.contains("PEERS") && wide.contains("ubuntu"), "{wide}");
-    let doc: Value = serde_json::from_str(&ok(&kc, &["status", "-n", ns, "-o", "json"]).await).unwrap();
+    let doc: Value =
+        serde_json::from_str(&ok(&kc, &["status", "-n", ns, "-o", "json"]).await).unwrap();
     assert_eq!(doc["machines"], 4, "{doc}");
     assert_eq!(doc["byState"]["Available"], 2, "{doc}");
     assert_eq!(doc["errors"][0]["reason"], "BootRetryExhausted", "{doc}");
@@ -202,12 +236,21 @@ async fn plugin_commands_change_and_show_what_they_say() {
 
     // cordon / uncordon: spec.unclaimable.
     let out = ok(&kc, &["-n", ns, "cordon", "m2"]).await;
-    assert_eq!(out, "machine fleet/m2 cordoned (spec.unclaimable: false -> true)\n");
+    assert_eq!(
+        out,
+        "machine fleet/m2 cordoned (spec.unclaimable: false -> true)\n"
+    );
     assert!(machines.get("m2").await.unwrap().spec.unclaimable);
     let out = ok(&kc, &["-n", ns, "cordon", "m2"]).await;
-    assert_eq!(out, "machine fleet/m2 already cordoned (spec.unclaimable: true)\n");
+    assert_eq!(
+        out,
+        "machine fleet/m2 already cordoned (spec.unclaimable: true)\n"
+    );
     let out = ok(&kc, &["-n", ns, "uncordon", "m2"]).await;
-    assert_eq!(out, "machine fleet/m2 uncordoned (spec.unclaimable: true -> false)\n");
+    assert_eq!(
+        out,
+        "machine fleet/m2 uncordoned (spec.unclaimable: true -> false)\n"
+    );
     assert!(!machines.get("m2").await.unwrap().spec.unclaimable);
 
     // park / unpark: anneal.dev/operation.
@@ -217,16 +260,25 @@ async fn plugin_commands_change_and_show_what_they_say() {
         "machine fleet/m3 park requested (annotation anneal.dev/operation: <unset> -> \"park\")\n"
     );
     let m3 = machines.get("m3").await.unwrap();
-    assert_eq!(annotation(&m3, "anneal.dev/operation").as_deref(), Some("park"));
+    assert_eq!(
+        annotation(&m3, "anneal.dev/operation").as_deref(),
+        Some("park")
+    );
     let out = ok(&kc, &["-n", ns, "unpark", "m3"]).await;
     assert!(
         out.starts_with("machine fleet/m3 unpark requested (annotation anneal.dev/operation: \"park\" -> \"unpark\"); the machine is Available, not Parked"),
         "{out}"
     );
     let m3 = machines.get("m3").await.unwrap();
-    assert_eq!(annotation(&m3, "anneal.dev/operation").as_deref(), Some("unpark"));
+    assert_eq!(
+        annotation(&m3, "anneal.dev/operation").as_deref(),
+        Some("unpark")
+    );
     let out = ok(&kc, &["-n", ns, "park", "m1"]).await;
-    assert!(out.contains("the machine is Provisioning, so the request waits"), "{out}");
+    assert!(
+        out.contains("the machine is Provisioning, so the request waits"),
+        "{out}"
+    );
 
     // reinspect, clear-error, reboot: their annotations, exactly.
     let out = ok(&kc, &["-n", ns, "reinspect", "m2"]).await;
@@ -260,18 +312,33 @@ async fn plugin_commands_change_and_show_what_they_say() {
     );
 
     // logs: the current run, a named run, the last successful run.
-    assert_eq!(ok(&kc, &["-n", ns, "logs", "m1"]).await, "agent: writing p2\nagent: 42%\n");
+    assert_eq!(
+        ok(&kc, &["-n", ns, "logs", "m1"]).await,
+        "agent: writing p2\nagent: 42%\n"
+    );
     assert_eq!(
         ok(&kc, &["-n", ns, "logs", "m1", "--run", "m1-aaaa0000-1"]).await,
         "agent: disk gone\n"
     );
-    assert_eq!(ok(&kc, &["-n", ns, "logs", "m4"]).await, "agent: deployed\n");
+    assert_eq!(
+        ok(&kc, &["-n", ns, "logs", "m4"]).await,
+        "agent: deployed\n"
+    );
     let r = plugin(&kc, &["-n", ns, "logs", "m1", "--run", "m4-bbbb0000-1"]).await;
     assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("deployrun fleet/m4-bbbb0000-1 belongs to machine m4, not m1"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("deployrun fleet/m4-bbbb0000-1 belongs to machine m4, not m1"),
+        "{}",
+        r.stderr
+    );
     let r = plugin(&kc, &["-n", ns, "logs", "m2"]).await;
     assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("machine fleet/m2 has no deploy run"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("machine fleet/m2 has no deploy run"),
+        "{}",
+        r.stderr
+    );
 
     // Errors name the object and the fix.
     let r = plugin(&kc, &["-n", ns, "cordon", "m9"]).await;
@@ -282,7 +349,12 @@ async fn plugin_commands_change_and_show_what_they_say() {
     );
     let r = plugin(&kc, &["-n", ns, "release", "m2"]).await;
     assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("machine fleet/m2 is not claimed (spec.claimRef is empty)"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("machine fleet/m2 is not claimed (spec.claimRef is empty)"),
+        "{}",
+        r.stderr
+    );
 
     // release: deletes the claim bound to the machine.
     let claims: Api<MachineClaim> = Api::namespaced(cp.client(), ns);
@@ -306,7 +378,10 @@ async fn plugin_commands_change_and_show_what_they_say() {
         "{out}"
     );
     assert!(out.contains("reclaimPolicy Retain"), "{out}");
-    assert!(claims.get_opt("c1").await.unwrap().is_none(), "the claim is gone");
+    assert!(
+        claims.get_opt("c1").await.unwrap().is_none(),
+        "the claim is gone"
+    );
 
     // The kubeconfig's namespace and KUBECONFIG are honoured: a context
     // namespace set with kubectl, no -n, no --kubeconfig.
@@ -321,6 +396,13 @@ async fn plugin_commands_change_and_show_what_they_say() {
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout, "machine fleet/m3 cordoned (spec.unclaimable: false -> true)\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout,
+        "machine fleet/m3 cordoned (spec.unclaimable: false -> true)\n"
+    );
 }

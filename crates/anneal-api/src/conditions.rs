@@ -453,15 +453,29 @@ mod completeness {
 
     fn assert_complete(module: &str, all: &[&str]) {
         let declared = constants_of(module);
-        assert!(declared.len() > 10, "parsed only {declared:?} from {module}");
+        assert!(
+            declared.len() > 10,
+            "parsed only {declared:?} from {module}"
+        );
         for d in &declared {
-            assert!(all.contains(&d.as_str()), "{module}::{d} missing from {module}::ALL");
+            assert!(
+                all.contains(&d.as_str()),
+                "{module}::{d} missing from {module}::ALL"
+            );
         }
         let mut sorted = all.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
-        assert_eq!(sorted.len(), all.len(), "a reason listed twice in {module}::ALL");
-        assert_eq!(declared.len(), all.len(), "{module}::ALL lists a value no constant declares");
+        assert_eq!(
+            sorted.len(),
+            all.len(),
+            "a reason listed twice in {module}::ALL"
+        );
+        assert_eq!(
+            declared.len(),
+            all.len(),
+            "{module}::ALL lists a value no constant declares"
+        );
     }
 
     #[test]

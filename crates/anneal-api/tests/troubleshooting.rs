@@ -75,11 +75,7 @@ fn scanned() -> BTreeSet<(String, String)> {
     for f in files {
         let text = std::fs::read_to_string(&f).expect("source file");
         let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-        let rel = f
-            .strip_prefix(&root)
-            .unwrap_or(&f)
-            .display()
-            .to_string();
+        let rel = f.strip_prefix(&root).unwrap_or(&f).display().to_string();
         for re in &direct {
             for c in re.captures_iter(code) {
                 out.insert((c[1].to_string(), rel.clone()));
@@ -107,7 +103,12 @@ fn every_reason_in_the_code_has_an_entry_and_every_entry_a_reason() {
         .collect();
     let found = scanned();
     // The scan must see the literals this test was written against.
-    for known in ["MachineCordoned", "HTTPError", "TaintApplied", "InspectionTimedOut"] {
+    for known in [
+        "MachineCordoned",
+        "HTTPError",
+        "TaintApplied",
+        "InspectionTimedOut",
+    ] {
         assert!(
             found.iter().any(|(r, _)| r == known),
             "the source scan no longer finds {known}: fix the patterns of this test"
