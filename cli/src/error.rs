@@ -7,7 +7,7 @@ pub enum Error {
     #[error(
         "no usable kubeconfig: set KUBECONFIG, pass --kubeconfig FILE, or run inside a cluster"
     )]
-    InferConfig(#[source] kube::config::InferConfigError),
+    InferConfig(#[source] Box<kube::config::InferConfigError>),
     /// The kubeconfig cannot be read or used.
     #[error("kubeconfig {path} cannot be used (check the file and --context)")]
     Kubeconfig {
@@ -15,11 +15,11 @@ pub enum Error {
         path: String,
         /// The cause.
         #[source]
-        source: kube::config::KubeconfigError,
+        source: Box<kube::config::KubeconfigError>,
     },
     /// The client cannot be built from the configuration.
     #[error("cannot build an API client from the kubeconfig")]
-    Client(#[source] kube::Error),
+    Client(#[source] Box<kube::Error>),
     /// An object does not exist.
     #[error("{kind} {namespace}/{name} not found ({hint})")]
     NotFound {
@@ -45,7 +45,7 @@ pub enum Error {
         name: String,
         /// The cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// `release` of a machine no claim holds.
     #[error(
@@ -106,7 +106,7 @@ impl Error {
             kind,
             namespace,
             name,
-            source,
+            source: Box::new(source),
         }
     }
 }

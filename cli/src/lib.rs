@@ -177,24 +177,26 @@ async fn connect(cli: &Cli) -> Result<(kube::Client, String), Error> {
             let kc =
                 kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
                     path: path.display().to_string(),
-                    source,
+                    source: Box::new(source),
                 })?;
             kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
                 .map_err(|source| Error::Kubeconfig {
                     path: path.display().to_string(),
-                    source,
+                    source: Box::new(source),
                 })?
         }
         (None, Some(_)) => kube::Config::from_kubeconfig(&options)
             .await
             .map_err(|source| Error::Kubeconfig {
                 path: "$KUBECONFIG or ~/.kube/config".into(),
-                source,
+                source: Box::new(source),
             })?,
-        (None, None) => kube::Config::infer().await.map_err(Error::InferConfig)?,
+        (None, None) => kube::Config::infer()
+            .await
+            .map_err(|e| Error::InferConfig(Box::new(e)))?,
     };
     let ns = config.default_namespace.clone();
-    let client = kube::Client::try_from(config).map_err(Error::Client)?;
+    let client = kube::Client::try_from(config).map_err(|e| Error::Client(Box::new(e)))?;
     Ok((client, ns))
 }

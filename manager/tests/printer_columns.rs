@@ -6,7 +6,7 @@
 //! revision), and every kind is in the category `anneal` with a short name.
 //! (A JSONPath column shows only the first match of `[*]`: counts such as
 //! an Image's slots or a Subnet's reservations need a status field.)
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use anneal_api::{DeployRun, Machine, Subnet};
 use anneal_testinfra::ControlPlane;

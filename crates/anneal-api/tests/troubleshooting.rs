@@ -9,6 +9,7 @@
 //! place (`reason: "X"`, `Failure::new("X", …)`, `event(EventType::…, "X", …)`,
 //! `let reason = … "X" …;`, the arms of a `fn reason(`), so a new literal
 //! reason fails this test until the page explains it.
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
