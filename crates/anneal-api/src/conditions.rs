@@ -246,6 +246,161 @@ pub mod reasons {
     /// Progressing=False: the agent reported the wipe failed (a Restart
     /// failure; the message names the disk and the cause).
     pub const WIPE_FAILED: &str = "WipeFailed";
+
+    // --- workload failures ---
+    /// Reasons the ingest and verify workloads (the agent's `ingest` and
+    /// `verify` subcommands) end with; the manager copies them into
+    /// ImageImport `Succeeded=False` and PartitionContent `Ready=False`.
+    pub const WORKLOAD_FAILURES: &[&str] = &[
+        "ChecksumMismatch",
+        "SourceNotFound",
+        "HTTPError",
+        "TLSError",
+        "Unreachable",
+        "SourceTooLarge",
+        "InvalidSource",
+        "ContentExists",
+        "StoreError",
+        "InvalidIndex",
+        "Missing",
+        "PieceMismatch",
+    ];
+
+    /// Every reason constant of this module (docs/troubleshooting.md has an
+    /// entry for each; a unit test checks the list is complete).
+    pub const ALL: &[&str] = &[
+        VALID,
+        GATEWAY_OUTSIDE_CIDR,
+        LEASE_RANGE_INVERTED,
+        LEASE_RANGE_OUTSIDE_CIDR,
+        LEASE_RANGE_INCLUDES_NETWORK_OR_BROADCAST,
+        SERVER_IP_IN_LEASE_RANGE,
+        GATEWAY_IN_LEASE_RANGE,
+        SEEDER_SUBNET_NOT_FOUND,
+        SEEDER_SUBNET_IN_OTHER_SITE,
+        SEEDER_SUBNET_HAS_NO_DATA_HALF,
+        TRACKER_IP_OUTSIDE_SUBNET,
+        CONTENT_NAMESPACE_MISMATCH,
+        CONTENT_NOT_FOUND,
+        CONTENT_DOES_NOT_FIT,
+        SCRIPT_SOURCE_NOT_FOUND,
+        UNDECLARED_PARAM,
+        DUPLICATE_DISK_HINTS,
+        IMAGE_NOT_BOOTABLE,
+        DATA_IMAGE_BOOTABLE,
+        BOUND,
+        NO_MATCHING_MACHINE,
+        MACHINE_NOT_FOUND,
+        MACHINE_RELEASED,
+        PROVISIONED,
+        NOT_PROVISIONED,
+        NOT_BOUND,
+        RELEASED,
+        RECYCLE_PENDING,
+        ALL_CONDITIONS_HOLD,
+        CONDITIONS_PENDING,
+        CONNECTED,
+        BMC_UNREACHABLE,
+        CREDENTIALS_MISSING,
+        CREDENTIALS_REJECTED,
+        TLS_CONFIG_CONFLICT,
+        QUERY_FAILED,
+        REGISTERED,
+        WAITING_FOR_AGENT,
+        SCHEMA_MATCHES,
+        SCHEMA_MISMATCH,
+        BOOT_RETRY_EXHAUSTED,
+        CLEARED,
+        RESERVATION_LIVE,
+        WAITING_FOR_DHCP_RESERVATION,
+        ADDRESSES_AVAILABLE,
+        POOL_EXHAUSTED,
+        PROXY_MODE,
+        INGESTING,
+        IMPORTED,
+        NAME_TAKEN,
+        WORKLOAD_FAILED,
+        CA_BUNDLE_UNAVAILABLE,
+        PUBLISHING,
+        VERIFIED,
+        VERIFICATION_FAILED,
+        REFERENCED,
+        UNREFERENCED,
+        CONTENT_NOT_READY,
+        CONTENT_FAILED,
+        CONTENTS_READY,
+        DEPLOY_PLAN_FAILED,
+        DEPLOYING,
+        DEPLOY_SUCCEEDED,
+        DEPLOY_FAILED,
+        WIPING,
+        WIPED,
+        WIPE_FAILED,
+    ];
+}
+
+/// Reasons of Events that carry no condition (state changes, BMC actions,
+/// address bookkeeping). Events that go with a condition use the
+/// condition's reason from [`reasons`].
+pub mod events {
+    /// Machine (Normal): `status.state` changed (`From → To`).
+    pub const STATE_CHANGED: &str = "StateChanged";
+    /// Machine (Normal): the BMC answers again after a failure (the reason
+    /// is the condition type `BMCReachable`).
+    pub const BMC_REACHABLE: &str = "BMCReachable";
+    /// Machine (Warning): a BMC call failed; the note names the
+    /// `BMCReachable` reason and the error.
+    pub const BMC_UNAVAILABLE: &str = "BMCUnavailable";
+    /// Machine (Normal): `anneal.dev/clear-error` reset the error fields.
+    pub const ERROR_CLEARED: &str = "ErrorCleared";
+    /// Machine (Normal): `anneal.dev/reboot` was carried out.
+    pub const REBOOTED: &str = "Rebooted";
+    /// Machine (Normal): powered on with a one-time network-boot override.
+    pub const NET_BOOT_ARMED: &str = "NetBootArmed";
+    /// Machine (Warning): the agent did not register before the boot token
+    /// expired (a Restart failure).
+    pub const INSPECTION_TIMED_OUT: &str = "InspectionTimedOut";
+    /// Machine (Normal): a DeployRun started.
+    pub const DEPLOY_STARTED: &str = "DeployStarted";
+    /// Machine (Normal): the machine was found off without an agent and
+    /// powered on again.
+    pub const POWER_ON_RETRIED: &str = "PowerOnRetried";
+    /// Machine (Normal): an idle machine was powered off.
+    pub const POWERED_OFF: &str = "PoweredOff";
+    /// Machine (Warning): bootd has not applied the DHCP table holding the
+    /// Machine's reservation in time.
+    pub const DHCP_RESERVATION_OVERDUE: &str = "DHCPReservationOverdue";
+    /// Machine (Normal): an address of the leaseRange was reserved for it.
+    pub const ADDRESS_RESERVED: &str = "AddressReserved";
+    /// Subnet (Normal): a Machine's reserved address was released.
+    pub const ADDRESS_RELEASED: &str = "AddressReleased";
+    /// Machine (Normal): a ReadinessRule removed its taint.
+    pub const TAINT_REMOVED: &str = "TaintRemoved";
+    /// Machine (Normal): a ReadinessRule (Continuous) applied its taint.
+    pub const TAINT_APPLIED: &str = "TaintApplied";
+    /// PartitionContent (Warning): deletion waits for referrers (the reason
+    /// is the condition type `DeletionBlocked`).
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+
+    /// Every event reason of this module.
+    pub const ALL: &[&str] = &[
+        STATE_CHANGED,
+        BMC_REACHABLE,
+        BMC_UNAVAILABLE,
+        ERROR_CLEARED,
+        REBOOTED,
+        NET_BOOT_ARMED,
+        INSPECTION_TIMED_OUT,
+        DEPLOY_STARTED,
+        POWER_ON_RETRIED,
+        POWERED_OFF,
+        DHCP_RESERVATION_OVERDUE,
+        ADDRESS_RESERVED,
+        ADDRESS_RELEASED,
+        TAINT_REMOVED,
+        TAINT_APPLIED,
+        DELETION_BLOCKED,
+    ];
 }
 
 #[cfg(test)]
@@ -275,6 +430,62 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), types::ALL.len(), "a type listed twice in ALL");
+    }
+}
+
+#[cfg(test)]
+mod completeness {
+    use super::{events, reasons};
+
+    /// The `pub const NAME: &str` items of `pub mod <module>` in this file.
+    fn constants_of(module: &str) -> Vec<String> {
+        let src = include_str!("conditions.rs");
+        let start = format!("pub mod {module} {{");
+        let body = src.split(&start).nth(1).unwrap_or_default();
+        let body = body.split("\n}\n").next().unwrap_or_default();
+        body.split("pub const ")
+            .skip(1)
+            .filter_map(|item| item.split_once(';').map(|(decl, _)| decl))
+            .filter_map(|decl| decl.split_once(": &str ="))
+            .map(|(_, v)| v.trim().trim_matches('"').to_string())
+            .collect()
+    }
+
+    fn assert_complete(module: &str, all: &[&str]) {
+        let declared = constants_of(module);
+        assert!(
+            declared.len() > 10,
+            "parsed only {declared:?} from {module}"
+        );
+        for d in &declared {
+            assert!(
+                all.contains(&d.as_str()),
+                "{module}::{d} missing from {module}::ALL"
+            );
+        }
+        let mut sorted = all.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            all.len(),
+            "a reason listed twice in {module}::ALL"
+        );
+        assert_eq!(
+            declared.len(),
+            all.len(),
+            "{module}::ALL lists a value no constant declares"
+        );
+    }
+
+    #[test]
+    fn reasons_all_lists_every_reason_constant() {
+        assert_complete("reasons", reasons::ALL);
+    }
+
+    #[test]
+    fn events_all_lists_every_event_constant() {
+        assert_complete("events", events::ALL);
     }
 }
 

@@ -444,11 +444,11 @@ fn assign_disks(hints: &[DiskHints], disks: &[HardwareDisk], used: &mut [bool]) 
     shortname = "dr",
     category = "anneal",
     doc = "The immutable snapshot of one deployment attempt, owned by the Machine.",
+    printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machineRef.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Percent","type":"integer","jsonPath":".status.percent"}"#,
     printcolumn = r#"{"name":"MiB/s","type":"integer","jsonPath":".status.throughputMiBps"}"#,
-    printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machineRef.name"}"#,
-    printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name"}"#,
+    printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name","priority":1}"#,
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.imageRef.name"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

@@ -19,13 +19,13 @@ use super::common::{Condition, NameRef, Taint, Time};
     category = "anneal",
     doc = "One bare-metal machine: hardware facts and access (BMC, boot NIC, console), never deploy intent; a MachineClaim binds it.",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Where the machine is in its lifecycle"}"#,
+    printcolumn = r#"{"name":"Operational","type":"string","jsonPath":".status.operationalStatus","description":"OK, error, delayed or detached"}"#,
     printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".spec.claimRef.name","description":"The MachineClaim bound to this machine"}"#,
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".status.deploy.image","description":"The OS Image deployed or being deployed"}"#,
     printcolumn = r#"{"name":"Deploy%","type":"integer","jsonPath":".status.deploy.percent","description":"Progress of the current DeployRun"}"#,
     printcolumn = r#"{"name":"Cordoned","type":"boolean","jsonPath":".spec.unclaimable","description":"Whether new claims are kept off this machine"}"#,
     printcolumn = r#"{"name":"Powered","type":"boolean","jsonPath":".status.poweredOn","description":"Last observed power state"}"#,
     printcolumn = r#"{"name":"MAC","type":"string","jsonPath":".spec.bootMACAddress","priority":1,"description":"MAC address of the boot NIC"}"#,
-    printcolumn = r#"{"name":"Operational","type":"string","jsonPath":".status.operationalStatus","priority":1,"description":"OK, error, delayed or detached"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

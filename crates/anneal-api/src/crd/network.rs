@@ -100,6 +100,8 @@ pub struct SiteStatus {
     printcolumn = r#"{"name":"Bootd","type":"string","jsonPath":".spec.bootd.mode","description":"Managed or External boot half"}"#,
     printcolumn = r#"{"name":"DHCP","type":"string","jsonPath":".spec.dhcp.mode","description":"proxy or lease"}"#,
     printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.bootd.serverIP","priority":1}"#,
+    printcolumn = r#"{"name":"Pool Exhausted","type":"string","jsonPath":".status.conditions[?(@.type==\"DHCPPoolExhausted\")].status","description":"Machines wait for an address of the lease range"}"#,
+    printcolumn = r#"{"name":"Applied","type":"string","jsonPath":".status.dhcp.appliedRevision","priority":1,"description":"DHCP table revision bootd has made live"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -1,0 +1,195 @@
+//! The printer columns answer the first question about each kind, as the
+//! real kube-apiserver renders them (`kubectl get` asks for
+//! `application/json;as=Table;v=v1;g=meta.k8s.io`): Machine (state,
+//! operational status, claim, image, deploy %, age), DeployRun (machine,
+//! phase, %, rate, age), Subnet (DHCP mode, pool exhausted, applied
+//! revision), and every kind is in the category `anneal` with a short name.
+//! (A JSONPath column shows only the first match of `[*]`: counts such as
+//! an Image's slots or a Subnet's reservations need a status field.)
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use anneal_api::{DeployRun, Machine, Subnet};
+use anneal_testinfra::ControlPlane;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+/// The Table of `plural` in `ns`, with every column (wide).
+async fn table(cp: &ControlPlane, ns: &str, plural: &str) -> Value {
+    let req = http::Request::get(format!(
+        "/apis/anneal.dev/v1alpha1/namespaces/{ns}/{plural}"
+    ))
+    .header(
+        "Accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let t: Value = cp.client().request(req).await.unwrap();
+    assert_eq!(t["kind"], "Table", "{t}");
+    t
+}
+
+/// Column names (priority 0 only unless `wide`) and the first row's cells
+/// of those columns.
+fn columns(t: &Value, wide: bool) -> (Vec<String>, Vec<Value>) {
+    let defs = t["columnDefinitions"].as_array().unwrap();
+    let cells = t["rows"][0]["cells"].as_array().unwrap();
+    let mut names = Vec::new();
+    let mut values = Vec::new();
+    for (d, c) in defs.iter().zip(cells) {
+        if wide || d["priority"].as_i64().unwrap_or(0) == 0 {
+            names.push(d["name"].as_str().unwrap().to_string());
+            values.push(c.clone());
+        }
+    }
+    (names, values)
+}
+
+fn cell<'a>(names: &[String], values: &'a [Value], name: &str) -> &'a Value {
+    let i = names
+        .iter()
+        .position(|n| n == name)
+        .unwrap_or_else(|| panic!("no column {name} in {names:?}"));
+    &values[i]
+}
+
+async fn create<K>(api: &Api<K>, obj: Value, status: Option<Value>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let o: K = serde_json::from_value(obj).unwrap();
+    let created = api.create(&PostParams::default(), &o).await.unwrap();
+    if let Some(s) = status {
+        let name = created.meta().name.clone().unwrap();
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": s })),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_show_the_first_question_of_each_kind() {
+    let cp = ControlPlane::start().await.unwrap();
+    let crds = anneal_api::crds();
+    for crd in &crds {
+        let names = &crd.spec.names;
+        assert_eq!(
+            names.categories.as_deref(),
+            Some(&["anneal".to_string()][..]),
+            "{} is not in the category anneal",
+            names.kind
+        );
+        assert!(
+            names.short_names.as_ref().is_some_and(|s| !s.is_empty()),
+            "{} has no short name",
+            names.kind
+        );
+    }
+    cp.install_crds(&crds).await.unwrap();
+    let ns = "default";
+
+    let machines: Api<Machine> = Api::namespaced(cp.client(), ns);
+    create(
+        &machines,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+               "metadata": {"name": "m1"},
+               "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:00:00:01",
+                        "claimRef": {"name": "c1"}}}),
+        Some(
+            json!({"state": "Provisioning", "operationalStatus": "OK", "poweredOn": true,
+                    "deploy": {"image": "ubuntu", "phase": "WritingContent", "percent": 37}}),
+        ),
+    )
+    .await;
+    let t = table(&cp, ns, "machines").await;
+    let (names, values) = columns(&t, false);
+    assert_eq!(
+        names,
+        [
+            "Name",
+            "State",
+            "Operational",
+            "Claim",
+            "Image",
+            "Deploy%",
+            "Cordoned",
+            "Powered",
+            "Age"
+        ],
+        "{t}"
+    );
+    assert_eq!(cell(&names, &values, "Name"), "m1");
+    assert_eq!(cell(&names, &values, "State"), "Provisioning");
+    assert_eq!(cell(&names, &values, "Operational"), "OK");
+    assert_eq!(cell(&names, &values, "Claim"), "c1");
+    assert_eq!(cell(&names, &values, "Image"), "ubuntu");
+    assert_eq!(cell(&names, &values, "Deploy%"), 37);
+    assert!(
+        cell(&names, &values, "Age")
+            .as_str()
+            .is_some_and(|a| !a.is_empty()),
+        "{t}"
+    );
+    let (wide, wvalues) = columns(&t, true);
+    assert_eq!(cell(&wide, &wvalues, "MAC"), "52:54:00:00:00:01");
+
+    let runs: Api<DeployRun> = Api::namespaced(cp.client(), ns);
+    create(
+        &runs,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "DeployRun",
+               "metadata": {"name": "m1-0123abcd-1"},
+               "spec": {"machineRef": {"name": "m1"}, "claimRef": {"name": "c1"},
+                        "imageRef": {"name": "ubuntu"}}}),
+        Some(json!({"phase": "WritingContent", "percent": 37, "throughputMiBps": 112})),
+    )
+    .await;
+    let t = table(&cp, ns, "deployruns").await;
+    let (names, values) = columns(&t, false);
+    assert_eq!(
+        names,
+        [
+            "Name", "Machine", "Phase", "Percent", "MiB/s", "Image", "Age"
+        ],
+        "{t}"
+    );
+    assert_eq!(cell(&names, &values, "Machine"), "m1");
+    assert_eq!(cell(&names, &values, "Phase"), "WritingContent");
+    assert_eq!(cell(&names, &values, "Percent"), 37);
+    assert_eq!(cell(&names, &values, "MiB/s"), 112);
+    let (wide, wvalues) = columns(&t, true);
+    assert_eq!(cell(&wide, &wvalues, "Claim"), "c1");
+
+    let subnets: Api<Subnet> = Api::namespaced(cp.client(), ns);
+    create(
+        &subnets,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+               "metadata": {"name": "lab"},
+               "spec": {"siteRef": {"name": "s"}, "cidr": "10.0.0.0/24",
+                        "bootd": {"serverIP": "10.0.0.1", "mode": "External"},
+                        "dhcp": {"mode": "lease", "gateway": "",
+                                 "leaseRange": {"start": "10.0.0.100", "end": "10.0.0.200"}}}}),
+        Some(
+            json!({"dhcp": {"revision": "r1", "appliedRevision": "r1", "reservations": [
+                        {"address": "10.0.0.100", "machine": "m1", "mac": "52:54:00:00:00:01",
+                         "since": "2026-12-01T00:00:00Z"}]},
+                    "conditions": [{"type": "DHCPPoolExhausted", "status": "False",
+                                    "reason": "AddressesAvailable", "message": "",
+                                    "lastTransitionTime": "2026-12-01T00:00:00Z"}]}),
+        ),
+    )
+    .await;
+    let t = table(&cp, ns, "subnets").await;
+    let (names, values) = columns(&t, true);
+    println!("subnets: {names:?} {values:?}");
+    assert_eq!(cell(&names, &values, "DHCP"), "lease");
+    assert_eq!(cell(&names, &values, "Pool Exhausted"), "False");
+    assert_eq!(cell(&names, &values, "Applied"), "r1");
+}
