@@ -6,9 +6,9 @@ use anneal_agent::tracker::parse_announce;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(q) = std::str::from_utf8(data) {
-        if let Ok(a) = parse_announce(q) {
-            assert_ne!(a.port, 0);
-        }
+    if let Ok(q) = std::str::from_utf8(data)
+        && let Ok(a) = parse_announce(q)
+    {
+        assert_ne!(a.port, 0);
     }
 });
