@@ -16,3 +16,4 @@ pub mod net;
 pub mod posthook;
 pub mod serve;
 pub mod store;
+pub mod tracker;

@@ -41,6 +41,9 @@ enum Command {
     /// server of a Site): `/content/<namespace>/<content>/index|stream`,
     /// verified contents only.
     Serve(ServeArgs),
+    /// A minimal HTTP BitTorrent tracker (BEP 3 announce, BEP 23 compact
+    /// peers): `/announce`, `/stats`.
+    Tracker(TrackerArgs),
     /// Run a deploy plan locally (no agent API): fetch, verify and write
     /// its contents, write the tables (JSON lines on stdout; exit 1 on
     /// failure).
@@ -55,6 +58,33 @@ struct ServeArgs {
     /// Listen address.
     #[arg(long, default_value = "0.0.0.0:8080")]
     listen: std::net::SocketAddr,
+    /// Connections served at once; more are answered 503.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+    /// Tracker announce URL written into the torrents served at
+    /// `/content/<namespace>/<content>/torrent` (none: no `announce`).
+    #[arg(long)]
+    tracker: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct TrackerArgs {
+    /// Listen address.
+    #[arg(long, default_value = "0.0.0.0:6969")]
+    listen: std::net::SocketAddr,
+    /// Announce interval in seconds; a peer silent for two is dropped.
+    #[arg(long, default_value_t = 60)]
+    interval: u64,
+    /// Track only the info hashes in this file (hex, one per line, `#`
+    /// comments; re-read when it changes).
+    #[arg(long)]
+    allow_file: Option<PathBuf>,
+    /// Torrents tracked at once.
+    #[arg(long, default_value_t = 1024)]
+    max_torrents: usize,
+    /// Peers per torrent.
+    #[arg(long, default_value_t = 1024)]
+    max_peers: usize,
     /// Connections served at once; more are answered 503.
     #[arg(long, default_value_t = 256)]
     max_connections: usize,
@@ -154,9 +184,25 @@ fn main() -> anyhow::Result<()> {
             tracing_init();
             let mut cfg = anneal_agent::serve::ServeConfig::new(&a.content_dir);
             cfg.max_connections = a.max_connections.max(1);
+            cfg.tracker = a.tracker.clone();
             let server = anneal_agent::serve::Server::bind(a.listen, cfg)?;
             tracing::info!(addr = %server.local_addr()?, dir = %a.content_dir.display(), "serving the content store");
             server.run();
+            Ok(())
+        }
+        Command::Tracker(a) => {
+            tracing_init();
+            let cfg = anneal_agent::tracker::TrackerConfig {
+                interval: std::time::Duration::from_secs(a.interval.max(1)),
+                max_torrents: a.max_torrents.max(1),
+                max_peers: a.max_peers.max(1),
+                max_connections: a.max_connections.max(1),
+                allow_file: a.allow_file.clone(),
+                ..Default::default()
+            };
+            let tracker = anneal_agent::tracker::Tracker::bind(a.listen, cfg)?;
+            tracing::info!(addr = %tracker.local_addr()?, interval = a.interval, allow_file = ?a.allow_file, "tracker listening");
+            tracker.run();
             Ok(())
         }
         Command::Deploy(args) => {

@@ -8,6 +8,10 @@
 //!   416 with `Content-Range: bytes */size` when the range starts past the
 //!   end. A request with several ranges gets the whole file (RFC 9110 lets a
 //!   server ignore Range).
+//! - `GET|HEAD /content/<namespace>/<content>/torrent`: the content's
+//!   BitTorrent v1 metainfo, made from its index (`anneal_image::torrent`;
+//!   its info hash is the content's `status.infoHash`), with an `announce`
+//!   key only when the server was given a tracker URL.
 //! - Only complete, verified contents are visible: ingest writes a content
 //!   under a temporary name and renames its directory into place, the store
 //!   never overwrites a content, and `anneal-agent store verify` writes the
@@ -50,6 +54,9 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// A write that makes no progress for this long ends the connection.
     pub write_timeout: Duration,
+    /// The tracker announce URL put in the torrents served (none: torrents
+    /// without `announce`).
+    pub tracker: Option<String>,
 }
 
 impl ServeConfig {
@@ -62,6 +69,7 @@ impl ServeConfig {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),
+            tracker: None,
         }
     }
 }
@@ -282,11 +290,14 @@ fn resolve(store: &Path, path: &str) -> Result<PathBuf, (u16, &'static str)> {
     let path = path.split('?').next().unwrap_or("");
     let rest = path.strip_prefix("/content/").ok_or((
         404,
-        "no such path (use /content/<namespace>/<content>/index|stream)",
+        "no such path (use /content/<namespace>/<content>/index|stream|torrent)",
     ))?;
     let parts: Vec<&str> = rest.split('/').collect();
     let [ns, content, file] = parts.as_slice() else {
-        return Err((400, "expected /content/<namespace>/<content>/index|stream"));
+        return Err((
+            400,
+            "expected /content/<namespace>/<content>/index|stream|torrent",
+        ));
     };
     if !valid_name(ns, false) || !valid_name(content, true) {
         return Err((
@@ -294,8 +305,8 @@ fn resolve(store: &Path, path: &str) -> Result<PathBuf, (u16, &'static str)> {
             "namespace or content name is not a valid Kubernetes name",
         ));
     }
-    if !matches!(*file, "index" | "stream") {
-        return Err((404, "only index and stream are served"));
+    if !matches!(*file, "index" | "stream" | "torrent") {
+        return Err((404, "only index, stream and torrent are served"));
     }
     Ok(store.join(ns).join(content).join(file))
 }
@@ -493,6 +504,9 @@ fn answer(
         };
         return simple(stream, 404, msg, "", req.close);
     }
+    if path.file_name().is_some_and(|f| f == "torrent") {
+        return answer_torrent(stream, req, &path, cfg, stats);
+    }
     let file = match File::open(&path) {
         Ok(f) => f,
         Err(_) => {
@@ -537,6 +551,57 @@ fn answer(
         return Ok(());
     }
     send_range(stream, &file, first, len, stats)
+}
+
+/// The torrent of the content whose `torrent` path is `path`, made from
+/// the index beside it (a stored index is valid: ingest and verify checked
+/// it; one that no longer parses is answered 500).
+fn answer_torrent(
+    stream: &mut TcpStream,
+    req: &Request,
+    path: &Path,
+    cfg: &ServeConfig,
+    stats: &ServeStats,
+) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let content = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let index = std::fs::read(dir.join("index"))
+        .ok()
+        .and_then(|b| anneal_image::ContentIndex::parse(&b).ok());
+    let Some(index) = index else {
+        stats.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(content = %dir.display(), "stored index unreadable or invalid: no torrent");
+        return simple(
+            stream,
+            500,
+            "the content's stored index is unreadable or invalid (verify the content again)",
+            "",
+            req.close,
+        );
+    };
+    let body =
+        anneal_image::torrent::Metainfo::from_index(&index, &content, cfg.tracker.as_deref())
+            .to_bytes();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/x-bittorrent\r\nContent-Length: {}\r\n{}\r\n",
+        body.len(),
+        if req.close {
+            "Connection: close\r\n"
+        } else {
+            ""
+        }
+    );
+    stream.write_all(head.as_bytes())?;
+    stats.served.fetch_add(1, Ordering::Relaxed);
+    if req.head_only {
+        return Ok(());
+    }
+    stream.write_all(&body)?;
+    stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Writes `len` bytes of `file` from `first` to the socket: sendfile(2),
@@ -643,6 +708,10 @@ mod tests {
         ] {
             assert_eq!(resolve(s, bad).map_err(|e| e.0), Err(400), "{bad}");
         }
+        assert_eq!(
+            resolve(s, "/content/lab/ubuntu-p1/torrent"),
+            Ok(PathBuf::from("/store/lab/ubuntu-p1/torrent"))
+        );
         assert_eq!(
             resolve(s, "/content/lab/x/layout.json").map_err(|e| e.0),
             Err(404)

@@ -262,6 +262,7 @@ pub fn verify(store: &Path, ns: &str, name: &str, out: &Out) -> Result<serde_jso
         "event": "result",
         "sha256": hexsha,
         "indexSha256": index_sha,
+        "infoHash": anneal_image::torrent::Metainfo::from_index(&idx, name, None).info_hash_hex(),
         "pieces": pieces,
         "usedBytes": used,
     }))

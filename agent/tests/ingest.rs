@@ -508,6 +508,12 @@ fn raw_gpt_over_http_equals_capture_then_verify_serve_remove() {
     assert_eq!(r["pieces"], idx.piece_count());
     assert_eq!(r["usedBytes"], idx.header.used_bytes);
     assert_eq!(
+        r["infoHash"],
+        anneal_image::torrent::Metainfo::from_index(&idx, "img-p3", None)
+            .info_hash_hex()
+            .as_str()
+    );
+    assert_eq!(
         r["indexSha256"],
         file_sha(&store.join("lab/img-p3/index")).as_str()
     );

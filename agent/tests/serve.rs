@@ -287,7 +287,7 @@ fn unverified_contents_are_not_served() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("stream"), b"not yet").unwrap();
     std::fs::write(dir.join("index"), b"idx").unwrap();
-    for f in ["stream", "index"] {
+    for f in ["stream", "index", "torrent"] {
         let req = format!("GET /content/lab/fresh-p1/{f} HTTP/1.1\r\n\r\n");
         let (st, _, body) = raw(srv.addr, req.as_bytes());
         assert!(st.starts_with("HTTP/1.1 404"), "{st}");
@@ -311,4 +311,62 @@ fn unverified_contents_are_not_served() {
     );
     assert!(st.starts_with("HTTP/1.1 200"), "{st}");
     assert_eq!(body, b"not yet");
+}
+
+#[test]
+fn torrents_are_made_from_the_index() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/imaging");
+    let index = std::fs::read(fixture.join("content-v1.index")).unwrap();
+    let stream = std::fs::read(fixture.join("content-v1.stream")).unwrap();
+    let files: &[(&str, &[u8])] = &[
+        ("lab/content-v1/index", &index),
+        ("lab/content-v1/stream", &stream),
+        ("lab/broken/index", b"not an index"),
+        ("lab/broken/stream", b"x"),
+    ];
+    let announce = "http://10.0.0.1:6969/announce";
+    let with = start(files, |c| c.tracker = Some(announce.into()));
+    let (status, h, body) = raw(
+        with.addr,
+        b"GET /content/lab/content-v1/torrent HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert_eq!(header(&h, "content-type"), Some("application/x-bittorrent"));
+    let m = anneal_image::torrent::Metainfo::parse(&body).unwrap();
+    assert_eq!(m.announce.as_deref(), Some(announce));
+    assert_eq!(m.name, "content-v1.stream");
+    assert_eq!((m.length, m.piece_length), (stream.len() as u64, 16384));
+    // the golden info hash of the fixture (anneal_image::torrent's tests)
+    assert_eq!(
+        m.info_hash_hex(),
+        "34d564fc4b7ac05027d799e35bfc33e4c71c0e06"
+    );
+    let (status, h, body) = raw(
+        with.addr,
+        b"HEAD /content/lab/content-v1/torrent HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.is_empty());
+    assert_eq!(
+        header(&h, "content-length").map(str::to_string),
+        Some(m.to_bytes().len().to_string())
+    );
+    // an index that does not parse: 500 naming the fix
+    let (status, _, body) = raw(
+        with.addr,
+        b"GET /content/lab/broken/torrent HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 500 Internal Server Error");
+    assert!(String::from_utf8_lossy(&body).contains("verify the content again"));
+    // without a tracker: no announce, the same info hash
+    let without = start(files, |_| {});
+    let (status, _, body) = raw(
+        without.addr,
+        b"GET /content/lab/content-v1/torrent HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.starts_with(b"d4:info"));
+    let bare = anneal_image::torrent::Metainfo::parse(&body).unwrap();
+    assert_eq!(bare.announce, None);
+    assert_eq!(bare.info_hash(), m.info_hash());
 }

@@ -212,6 +212,14 @@ fn assert_matches_capture(pc: &PartitionContent, idx: &ContentIndex) {
         "{} sha256 of the stream",
         pc.name_any()
     );
+    assert_eq!(
+        status.info_hash,
+        Some(
+            anneal_image::torrent::Metainfo::from_index(idx, &pc.name_any(), None).info_hash_hex()
+        ),
+        "{} infoHash: the torrent made from the capture's index",
+        pc.name_any()
+    );
 }
 
 fn hex(b: &[u8]) -> String {

@@ -15,5 +15,6 @@ pub mod layout;
 pub mod partclone;
 pub mod restore;
 pub mod source;
+pub mod torrent;
 
 pub use format::{CONTRACT_VERSION, ContentIndex, PieceRange};

@@ -6,8 +6,9 @@
 //!   the stored stream piece by piece against its index; its result gives
 //!   `status.sha256` (of the stream), the store gives `status.storageRef`,
 //!   and the content is Ready. A piece that does not match fails it
-//!   (VerificationFailed, the message names the piece). `status.infoHash`
-//!   stays empty until distribution lands.
+//!   (VerificationFailed, the message names the piece). The same result
+//!   gives `status.infoHash`: the BitTorrent v1 info hash of the content's
+//!   torrent, made from its index (`anneal_image::torrent`).
 //! - **Deletion**: while an Image slot references the content, the finalizer
 //!   stays and condition DeletionBlocked=True names the referrers (a Warning
 //!   Event too); once none does, a remove workload deletes the stored files
@@ -324,6 +325,10 @@ async fn reconcile(pc: Arc<PartitionContent>, ctx: Arc<Ctx>) -> Result<Action, C
                     status.sha256 = Some(sha.to_string());
                     status.index_sha256 = out
                         .get("indexSha256")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
+                    status.info_hash = out
+                        .get("infoHash")
                         .and_then(Value::as_str)
                         .map(str::to_string);
                     status.storage_ref = Some(NameRef::new(&c.store_name));
