@@ -13,36 +13,14 @@ use anneal_testinfra::ControlPlane;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-/// The Table of `plural` in `ns`, with every column (wide).
 async fn table(cp: &ControlPlane, ns: &str, plural: &str) -> Value {
-    let req = http::Request::get(format!(
-        "/apis/anneal.dev/v1alpha1/namespaces/{ns}/{plural}"
-    ))
-    .header(
-        "Accept",
-        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
-    )
-    .body(Vec::new())
-    .unwrap();
-    let t: Value = cp.client().request(req).await.unwrap();
-    assert_eq!(t["kind"], "Table", "{t}");
-    t
+    anneal_testinfra::get_table(&cp.client(), ns, plural)
+        .await
+        .unwrap()
 }
 
-/// Column names (priority 0 only unless `wide`) and the first row's cells
-/// of those columns.
 fn columns(t: &Value, wide: bool) -> (Vec<String>, Vec<Value>) {
-    let defs = t["columnDefinitions"].as_array().unwrap();
-    let cells = t["rows"][0]["cells"].as_array().unwrap();
-    let mut names = Vec::new();
-    let mut values = Vec::new();
-    for (d, c) in defs.iter().zip(cells) {
-        if wide || d["priority"].as_i64().unwrap_or(0) == 0 {
-            names.push(d["name"].as_str().unwrap().to_string());
-            values.push(c.clone());
-        }
-    }
-    (names, values)
+    anneal_testinfra::table_row(t, 0, wide)
 }
 
 fn cell<'a>(names: &[String], values: &'a [Value], name: &str) -> &'a Value {

@@ -105,10 +105,62 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
         Some(r"\EFI\BOOT\BOOTX64.EFI")
     );
     println!("{}", lab.kubectl_get_machines().unwrap());
+    // `kubectl get` columns as the real API server renders them.
+    let client = lab.cp.client();
+    let row = |t: &serde_json::Value, name: &str| {
+        anneal_testinfra::table_row_named(t, name)
+            .unwrap_or_else(|| panic!("no row {name}: {t}"))
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let m = row(
+        &anneal_testinfra::get_table(&client, e2e::NAMESPACE, "machines")
+            .await
+            .unwrap(),
+        MACHINE,
+    );
+    assert_eq!(
+        (&m["State"], &m["Claim"], &m["Image"], &m["Operational"]),
+        (
+            &serde_json::json!("Provisioned"),
+            &serde_json::json!("deploy"),
+            &serde_json::json!("testos"),
+            &serde_json::json!("OK")
+        ),
+        "{m:?}"
+    );
+    let imp = row(
+        &anneal_testinfra::get_table(&client, e2e::NAMESPACE, "imageimports")
+            .await
+            .unwrap(),
+        "testos",
+    );
+    assert_eq!(
+        (&imp["State"], &imp["Image"], &imp["Progress"]),
+        (
+            &serde_json::json!("Succeeded"),
+            &serde_json::json!("testos"),
+            &serde_json::json!(100)
+        ),
+        "{imp:?}"
+    );
     // The run's story: phase timings and the agent's deploy lines.
     let runs: kube::Api<anneal_api::DeployRun> =
         kube::Api::namespaced(lab.cp.client(), e2e::NAMESPACE);
+    let run_table = anneal_testinfra::get_table(&client, e2e::NAMESPACE, "deployruns")
+        .await
+        .unwrap();
     for r in runs.list(&Default::default()).await.unwrap().items {
+        let cells = row(&run_table, &kube::ResourceExt::name_any(&r));
+        assert_eq!(
+            (&cells["Machine"], &cells["Phase"], &cells["Percent"]),
+            (
+                &serde_json::json!(MACHINE),
+                &serde_json::json!("Succeeded"),
+                &serde_json::json!(100)
+            ),
+            "{cells:?}"
+        );
         let st = r.status.clone().unwrap_or_default();
         println!(
             "e2e-deploy: run {} phase {:?}, {} MiB/s last",

@@ -11,6 +11,7 @@ mod kernel;
 mod netns;
 mod pki;
 mod procs;
+mod table;
 mod vm;
 
 pub use controlplane::ControlPlane;
@@ -18,6 +19,7 @@ pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
 pub use netns::{BRIDGE_IP, Netns, TcpForward};
 pub use pki::{TestPki, test_pki};
 pub use procs::{ChildGroup, process_alive};
+pub use table::{get_table, table_row, table_row_named};
 pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
 
 use std::net::TcpListener;
