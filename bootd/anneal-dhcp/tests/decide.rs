@@ -185,9 +185,13 @@ fn siaddr(r: &Reply) -> Ipv4Addr {
 }
 
 fn golden(name: &str, r: &Reply) {
+    golden_bytes(name, &r.bytes);
+}
+
+fn golden_bytes(name: &str, bytes: &[u8]) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bootd");
     let path = dir.join(format!("{name}.hex"));
-    let hex = hex::encode(&r.bytes);
+    let hex = hex::encode(bytes);
     if std::env::var_os("ANNEAL_REGEN_GOLDEN").is_some() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(&path, format!("{hex}\n")).unwrap();
@@ -220,6 +224,51 @@ fn lease_uefi_pxe_discover_offers_reservation_and_first_stage() {
     assert_eq!(opt(&r, 60), None);
     assert_eq!(opt(&r, 43), None);
     assert!(r.bytes.len() >= 300);
+    golden("lease_offer_uefi_pxe", &r);
+}
+
+/// The UEFI PXE DISCOVER of `uefi_pxe()` rebuilt by hand with option 52 = 3:
+/// the message type and the vendor class's tail in `file`, the architecture
+/// in `sname`, split options concatenated across the fields (RFC 2131 4.1,
+/// RFC 2132 9.3). `file` and `sname` carry garbage after their end option.
+fn overloaded_uefi_discover() -> Vec<u8> {
+    let plain = uefi_pxe().bytes();
+    let mut p = plain[..240].to_vec();
+    // options field: overload, then the first half of option 60
+    p.extend_from_slice(&[52, 1, 3, 60, 16]);
+    p.extend_from_slice(b"PXEClient:Arch:0");
+    p.push(255);
+    let mut file = vec![53, 1, 1, 60, 16];
+    file.extend_from_slice(b"0007:UNDI:003000");
+    file.extend_from_slice(&[0, 0, 255]);
+    file.extend_from_slice(b"not a boot file");
+    p[108..108 + file.len()].copy_from_slice(&file);
+    let mut sname = vec![93, 2, 0, 7, 255];
+    sname.extend_from_slice(b"not a server name");
+    p[44..44 + sname.len()].copy_from_slice(&sname);
+    p
+}
+
+#[test]
+fn overloaded_discover_is_answered_like_the_plain_one() {
+    let bytes = overloaded_uefi_discover();
+    golden_bytes("request_discover_overload_both", &bytes);
+    let ingress = Ingress {
+        port: ServerPort::Dhcp,
+        src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
+    };
+    let req = Request::parse(&bytes, ingress).unwrap();
+    assert_eq!(req.msg_type, MessageType::Discover);
+    assert_eq!(req.vendor_class(), b"PXEClient:Arch:00007:UNDI:003000");
+    assert_eq!(req.arch(), Some(7));
+    assert_eq!(req.header.fname(), None);
+    assert_eq!(req.header.sname(), None);
+    let t = table(Mode::Lease);
+    let r = reply(decide(&req, &t, &Leases::default(), NOW));
+    assert_eq!(r.msg_type, MessageType::Offer);
+    assert_eq!(file(&r), "snponly.efi");
+    let plain = reply(decide(&uefi_pxe().req67(), &t, &Leases::default(), NOW));
+    assert_eq!(r.bytes, plain.bytes, "same offer as the plain DISCOVER");
     golden("lease_offer_uefi_pxe", &r);
 }
 
