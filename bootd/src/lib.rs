@@ -113,6 +113,23 @@ fn bind_err(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error)
     move |source| ServerError::Bind { what, addr, source }
 }
 
+/// How often expired leases are collected from the lease table.
+pub const LEASE_COLLECT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Collects expired leases every [`LEASE_COLLECT_INTERVAL`] (the first
+/// pass at once), so the table and the lease file do not fill with them.
+async fn collect_leases(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(LEASE_COLLECT_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        shared.collect_leases(unix_now());
+    }
+}
+
 /// Persists lease changes: each batch appends the MACs changed since the
 /// last one (taken under the leases lock, O(changes)) to the journal, or,
 /// when the journal has outgrown the snapshot, compacts both.
@@ -239,6 +256,7 @@ impl Server {
             .map_err(bind_err("http", ha))?;
         let http_addr = l.local_addr().map_err(bind_err("http", ha))?;
         tasks.spawn(http::serve(shared.clone(), l, cancel.clone()));
+        tasks.spawn(collect_leases(shared.clone(), cancel.clone()));
         if let Some(store) = lease_store {
             tasks.spawn(persist_leases(shared.clone(), store, cancel.clone()));
         }

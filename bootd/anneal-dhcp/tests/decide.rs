@@ -531,6 +531,75 @@ fn decline_release_inform() {
     assert_eq!(r.dest, Dest::Unicast(SocketAddrV4::new(M1_ADDR, 68)));
 }
 
+/// A DECLINE withholds only the address the MAC holds or would be offered,
+/// inside the Subnet; any other is dropped with its own reason, and the
+/// address stays available to its holder.
+#[test]
+fn decline_only_for_the_address_held_or_offered() {
+    let decl = |mac: Mac, address: Ipv4Addr| Pkt {
+        mac: Some(mac),
+        ty: Some(MessageType::Decline),
+        requested: Some(address),
+        server_id: Some(SERVER),
+        ..Default::default()
+    };
+    let t = table(Mode::Lease);
+    let leases = Leases::default();
+    // M2 has no reservation: it cannot take M1's reserved address out
+    assert_eq!(
+        dropped(decide(&decl(M2, M1_ADDR).req67(), &t, &leases, NOW)),
+        DropReason::DeclineNotOffered
+    );
+    // M1 declining an address it was never given
+    assert_eq!(
+        dropped(decide(
+            &decl(M1, Ipv4Addr::new(10, 77, 0, 60)).req67(),
+            &t,
+            &leases,
+            NOW
+        )),
+        DropReason::DeclineNotOffered
+    );
+    // outside the Subnet
+    let d = dropped(decide(
+        &decl(M1, Ipv4Addr::new(192, 168, 1, 5)).req67(),
+        &t,
+        &leases,
+        NOW,
+    ));
+    assert_eq!(d, DropReason::DeclineOutsideSubnet);
+    assert_eq!(d.label(), "decline_outside_subnet");
+    assert_eq!(DropReason::DeclineNotOffered.label(), "decline_not_offered");
+    // its own reservation: accepted
+    assert!(matches!(
+        decide(&decl(M1, M1_ADDR).req67(), &t, &leases, NOW),
+        Decision::Update(LeaseEffect::Decline { .. })
+    ));
+    // dynamic pool: M2 holds .100; a stranger cannot decline it, M2 can
+    let mut ta = table(Mode::Lease);
+    ta.answer_all = true;
+    let pool = Ipv4Addr::new(10, 77, 0, 100);
+    let mut leases = Leases::default();
+    leases.apply(
+        LeaseEffect::Bind(anneal_dhcp::Lease {
+            mac: M2,
+            address: pool,
+            expires: NOW + 100,
+        }),
+        NOW,
+    );
+    assert_eq!(
+        dropped(decide(&decl(STRANGER, pool).req67(), &ta, &leases, NOW)),
+        DropReason::DeclineNotOffered
+    );
+    assert_eq!(leases.holder(pool, NOW), Some(M2));
+    let d = decide(&decl(M2, pool).req67(), &ta, &leases, NOW);
+    assert!(
+        matches!(d, Decision::Update(LeaseEffect::Decline { mac, address }) if mac == M2 && address == pool),
+        "{d:?}"
+    );
+}
+
 #[test]
 fn reservation_held_by_other_mac_is_not_offered() {
     let t = table(Mode::Lease);
