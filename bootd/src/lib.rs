@@ -80,6 +80,8 @@ pub struct ServerOptions {
     pub lease_file: Option<PathBuf>,
     /// Overrides the shipped boot script template.
     pub template: Option<PathBuf>,
+    /// Per-transfer deadline and per-address cap of TFTP.
+    pub tftp_limits: tftp::TftpLimits,
 }
 
 impl Default for ServerOptions {
@@ -93,6 +95,7 @@ impl Default for ServerOptions {
             http_port: 8080,
             lease_file: None,
             template: None,
+            tftp_limits: tftp::TftpLimits::default(),
         }
     }
 }
@@ -239,7 +242,9 @@ impl Server {
             let a = SocketAddrV4::new(opts.listen_ip, opts.tftp_port);
             let s = std::net::UdpSocket::bind(a).map_err(bind_err("tftp", a.into()))?;
             tftp_addr = s.local_addr().ok();
-            let srv = tftp::server(shared.clone(), s).await?;
+            let srv = tftp::server(shared.clone(), s)
+                .await?
+                .with_limits(opts.tftp_limits);
             let c = cancel.clone();
             tasks.spawn(async move {
                 tokio::select! {
