@@ -161,10 +161,8 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, Infa
     } else if let Some(mac) = path.strip_prefix("/ipxe/") {
         script_response(&shared, mac)
     } else if path == "/metrics" {
-        shared
-            .metrics
-            .leases_active
-            .set(shared.leases().active(crate::unix_now()) as i64);
+        // sets bootd_dhcp_leases_active: unexpired leases, O(expired)
+        shared.collect_leases(crate::unix_now());
         (
             respond(
                 StatusCode::OK,

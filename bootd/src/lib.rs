@@ -80,6 +80,8 @@ pub struct ServerOptions {
     pub lease_file: Option<PathBuf>,
     /// Overrides the shipped boot script template.
     pub template: Option<PathBuf>,
+    /// Per-transfer deadline and per-address cap of TFTP.
+    pub tftp_limits: tftp::TftpLimits,
 }
 
 impl Default for ServerOptions {
@@ -93,6 +95,7 @@ impl Default for ServerOptions {
             http_port: 8080,
             lease_file: None,
             template: None,
+            tftp_limits: tftp::TftpLimits::default(),
         }
     }
 }
@@ -111,6 +114,23 @@ pub struct Server {
 
 fn bind_err(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Bind { what, addr, source }
+}
+
+/// How often expired leases are collected from the lease table.
+pub const LEASE_COLLECT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Collects expired leases every [`LEASE_COLLECT_INTERVAL`] (the first
+/// pass at once), so the table and the lease file do not fill with them.
+async fn collect_leases(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(LEASE_COLLECT_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        shared.collect_leases(unix_now());
+    }
 }
 
 /// Persists lease changes: each batch appends the MACs changed since the
@@ -222,7 +242,9 @@ impl Server {
             let a = SocketAddrV4::new(opts.listen_ip, opts.tftp_port);
             let s = std::net::UdpSocket::bind(a).map_err(bind_err("tftp", a.into()))?;
             tftp_addr = s.local_addr().ok();
-            let srv = tftp::server(shared.clone(), s).await?;
+            let srv = tftp::server(shared.clone(), s)
+                .await?
+                .with_limits(opts.tftp_limits);
             let c = cancel.clone();
             tasks.spawn(async move {
                 tokio::select! {
@@ -239,6 +261,7 @@ impl Server {
             .map_err(bind_err("http", ha))?;
         let http_addr = l.local_addr().map_err(bind_err("http", ha))?;
         tasks.spawn(http::serve(shared.clone(), l, cancel.clone()));
+        tasks.spawn(collect_leases(shared.clone(), cancel.clone()));
         if let Some(store) = lease_store {
             tasks.spawn(persist_leases(shared.clone(), store, cancel.clone()));
         }

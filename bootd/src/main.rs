@@ -31,6 +31,12 @@ struct Cli {
     /// 0 disables it.
     #[arg(long, default_value_t = 69)]
     tftp_port: u16,
+    /// Total time one TFTP transfer may take, seconds (then ERROR naming it).
+    #[arg(long, default_value_t = anneal_bootd::tftp::TRANSFER_DEADLINE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    tftp_deadline_secs: u64,
+    /// TFTP transfers running at once from one source address (then ERROR naming it).
+    #[arg(long, default_value_t = anneal_bootd::tftp::PER_SOURCE_TRANSFERS, value_parser = parse_per_source)]
+    tftp_per_source: usize,
     #[arg(long, default_value_t = 8080)]
     http_port: u16,
     /// Lease file (lease mode).
@@ -97,6 +103,10 @@ async fn main() -> anyhow::Result<()> {
         http_port: cli.http_port,
         lease_file: cli.lease_file.clone(),
         template: cli.template.clone(),
+        tftp_limits: anneal_bootd::tftp::TftpLimits {
+            deadline: std::time::Duration::from_secs(cli.tftp_deadline_secs),
+            per_source: cli.tftp_per_source,
+        },
     };
     let server = Server::start(opts, snap).await.context("starting bootd")?;
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -126,4 +136,14 @@ async fn main() -> anyhow::Result<()> {
     cancel.cancel();
     server.shutdown().await;
     Ok(())
+}
+
+/// `--tftp-per-source`: at least 1 (0 would refuse every transfer).
+fn parse_per_source(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a whole number of at least 1 (transfers at once per client address)"
+        )),
+    }
 }

@@ -32,6 +32,7 @@ pub struct Metrics {
     pub packets: Family<PacketLabels, Counter>,
     pub malformed: Family<ReasonLabels, Counter>,
     pub leases_active: Gauge,
+    pub leases_collected: Counter,
     pub tftp_bytes: Counter,
     pub tftp_requests: Family<ReasonLabels, Counter>,
     pub http_bytes: Counter,
@@ -56,6 +57,11 @@ impl Metrics {
             "dhcp_leases_active",
             "Unexpired leases",
             self.leases_active.clone(),
+        );
+        r.register(
+            "dhcp_leases_collected",
+            "Expired leases removed from the lease table",
+            self.leases_collected.clone(),
         );
         r.register(
             "tftp_bytes",

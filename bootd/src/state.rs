@@ -98,6 +98,30 @@ impl Shared {
         }
     }
 
+    /// Collects the leases expired at `now` (see
+    /// [`Leases::collect_expired`]), counts them in
+    /// `bootd_dhcp_leases_collected_total`, wakes the persister when any
+    /// went, and sets `bootd_dhcp_leases_active`. Returns how many went.
+    pub fn collect_leases(&self, now: u64) -> usize {
+        let (gone, active) = {
+            let mut leases = self.leases();
+            let gone = leases.collect_expired(now);
+            (gone, leases.active())
+        };
+        self.metrics
+            .leases_active
+            .set(i64::try_from(active).unwrap_or(i64::MAX));
+        if !gone.is_empty() {
+            self.metrics.leases_collected.inc_by(gone.len() as u64);
+            for l in &gone {
+                tracing::debug!(mac = %l.mac, address = %l.address, expires = l.expires, "expired lease collected");
+            }
+            tracing::info!(collected = gone.len(), active, "expired leases collected");
+            self.lease_dirty.notify_one();
+        }
+        gone.len()
+    }
+
     /// Makes `snap` live. Leases of MACs that left the allowlist (or whose
     /// reservation moved) are released at once. Returns the released MACs.
     pub fn install(&self, snap: Snapshot) -> Vec<Mac> {
@@ -132,4 +156,57 @@ pub fn filter_leases(leases: &mut Leases, table: &BootTable) -> Vec<anneal_dhcp:
         Some(m) => m.address.is_none_or(|a| a == l.address) && table.cidr.contains(l.address),
         None => table.answer_all && table.cidr.contains(l.address),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::net::Ipv4Addr;
+
+    use anneal_dhcp::Lease;
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// Expired leases are removed, counted, reported and persisted; the
+    /// active gauge then counts only unexpired ones.
+    #[test]
+    fn expired_leases_are_collected_counted_and_persisted() {
+        let snap = crate::StaticConfig::from_yaml(
+            "serverIP: 10.77.0.2\ncidr: 10.77.0.0/24\ndhcp: {mode: lease, gateway: \"\"}\n",
+        )
+        .unwrap()
+        .snapshot(8080, "t".into())
+        .unwrap();
+        let lease = |i: u8, expires| Lease {
+            mac: Mac([2, 0, 0, 0, 0, i]),
+            address: Ipv4Addr::new(10, 77, 0, i),
+            expires,
+        };
+        let mut leases = Leases::from_leases([lease(1, 100), lease(2, 200), lease(3, 300)]);
+        leases.track_changes();
+        let shared = Shared::new(snap, leases, String::new());
+        assert_eq!(shared.collect_leases(50), 0);
+        assert!(shared.lease_dirty.notified().now_or_never().is_none());
+        assert_eq!(shared.collect_leases(200), 2);
+        assert!(
+            shared.lease_dirty.notified().now_or_never().is_some(),
+            "the persister is woken"
+        );
+        let changes = shared.leases().take_changes();
+        assert_eq!(
+            changes,
+            vec![
+                (Mac([2, 0, 0, 0, 0, 1]), None),
+                (Mac([2, 0, 0, 0, 0, 2]), None)
+            ]
+        );
+        let text = shared.metrics.render();
+        assert!(
+            text.contains("bootd_dhcp_leases_collected_total 2"),
+            "{text}"
+        );
+        assert!(text.contains("bootd_dhcp_leases_active 1"), "{text}");
+        assert_eq!(shared.leases().active(), 1);
+    }
 }

@@ -22,7 +22,11 @@
 //! [`DEFAULT_TIMEOUT`]), at most [`MAX_RETRIES`] times in a row; an ERROR
 //! from the client ends the transfer; a repeated request from a client whose
 //! transfer is running is ignored; at most [`MAX_TRANSFERS`] transfers run at
-//! once (beyond that: ERROR 0 "server busy"). Both `octet` and `netascii`
+//! once (beyond that: ERROR 0 "server busy"), at most
+//! [`TftpLimits::per_source`] (default [`PER_SOURCE_TRANSFERS`]) from one
+//! source address (beyond that: ERROR 0 naming the limit); a transfer that
+//! has not ended within [`TftpLimits::deadline`] (default
+//! [`TRANSFER_DEADLINE`]) ends with ERROR 0 naming the deadline. Both `octet` and `netascii`
 //! modes send the file's bytes unchanged (the files are binaries).
 
 use std::collections::{HashMap, HashSet};
@@ -54,6 +58,68 @@ pub const TIMEOUT_LIMIT: u8 = 5;
 pub const MAX_RETRIES: u32 = 8;
 /// Transfers running at once.
 pub const MAX_TRANSFERS: usize = 256;
+/// Default total time one transfer may take ([`TftpLimits::deadline`]).
+pub const TRANSFER_DEADLINE: Duration = Duration::from_secs(120);
+/// Default transfers running at once from one source address
+/// ([`TftpLimits::per_source`]).
+pub const PER_SOURCE_TRANSFERS: usize = 8;
+
+/// Bounds on what one client can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TftpLimits {
+    /// Total time one transfer may take, however fast its client ACKs
+    /// (a client ACKing just before every timeout would otherwise hold a
+    /// slot for blocks x timeout); beyond it the transfer ends with ERROR 0
+    /// naming the deadline.
+    pub deadline: Duration,
+    /// Transfers running at once from one source address; the next request
+    /// from it gets ERROR 0 naming the limit.
+    pub per_source: usize,
+}
+
+impl Default for TftpLimits {
+    fn default() -> TftpLimits {
+        TftpLimits {
+            deadline: TRANSFER_DEADLINE,
+            per_source: PER_SOURCE_TRANSFERS,
+        }
+    }
+}
+
+/// The running transfers: by client (address and port) and per address.
+#[derive(Debug, Default)]
+struct Active {
+    peers: HashSet<SocketAddr>,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+impl Active {
+    fn insert(&mut self, peer: SocketAddr) {
+        if self.peers.insert(peer) {
+            *self.per_ip.entry(peer.ip()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, peer: &SocketAddr) {
+        if self.peers.remove(peer)
+            && let Some(n) = self.per_ip.get_mut(&peer.ip())
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_ip.remove(&peer.ip());
+            }
+        }
+    }
+
+    fn count_from(&self, ip: IpAddr) -> usize {
+        self.per_ip.get(&ip).copied().unwrap_or(0)
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+}
 
 const OP_RRQ: u16 = 1;
 const OP_WRQ: u16 = 2;
@@ -294,9 +360,10 @@ pub struct TftpServer {
     socket: tokio::net::UdpSocket,
     shared: Arc<Shared>,
     local_ip: IpAddr,
-    active: Arc<Mutex<HashSet<SocketAddr>>>,
+    active: Arc<Mutex<Active>>,
     stop: Arc<AtomicBool>,
     cache: Arc<FileCache>,
+    limits: TftpLimits,
 }
 
 /// Builds a server on an already bound socket.
@@ -314,6 +381,7 @@ pub async fn server(
         active: Arc::default(),
         stop: Arc::default(),
         cache: Arc::default(),
+        limits: TftpLimits::default(),
     })
 }
 
@@ -327,7 +395,7 @@ impl Drop for StopOnDrop {
 }
 
 /// Removes a finished transfer's client from the active set.
-struct ActiveGuard(Arc<Mutex<HashSet<SocketAddr>>>, SocketAddr);
+struct ActiveGuard(Arc<Mutex<Active>>, SocketAddr);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
@@ -338,6 +406,12 @@ impl Drop for ActiveGuard {
 }
 
 impl TftpServer {
+    /// Replaces the default [`TftpLimits`].
+    pub fn with_limits(mut self, limits: TftpLimits) -> TftpServer {
+        self.limits = limits;
+        self
+    }
+
     /// The bound request address.
     pub fn listen_addr(&self) -> std::io::Result<SocketAddr> {
         self.socket.local_addr()
@@ -382,22 +456,33 @@ impl TftpServer {
                 return reply(4, "Illegal operation").await;
             }
         };
-        let busy = {
+        let (busy, from_ip) = {
             let Ok(mut active) = self.active.lock() else {
                 return;
             };
-            if active.contains(&peer) {
+            if active.peers.contains(&peer) {
                 return; // a retransmitted request: the transfer is running
             }
-            let busy = active.len() >= MAX_TRANSFERS;
-            if !busy {
+            let busy = active.peers.len() >= MAX_TRANSFERS;
+            let from_ip = active.count_from(peer.ip());
+            if !busy && from_ip < self.limits.per_source {
                 active.insert(peer);
             }
-            busy
+            (busy, from_ip)
         };
         if busy {
             tracing::warn!(client = %peer, "tftp busy: {MAX_TRANSFERS} transfers running");
             return reply(0, "server busy").await;
+        }
+        if from_ip >= self.limits.per_source {
+            count(&self.shared, "per_source_limit");
+            let limit = self.limits.per_source;
+            tracing::warn!(client = %peer, limit, "tftp read refused: too many transfers from this address");
+            let msg = format!(
+                "too many transfers from {}: the limit is {limit} at once per address",
+                peer.ip()
+            );
+            return reply(0, &msg).await;
         }
         let guard = ActiveGuard(self.active.clone(), peer);
         // The socket is made here, in the namespace the listener runs in
@@ -416,10 +501,13 @@ impl TftpServer {
         let shared = self.shared.clone();
         let stop = self.stop.clone();
         let cache = self.cache.clone();
+        let deadline = self.limits.deadline;
         let spawned = std::thread::Builder::new()
             .name("bootd-tftp".into())
             .spawn(move || {
-                transfer(&shared, &cache, &sock, peer, &req, &stop, guard);
+                let end = Instant::now() + deadline;
+                let t = (&*shared, &*cache, &sock, &*stop);
+                transfer(t, peer, &req, (deadline, end), guard);
             });
         if let Err(e) = spawned {
             tracing::warn!(client = %peer, error = %error_chain(&e), "tftp transfer thread");
@@ -435,6 +523,8 @@ enum Abort {
     ClientError(u16, String),
     #[error("no acknowledgement after {MAX_RETRIES} retransmissions")]
     Timeout,
+    #[error("transfer deadline of {} s exceeded", .0.as_secs())]
+    Deadline(Duration),
     #[error("server stopping")]
     Stopped,
     #[error("socket: {0}")]
@@ -443,12 +533,11 @@ enum Abort {
 
 /// Opens the file and runs one read transfer on `sock` (connected to `peer`).
 fn transfer(
-    shared: &Shared,
-    cache: &FileCache,
-    sock: &UdpSocket,
+    (shared, cache, sock, stop): (&Shared, &FileCache, &UdpSocket, &AtomicBool),
     peer: SocketAddr,
     req: &ReadRequest,
-    stop: &AtomicBool,
+    // the deadline's length (for the message) and the instant it ends
+    (deadline, end): (Duration, Instant),
     // Held while the transfer runs; released before a refusal is sent, so
     // that the client's next request from the same port (right after the
     // ERROR) is a new request, not a retransmission of a running one.
@@ -488,6 +577,8 @@ fn transfer(
         params: &params,
         stop,
         shared,
+        deadline,
+        end,
         sent_bytes: 0,
         rtimeout: None,
         pkt: Vec::with_capacity(4 + params.blksize),
@@ -500,11 +591,18 @@ fn transfer(
         Err(e) => {
             tracing::info!(client = %peer, file = %name, error = %error_chain(&e), "tftp read abandoned");
             let msg = match e {
-                Abort::Timeout => "transfer timed out",
-                _ => "server stopping",
+                Abort::Timeout => "transfer timed out".to_owned(),
+                Abort::Deadline(d) => {
+                    count(shared, "deadline");
+                    format!(
+                        "transfer deadline of {} s exceeded: the whole file must be sent within it",
+                        d.as_secs()
+                    )
+                }
+                _ => "server stopping".to_owned(),
             };
             if !matches!(e, Abort::Io(_)) {
-                let _ = sock.send(&error_packet(0, msg));
+                let _ = sock.send(&error_packet(0, &msg));
             }
         }
     }
@@ -522,6 +620,9 @@ struct Transfer<'a> {
     params: &'a Params,
     stop: &'a AtomicBool,
     shared: &'a Shared,
+    /// The total time allowed ([`TftpLimits::deadline`]) and when it ends.
+    deadline: Duration,
+    end: Instant,
     /// Bytes counted into the metric (each byte once, retransmits not).
     sent_bytes: usize,
     /// The socket's read timeout as last set.
@@ -620,7 +721,10 @@ impl Transfer<'_> {
     /// packets are ignored). Wakes at least every second to notice a stop.
     fn wait(&mut self) -> Result<Reply, Abort> {
         let slice = Duration::from_secs(1);
-        let deadline = Instant::now() + self.params.timeout;
+        if Instant::now() >= self.end {
+            return Err(Abort::Deadline(self.deadline));
+        }
+        let deadline = (Instant::now() + self.params.timeout).min(self.end);
         let mut buf = [0u8; 516];
         self.set_rtimeout(self.params.timeout.min(slice))?;
         loop {
@@ -648,6 +752,9 @@ impl Transfer<'_> {
                 return Err(Abort::Stopped);
             }
             let now = Instant::now();
+            if now >= self.end {
+                return Err(Abort::Deadline(self.deadline));
+            }
             if now >= deadline {
                 return Ok(Reply::TimedOut);
             }
@@ -764,7 +871,7 @@ mod tests {
     struct Srv {
         addr: SocketAddr,
         shared: Arc<Shared>,
-        active: Arc<Mutex<HashSet<SocketAddr>>>,
+        active: Arc<Mutex<Active>>,
         rt: tokio::runtime::Runtime,
         task: tokio::task::JoinHandle<()>,
         _dir: tempfile::TempDir,
@@ -779,6 +886,10 @@ mod tests {
 
     /// A server on 127.0.0.1 serving `files` (name, content).
     fn start(files: &[(&str, Vec<u8>)]) -> Srv {
+        start_with(files, TftpLimits::default())
+    }
+
+    fn start_with(files: &[(&str, Vec<u8>)], limits: TftpLimits) -> Srv {
         let dir = tempfile::tempdir().unwrap();
         let mut yaml =
             String::from("serverIP: 127.0.0.1\ncidr: 127.0.0.0/8\ndhcp: {mode: proxy}\nfiles: {");
@@ -803,7 +914,10 @@ mod tests {
             .unwrap();
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = sock.local_addr().unwrap();
-        let srv = rt.block_on(server(shared.clone(), sock)).unwrap();
+        let srv = rt
+            .block_on(server(shared.clone(), sock))
+            .unwrap()
+            .with_limits(limits);
         let active = srv.active.clone();
         let task = rt.spawn(async move {
             let _ = srv.serve().await;
@@ -1055,5 +1169,93 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A client that ACKs every block, but only just before the server's
+    /// timeout, never trips a retransmission limit: the total deadline
+    /// ends its transfer with an ERROR naming it.
+    #[test]
+    fn a_slow_client_is_cut_at_the_deadline() {
+        let limits = TftpLimits {
+            deadline: Duration::from_secs(2),
+            ..TftpLimits::default()
+        };
+        let srv = start_with(&[("a", content(512 * 40))], limits);
+        let c = client();
+        c.send_to(&rrq("a", &[]), srv.addr).unwrap();
+        let t = Instant::now();
+        let mut blocks = 0;
+        let msg = loop {
+            let (p, from) = recv(&c);
+            match u16::from_be_bytes([p[0], p[1]]) {
+                OP_DATA => {
+                    blocks += 1;
+                    // slow on purpose (this is the client's behaviour, not a
+                    // synchronisation): 41 blocks x 300 ms = 12 s in all
+                    std::thread::sleep(Duration::from_millis(300));
+                    c.send_to(&ack(u16::from_be_bytes([p[2], p[3]])), from)
+                        .unwrap();
+                }
+                OP_ERROR => break String::from_utf8_lossy(&p[4..p.len() - 1]).into_owned(),
+                op => panic!("opcode {op}: {p:?}"),
+            }
+        };
+        assert_eq!(
+            msg,
+            "transfer deadline of 2 s exceeded: the whole file must be sent within it"
+        );
+        assert!(blocks < 41, "{blocks} blocks: the whole file was sent");
+        assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(metric(&srv, "deadline"), 1);
+    }
+
+    /// At most `per_source` transfers run from one address: the next
+    /// request from it gets an ERROR naming the limit; a transfer that
+    /// ends frees its place.
+    #[test]
+    fn transfers_per_source_address_are_capped() {
+        let limits = TftpLimits {
+            per_source: 3,
+            ..TftpLimits::default()
+        };
+        let srv = start_with(&[("a", content(5000))], limits);
+        // three transfers running: each has sent its first block
+        let held: Vec<(UdpSocket, SocketAddr)> = (0..3)
+            .map(|_| {
+                let c = client();
+                c.send_to(&rrq("a", &[]), srv.addr).unwrap();
+                let (p, from) = recv(&c);
+                assert_eq!(&p[..4], &[0, 3, 0, 1], "{p:?}");
+                (c, from)
+            })
+            .collect();
+        let c = client();
+        c.send_to(&rrq("a", &[]), srv.addr).unwrap();
+        let (p, _) = recv(&c);
+        assert_eq!(&p[..4], &[0, 5, 0, 0], "{p:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&p[4..p.len() - 1]),
+            "too many transfers from 127.0.0.1: the limit is 3 at once per address"
+        );
+        assert_eq!(metric(&srv, "per_source_limit"), 1);
+        assert_eq!(metric(&srv, "served"), 3);
+        // one client gives up: its place is free once its transfer ended
+        let (c0, from0) = &held[0];
+        c0.send_to(&error_packet(0, "bye"), from0).unwrap();
+        let t = Instant::now();
+        while srv
+            .active
+            .lock()
+            .unwrap()
+            .count_from(IpAddr::from([127, 0, 0, 1]))
+            > 2
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "transfer still running"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(fetch(&srv, "a", &[], None), content(5000));
     }
 }

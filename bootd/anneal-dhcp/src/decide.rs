@@ -75,6 +75,10 @@ pub enum DropReason {
     ReplyTooLarge,
     /// The reply failed to encode.
     Encode,
+    /// A DECLINE for an address outside the Subnet's cidr.
+    DeclineOutsideSubnet,
+    /// A DECLINE for an address this MAC neither holds nor would be offered.
+    DeclineNotOffered,
 }
 
 impl DropReason {
@@ -96,6 +100,8 @@ impl DropReason {
             DropReason::BootFileTooLong => "boot_file_too_long",
             DropReason::ReplyTooLarge => "reply_too_large",
             DropReason::Encode => "encode",
+            DropReason::DeclineOutsideSubnet => "decline_outside_subnet",
+            DropReason::DeclineNotOffered => "decline_not_offered",
         }
     }
 
@@ -123,6 +129,10 @@ impl fmt::Display for DropReason {
             DropReason::BootFileTooLong => "boot file name does not fit the file field",
             DropReason::ReplyTooLarge => "reply exceeds the client's maximum message size",
             DropReason::Encode => "reply failed to encode",
+            DropReason::DeclineOutsideSubnet => "declined address is outside this subnet",
+            DropReason::DeclineNotOffered => {
+                "declined address is neither leased nor offered to this mac"
+            }
         };
         f.write_str(s)
     }
@@ -521,13 +531,25 @@ fn lease(req: &Request, table: &BootTable, leases: &Leases, now: u64) -> Decisio
             if req.server_id().is_some_and(|s| s != table.server_ip) {
                 return drop(DropReason::NotForUs);
             }
-            match req.requested_ip() {
-                Some(address) => Decision::Update(LeaseEffect::Decline {
-                    mac: req.mac,
-                    address,
-                }),
-                None => drop(DropReason::NoRequestedAddress),
+            let Some(address) = req.requested_ip() else {
+                return drop(DropReason::NoRequestedAddress);
+            };
+            if !table.cidr.contains(address) {
+                return drop(DropReason::DeclineOutsideSubnet);
             }
+            // Only the address this MAC holds, or the one it would be
+            // offered now (its reservation, its lease, or a free pool
+            // address): never another MAC's, never one it was not given.
+            let holds = leases
+                .get(&req.mac)
+                .is_some_and(|l| l.address == address && l.expires > now);
+            if !holds && address_for(req, table, leases, now) != Ok(address) {
+                return drop(DropReason::DeclineNotOffered);
+            }
+            Decision::Update(LeaseEffect::Decline {
+                mac: req.mac,
+                address,
+            })
         }
         MessageType::Release => {
             if req.server_id().is_some_and(|s| s != table.server_ip) {

@@ -35,6 +35,9 @@ pub struct Leases {
     /// Index of `by_mac` by address (every MAC with a lease on it, expired
     /// or not), so that `holder` is not a scan of every lease.
     by_addr: BTreeMap<Ipv4Addr, BTreeSet<Mac>>,
+    /// Index of `by_mac` by expiry, so that `collect_expired` removes the
+    /// expired leases in O(expired · log n), never a scan of all.
+    by_expiry: BTreeSet<(u64, Mac)>,
     declined: BTreeMap<Ipv4Addr, u64>,
     /// MACs whose lease was set or removed since the last `take_changes`,
     /// while change tracking is on (`None`: off), so that a persister
@@ -66,6 +69,7 @@ impl Leases {
             self.unindex(&old);
         }
         self.by_addr.entry(l.address).or_default().insert(l.mac);
+        self.by_expiry.insert((l.expires, l.mac));
         self.mark(l.mac);
     }
 
@@ -94,6 +98,7 @@ impl Leases {
     }
 
     fn unindex(&mut self, l: &Lease) {
+        self.by_expiry.remove(&(l.expires, l.mac));
         if let Some(macs) = self.by_addr.get_mut(&l.address) {
             macs.remove(&l.mac);
             if macs.is_empty() {
@@ -170,9 +175,33 @@ impl Leases {
         gone
     }
 
-    /// Number of unexpired leases.
-    pub fn active(&self, now: u64) -> usize {
-        self.by_mac.values().filter(|l| l.expires > now).count()
+    /// Removes every lease expired at `now` (`expires <= now`) and every
+    /// DECLINE hold that ended; returns the removed leases (marked changed,
+    /// so the persister deletes them). Costs O(expired · log n): the
+    /// leases are indexed by expiry. bootd calls it on a timer and before
+    /// it reports [`Leases::active`].
+    pub fn collect_expired(&mut self, now: u64) -> Vec<Lease> {
+        let mut gone = Vec::new();
+        while let Some(&(expires, mac)) = self.by_expiry.first()
+            && expires <= now
+        {
+            match self.remove_mac(&mac) {
+                Some(l) => gone.push(l),
+                // an index entry without its lease: drop it, never loop
+                None => {
+                    self.by_expiry.remove(&(expires, mac));
+                }
+            }
+        }
+        self.declined.retain(|_, until| *until > now);
+        gone
+    }
+
+    /// Number of leases held: O(1), the map's length kept by every insert
+    /// and removal. Unexpired leases only once [`Leases::collect_expired`]
+    /// ran for the current time.
+    pub fn active(&self) -> usize {
+        self.by_mac.len()
     }
 
     /// All leases, by MAC.
@@ -200,7 +229,7 @@ mod tests {
         );
         assert_eq!(l.holder(ip, 50), Some(a));
         assert_eq!(l.holder(ip, 100), None);
-        assert_eq!(l.active(50), 1);
+        assert_eq!(l.active(), 1);
         // release for another address is ignored
         l.apply(
             LeaseEffect::Release {
@@ -328,5 +357,60 @@ mod tests {
             let indexed: usize = l.by_addr.values().map(BTreeSet::len).sum();
             assert_eq!(indexed, l.by_mac.len(), "step {step}");
         }
+    }
+
+    /// Expired leases are collected (and recorded as removed), unexpired
+    /// ones and their index stay; `active` then counts exactly the
+    /// unexpired leases, as a scan would.
+    #[test]
+    fn expired_leases_are_collected() {
+        let lease = |i: u8, expires| Lease {
+            mac: Mac([2, 0, 0, 0, 0, i]),
+            address: Ipv4Addr::new(10, 0, 0, i),
+            expires,
+        };
+        let mut l = Leases::from_leases((1..=100).map(|i| lease(i, u64::from(i) * 10)));
+        l.track_changes();
+        // a renewal moves a lease's expiry: its old index entry must go
+        l.apply(LeaseEffect::Bind(lease(3, 5000)), 0);
+        l.apply(
+            LeaseEffect::Decline {
+                mac: Mac([2, 0, 0, 0, 0, 1]),
+                address: Ipv4Addr::new(10, 0, 0, 200),
+            },
+            0,
+        );
+        l.take_changes();
+        assert_eq!(l.active(), 100);
+        let gone = l.collect_expired(500);
+        // leases 1..=50 expired at 10..=500, except 3 (renewed)
+        assert_eq!(gone.len(), 49);
+        assert!(gone.iter().all(|g| g.expires <= 500));
+        let scan = l.iter().filter(|x| x.expires > 500).count();
+        assert_eq!(l.active(), scan);
+        assert_eq!(l.active(), 51);
+        assert_eq!(
+            l.holder(Ipv4Addr::new(10, 0, 0, 3), 500),
+            Some(Mac([2, 0, 0, 0, 0, 3]))
+        );
+        assert_eq!(
+            l.holder(Ipv4Addr::new(10, 0, 0, 51), 500),
+            Some(Mac([2, 0, 0, 0, 0, 51]))
+        );
+        assert!(l.get(&Mac([2, 0, 0, 0, 0, 50])).is_none());
+        let changes = l.take_changes();
+        assert_eq!(changes.len(), 49);
+        assert!(changes.iter().all(|(_, now)| now.is_none()));
+        // the decline hold ends with its time
+        assert!(l.is_declined(Ipv4Addr::new(10, 0, 0, 200), 500));
+        // leases 51..=60 expire at 510..=600
+        assert_eq!(l.collect_expired(DECLINE_HOLD_SECS).len(), 10);
+        assert!(l.declined.is_empty());
+        // nothing left to collect: a second pass removes nothing
+        assert!(l.collect_expired(DECLINE_HOLD_SECS).is_empty());
+        assert_eq!(l.active(), l.by_expiry.len());
+        l.collect_expired(u64::MAX);
+        assert_eq!(l.active(), 0);
+        assert!(l.by_addr.is_empty() && l.by_expiry.is_empty());
     }
 }

@@ -12,6 +12,12 @@ use crate::Mac;
 pub const MAX_PACKET: usize = 1500;
 /// Fixed BOOTP header plus the magic cookie.
 const HEADER_LEN: usize = 240;
+/// The `sname` field (64 bytes), which option 52 may give to options.
+const SNAME: std::ops::Range<usize> = 44..108;
+/// The `file` field (128 bytes), which option 52 may give to options.
+const FILE: std::ops::Range<usize> = 108..236;
+/// Option 52, option overload (RFC 2132 9.3).
+const OVERLOAD: u8 = 52;
 const MAGIC: [u8; 4] = [99, 130, 83, 99];
 
 /// Which server port a datagram arrived on.
@@ -53,6 +59,10 @@ pub enum Malformed {
     BadOptionLength,
     #[error("header does not decode")]
     BadHeader,
+    #[error("option 52 (overload) is repeated, not 1 byte, not 1, 2 or 3, or inside file/sname")]
+    BadOverload,
+    #[error("an overloaded file or sname field has no end option")]
+    OverloadNoEnd,
 }
 
 impl Malformed {
@@ -68,6 +78,8 @@ impl Malformed {
             Malformed::NoMessageType => "no_message_type",
             Malformed::BadOptionLength => "bad_option_length",
             Malformed::BadHeader => "bad_header",
+            Malformed::BadOverload => "bad_overload",
+            Malformed::OverloadNoEnd => "overload_no_end",
         }
     }
 }
@@ -90,7 +102,10 @@ pub enum ClientKind {
 pub struct Request {
     /// The BOOTP header as `dhcproto` decoded it (options ignored: see `options`).
     pub header: Message,
-    /// Options by code, RFC 3396 concatenated; pad and end removed.
+    /// Options by code, RFC 3396 concatenated; pad and end removed. With
+    /// option 52 (overload) this includes the options carried in `file`
+    /// and/or `sname`, read in the order options, file, sname (RFC 2131
+    /// 4.1); those fields are then cleared in `header`.
     pub options: BTreeMap<u8, Vec<u8>>,
     /// Option 53.
     pub msg_type: MessageType,
@@ -118,10 +133,36 @@ impl Request {
         if bytes[236..240] != MAGIC {
             return Err(Malformed::BadMagic);
         }
-        let options = walk_options(&bytes[HEADER_LEN..])?;
+        let mut options = BTreeMap::new();
+        walk_options(&bytes[HEADER_LEN..], &mut options, false)?;
+        // Option 52 (RFC 2132 9.3): 1 = file, 2 = sname, 3 = both hold
+        // options, read after the options field, file before sname (RFC
+        // 2131 4.1). A repeated 52 concatenates to a length other than 1.
+        let overload = match options.get(&OVERLOAD).map(Vec::as_slice) {
+            None => 0,
+            Some(&[v @ 1..=3]) => v,
+            Some(_) => return Err(Malformed::BadOverload),
+        };
+        if overload & 1 != 0 {
+            walk_options(&bytes[FILE], &mut options, true)?;
+        }
+        if overload & 2 != 0 {
+            walk_options(&bytes[SNAME], &mut options, true)?;
+        }
+        if overload != 0 && options.get(&OVERLOAD).is_none_or(|v| v.len() != 1) {
+            // 52 again inside file/sname: not allowed there, and never followed.
+            return Err(Malformed::BadOverload);
+        }
         // Only the header: options were walked above, strictly.
-        let header = Message::decode(&mut Decoder::new(&bytes[..HEADER_LEN]))
+        let mut header = Message::decode(&mut Decoder::new(&bytes[..HEADER_LEN]))
             .map_err(|_| Malformed::BadHeader)?;
+        // Fields that hold options are not a boot file or server name.
+        if overload & 1 != 0 {
+            header.clear_fname();
+        }
+        if overload & 2 != 0 {
+            header.clear_sname();
+        }
         if header.opcode() != Opcode::BootRequest {
             return Err(Malformed::NotBootRequest);
         }
@@ -223,15 +264,20 @@ impl Request {
     }
 }
 
-/// Walks the option area: every option must fit; same-code runs are
-/// concatenated (RFC 3396). A missing end option is tolerated only when the
-/// last option ends exactly at the end of the packet.
-fn walk_options(mut area: &[u8]) -> Result<BTreeMap<u8, Vec<u8>>, Malformed> {
-    let mut out: BTreeMap<u8, Vec<u8>> = BTreeMap::new();
+/// Walks one option area into `out`: every option must fit; same-code runs
+/// are concatenated (RFC 3396), also across the options, file and sname
+/// fields. In the options field a missing end option is tolerated only when
+/// the last option ends exactly at the end of the packet; an overloaded
+/// `file` or `sname` field (`need_end`) must hold an end option.
+fn walk_options(
+    mut area: &[u8],
+    out: &mut BTreeMap<u8, Vec<u8>>,
+    need_end: bool,
+) -> Result<(), Malformed> {
     while let Some((&code, rest)) = area.split_first() {
         match code {
             0 => area = rest,
-            255 => break,
+            255 => return Ok(()),
             _ => {
                 let (&len, rest) = rest.split_first().ok_or(Malformed::OptionOverflow)?;
                 let len = usize::from(len);
@@ -243,7 +289,11 @@ fn walk_options(mut area: &[u8]) -> Result<BTreeMap<u8, Vec<u8>>, Malformed> {
             }
         }
     }
-    Ok(out)
+    if need_end {
+        Err(Malformed::OverloadNoEnd)
+    } else {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -345,6 +395,117 @@ mod tests {
         for (p, want) in [(raw, true), (framed, true), (other, false), (o175, true)] {
             let r = Request::parse(&p, ingress()).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(r.client_kind() == ClientKind::Ipxe, want);
+        }
+    }
+
+    /// A packet whose options field is `opts`, with `file` and `sname`
+    /// filled from the given bytes (the rest of each field zero).
+    fn overloaded(opts: &[u8], file: &[u8], sname: &[u8]) -> Vec<u8> {
+        let mut p = base(opts);
+        p[FILE][..file.len()].copy_from_slice(file);
+        p[SNAME][..sname.len()].copy_from_slice(sname);
+        p
+    }
+
+    #[test]
+    fn overload_reads_file_then_sname() {
+        // message type only in `file`: a DISCOVER
+        let p = overloaded(&[52, 1, 1, 255], &[53, 1, 1, 255], b"");
+        let r = Request::parse(&p, ingress()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.msg_type, MessageType::Discover);
+        assert_eq!(r.header.fname(), None, "file held options, not a boot file");
+        // both: vendor class split across options, file and sname, in that order
+        let p = overloaded(
+            &[52, 1, 3, 60, 3, b'P', b'X', b'E', 255],
+            &[60, 3, b'C', b'l', b'i', 0, 0, 255],
+            &[53, 1, 3, 60, 3, b'e', b'n', b't', 255, 0],
+        );
+        let r = Request::parse(&p, ingress()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.msg_type, MessageType::Request);
+        assert_eq!(r.vendor_class(), b"PXEClient");
+        assert_eq!(r.client_kind(), ClientKind::Pxe);
+        assert_eq!(r.header.fname(), None);
+        assert_eq!(r.header.sname(), None);
+        // sname only: `file` stays a file name and is not walked
+        let p = overloaded(&[52, 1, 2, 255], b"pxelinux.0", &[53, 1, 1, 255]);
+        let r = Request::parse(&p, ingress()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.msg_type, MessageType::Discover);
+        assert!(
+            r.header
+                .fname()
+                .is_some_and(|f| f.starts_with(b"pxelinux.0"))
+        );
+        assert_eq!(r.header.sname(), None);
+        // without option 52, file and sname are never read as options
+        let p = overloaded(&[255], &[53, 1, 1, 255], &[53, 1, 1, 255]);
+        assert_eq!(
+            Request::parse(&p, ingress()).err(),
+            Some(Malformed::NoMessageType)
+        );
+    }
+
+    #[test]
+    fn overload_hostile_shapes_are_dropped() {
+        let cases: [(Vec<u8>, Malformed); 8] = [
+            // value out of range, empty, two bytes
+            (
+                overloaded(&[52, 1, 4, 53, 1, 1, 255], b"", b""),
+                Malformed::BadOverload,
+            ),
+            (
+                overloaded(&[52, 0, 53, 1, 1, 255], b"", b""),
+                Malformed::BadOverload,
+            ),
+            (
+                overloaded(&[52, 2, 1, 1, 53, 1, 1, 255], b"", b""),
+                Malformed::BadOverload,
+            ),
+            // repeated in the options field
+            (
+                overloaded(&[52, 1, 1, 52, 1, 1, 255], &[53, 1, 1, 255], b""),
+                Malformed::BadOverload,
+            ),
+            // repeated inside `file`
+            (
+                overloaded(&[52, 1, 1, 255], &[52, 1, 2, 53, 1, 1, 255], &[255]),
+                Malformed::BadOverload,
+            ),
+            // pointing at garbage: an option running past the end of `file`
+            (
+                overloaded(&[52, 1, 1, 255], &[53, 1, 1, 60, 200, b'P'], b""),
+                Malformed::OptionOverflow,
+            ),
+            // `file` full of options with no end
+            (
+                overloaded(
+                    &[52, 1, 1, 255],
+                    &[[53, 1, 1].as_slice(), &[12, 123], &[b'x'; 123]].concat(),
+                    b"",
+                ),
+                Malformed::OverloadNoEnd,
+            ),
+            // `sname` all zeros (pads) and no end
+            (
+                overloaded(&[52, 1, 3, 255], &[53, 1, 1, 255], b""),
+                Malformed::OverloadNoEnd,
+            ),
+        ];
+        for (i, (p, want)) in cases.iter().enumerate() {
+            assert_eq!(Request::parse(p, ingress()).err(), Some(*want), "case {i}");
+        }
+        // every byte of an overloaded `file` set to every value: no panic
+        let good = overloaded(
+            &[52, 1, 3, 255],
+            &[53, 1, 1, 60, 3, b'P', b'X', b'E', 255],
+            &[255],
+        );
+        assert!(Request::parse(&good, ingress()).is_ok());
+        for i in 44..236 {
+            for v in 0..=255u8 {
+                let mut b = good.clone();
+                b[i] = v;
+                let _ = Request::parse(&b, ingress());
+            }
         }
     }
 }

@@ -185,9 +185,13 @@ fn siaddr(r: &Reply) -> Ipv4Addr {
 }
 
 fn golden(name: &str, r: &Reply) {
+    golden_bytes(name, &r.bytes);
+}
+
+fn golden_bytes(name: &str, bytes: &[u8]) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bootd");
     let path = dir.join(format!("{name}.hex"));
-    let hex = hex::encode(&r.bytes);
+    let hex = hex::encode(bytes);
     if std::env::var_os("ANNEAL_REGEN_GOLDEN").is_some() {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(&path, format!("{hex}\n")).unwrap();
@@ -220,6 +224,51 @@ fn lease_uefi_pxe_discover_offers_reservation_and_first_stage() {
     assert_eq!(opt(&r, 60), None);
     assert_eq!(opt(&r, 43), None);
     assert!(r.bytes.len() >= 300);
+    golden("lease_offer_uefi_pxe", &r);
+}
+
+/// The UEFI PXE DISCOVER of `uefi_pxe()` rebuilt by hand with option 52 = 3:
+/// the message type and the vendor class's tail in `file`, the architecture
+/// in `sname`, split options concatenated across the fields (RFC 2131 4.1,
+/// RFC 2132 9.3). `file` and `sname` carry garbage after their end option.
+fn overloaded_uefi_discover() -> Vec<u8> {
+    let plain = uefi_pxe().bytes();
+    let mut p = plain[..240].to_vec();
+    // options field: overload, then the first half of option 60
+    p.extend_from_slice(&[52, 1, 3, 60, 16]);
+    p.extend_from_slice(b"PXEClient:Arch:0");
+    p.push(255);
+    let mut file = vec![53, 1, 1, 60, 16];
+    file.extend_from_slice(b"0007:UNDI:003000");
+    file.extend_from_slice(&[0, 0, 255]);
+    file.extend_from_slice(b"not a boot file");
+    p[108..108 + file.len()].copy_from_slice(&file);
+    let mut sname = vec![93, 2, 0, 7, 255];
+    sname.extend_from_slice(b"not a server name");
+    p[44..44 + sname.len()].copy_from_slice(&sname);
+    p
+}
+
+#[test]
+fn overloaded_discover_is_answered_like_the_plain_one() {
+    let bytes = overloaded_uefi_discover();
+    golden_bytes("request_discover_overload_both", &bytes);
+    let ingress = Ingress {
+        port: ServerPort::Dhcp,
+        src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
+    };
+    let req = Request::parse(&bytes, ingress).unwrap();
+    assert_eq!(req.msg_type, MessageType::Discover);
+    assert_eq!(req.vendor_class(), b"PXEClient:Arch:00007:UNDI:003000");
+    assert_eq!(req.arch(), Some(7));
+    assert_eq!(req.header.fname(), None);
+    assert_eq!(req.header.sname(), None);
+    let t = table(Mode::Lease);
+    let r = reply(decide(&req, &t, &Leases::default(), NOW));
+    assert_eq!(r.msg_type, MessageType::Offer);
+    assert_eq!(file(&r), "snponly.efi");
+    let plain = reply(decide(&uefi_pxe().req67(), &t, &Leases::default(), NOW));
+    assert_eq!(r.bytes, plain.bytes, "same offer as the plain DISCOVER");
     golden("lease_offer_uefi_pxe", &r);
 }
 
@@ -480,6 +529,75 @@ fn decline_release_inform() {
     assert_eq!(yiaddr(&r), Ipv4Addr::UNSPECIFIED);
     assert_eq!(opt(&r, 51), None);
     assert_eq!(r.dest, Dest::Unicast(SocketAddrV4::new(M1_ADDR, 68)));
+}
+
+/// A DECLINE withholds only the address the MAC holds or would be offered,
+/// inside the Subnet; any other is dropped with its own reason, and the
+/// address stays available to its holder.
+#[test]
+fn decline_only_for_the_address_held_or_offered() {
+    let decl = |mac: Mac, address: Ipv4Addr| Pkt {
+        mac: Some(mac),
+        ty: Some(MessageType::Decline),
+        requested: Some(address),
+        server_id: Some(SERVER),
+        ..Default::default()
+    };
+    let t = table(Mode::Lease);
+    let leases = Leases::default();
+    // M2 has no reservation: it cannot take M1's reserved address out
+    assert_eq!(
+        dropped(decide(&decl(M2, M1_ADDR).req67(), &t, &leases, NOW)),
+        DropReason::DeclineNotOffered
+    );
+    // M1 declining an address it was never given
+    assert_eq!(
+        dropped(decide(
+            &decl(M1, Ipv4Addr::new(10, 77, 0, 60)).req67(),
+            &t,
+            &leases,
+            NOW
+        )),
+        DropReason::DeclineNotOffered
+    );
+    // outside the Subnet
+    let d = dropped(decide(
+        &decl(M1, Ipv4Addr::new(192, 168, 1, 5)).req67(),
+        &t,
+        &leases,
+        NOW,
+    ));
+    assert_eq!(d, DropReason::DeclineOutsideSubnet);
+    assert_eq!(d.label(), "decline_outside_subnet");
+    assert_eq!(DropReason::DeclineNotOffered.label(), "decline_not_offered");
+    // its own reservation: accepted
+    assert!(matches!(
+        decide(&decl(M1, M1_ADDR).req67(), &t, &leases, NOW),
+        Decision::Update(LeaseEffect::Decline { .. })
+    ));
+    // dynamic pool: M2 holds .100; a stranger cannot decline it, M2 can
+    let mut ta = table(Mode::Lease);
+    ta.answer_all = true;
+    let pool = Ipv4Addr::new(10, 77, 0, 100);
+    let mut leases = Leases::default();
+    leases.apply(
+        LeaseEffect::Bind(anneal_dhcp::Lease {
+            mac: M2,
+            address: pool,
+            expires: NOW + 100,
+        }),
+        NOW,
+    );
+    assert_eq!(
+        dropped(decide(&decl(STRANGER, pool).req67(), &ta, &leases, NOW)),
+        DropReason::DeclineNotOffered
+    );
+    assert_eq!(leases.holder(pool, NOW), Some(M2));
+    let d = decide(&decl(M2, pool).req67(), &ta, &leases, NOW);
+    assert!(
+        matches!(d, Decision::Update(LeaseEffect::Decline { mac, address }) if mac == M2 && address == pool),
+        "{d:?}"
+    );
 }
 
 #[test]
