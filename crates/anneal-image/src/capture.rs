@@ -555,6 +555,18 @@ pub fn capture_raw_stream<R: Read>(
             }
         }
         size += n as u64;
+        if b.len() as u64 > crate::format::MAX_EXTENTS {
+            return Err(CaptureError::Fs {
+                partition: 0,
+                source: FsError::Corrupt {
+                    fs: "raw",
+                    detail: format!(
+                        "more than {} used extents (the content format's limit) after {size} bytes",
+                        crate::format::MAX_EXTENTS
+                    ),
+                },
+            });
+        }
         if n < buf.len() {
             break;
         }

@@ -17,8 +17,16 @@ pub const CSM_CRC32: u16 = 0x20;
 pub const BM_BIT: u8 = 0x01;
 /// Largest accepted block size.
 pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
-/// Largest accepted bitmap (bounds allocation: 2^35 blocks).
-pub const MAX_BITMAP_BYTES: u64 = 1 << 32;
+/// Largest accepted bitmap: what a 64 TiB device at 4 KiB blocks needs
+/// (2^34 blocks, 2 GiB of bitmap). A header claiming more is refused before
+/// any of the bitmap is read, so a small compressed stream cannot make the
+/// reader allocate more than this.
+pub const MAX_BITMAP_BYTES: u64 = (64 << 40) / 4096 / 8;
+/// Largest accepted number of used extents (runs of set bits) of a bitmap:
+/// the content format's own limit ([`crate::format::MAX_EXTENTS`], 2^26,
+/// 1 GiB of extent list). Counted on the bitmap before the list is built.
+pub const MAX_EXTENTS: u64 = crate::format::MAX_EXTENTS;
+
 
 /// Errors of reading a partclone image.
 #[derive(Debug, thiserror::Error)]
@@ -178,7 +186,12 @@ pub fn parse_header(b: &[u8]) -> Result<Header, PartcloneError> {
         }
     }
     if h.bitmap_len() > MAX_BITMAP_BYTES {
-        return bad(format!("{} blocks", h.total_blocks));
+        return bad(format!(
+            "total blocks {} need a {}-byte bitmap, above the limit of {MAX_BITMAP_BYTES} bytes \
+             (a 64 TiB device at 4 KiB blocks)",
+            h.total_blocks,
+            h.bitmap_len()
+        ));
     }
     if h.used_blocks > h.total_blocks {
         return bad(format!(
@@ -227,12 +240,31 @@ pub fn parse_bitmap(h: &Header, b: &[u8]) -> Result<Vec<Extent>, PartcloneError>
             h.used_blocks
         )));
     }
+    let runs = count_runs(bitmap);
+    if runs > MAX_EXTENTS {
+        return Err(PartcloneError::Header(format!(
+            "bitmap holds {runs} used extents, above the limit of {MAX_EXTENTS}"
+        )));
+    }
     Ok(from_bitmap(
         bitmap,
         h.total_blocks,
         u64::from(h.block_size),
         h.device_size,
     ))
+}
+
+/// Number of runs of set bits (extents before clipping) of a bitmap, least
+/// significant bit first.
+pub fn count_runs(bitmap: &[u8]) -> u64 {
+    let mut prev_top = 0u8;
+    let mut runs = 0u64;
+    for &x in bitmap {
+        // a run starts at every set bit whose lower neighbour is clear
+        runs += u64::from((x & !((x << 1) | prev_top)).count_ones());
+        prev_top = x >> 7;
+    }
+    runs
 }
 
 /// Streaming reader of a partclone image: header and bitmap on open, then
@@ -499,5 +531,24 @@ mod tests {
         let c = crc_update(0xFFFF_FFFF, &img[..106]);
         img[106..110].copy_from_slice(&c.to_le_bytes());
         assert!(matches!(read_all(&img), Err(PartcloneError::Header(_))));
+    }
+
+    #[test]
+    fn count_runs_matches_the_extent_list() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in [0usize, 1, 2, 7, 64, 333] {
+            let bm: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let blocks = len as u64 * 8;
+            let ext = from_bitmap(&bm, blocks, 512, blocks * 512);
+            assert_eq!(count_runs(&bm), ext.len() as u64, "{bm:?}");
+        }
+        assert_eq!(count_runs(&[0xff, 0xff, 0x01, 0x80, 0x01]), 2);
     }
 }
