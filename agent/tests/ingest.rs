@@ -1202,3 +1202,33 @@ fn empty_sources_are_refused() {
         assert_clean(&store);
     }
 }
+
+/// A partclone image cut short of its used blocks: the error says how many
+/// of how many it holds; nothing published (issue 15).
+#[test]
+fn a_truncated_partclone_image_says_how_much_it_holds() {
+    let dir = tmpdir();
+    let d = dir.path();
+    let bitmap = vec![true; 5000];
+    let data: Vec<u8> = (0..5000 * 512u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+        .collect();
+    let img = anneal_image::partclone::build("EXTFS", 512, &bitmap, &data, 0);
+    let start = anneal_image::partclone::HEADER_LEN + 5000 / 8 + 4;
+    std::fs::write(d.join("cut.pcl"), &img[..start + 1200 * 512 + 100]).unwrap();
+    let want = "partclone image ends after 1200 of 5000 used blocks";
+
+    let m = capture_fails(&d.join("cut.pcl"), &d.join("out"), "partclone");
+    assert!(m.contains(want), "{m}");
+
+    let addr = serve_dir(d.to_owned(), None);
+    let store = d.join("s");
+    for name in ["cut.pcl", "chunked/cut.pcl"] {
+        let m = ingest(&format!("http://{addr}/{name}"), &store, "i", "x", &[])
+            .err("InvalidSource");
+        assert!(m.contains(want), "{name}: {m}");
+        assert!(published(&store).is_empty());
+        assert!(!store.join("lab/.imports/i").exists());
+        assert_clean(&store);
+    }
+}

@@ -27,7 +27,6 @@ pub const MAX_BITMAP_BYTES: u64 = (64 << 40) / 4096 / 8;
 /// 1 GiB of extent list). Counted on the bitmap before the list is built.
 pub const MAX_EXTENTS: u64 = crate::format::MAX_EXTENTS;
 
-
 /// Errors of reading a partclone image.
 #[derive(Debug, thiserror::Error)]
 pub enum PartcloneError {
@@ -67,6 +66,17 @@ pub enum PartcloneError {
     /// Data after the last checksum.
     #[error("trailing data after the last partclone block")]
     Trailing,
+    /// The image ends before all the used blocks of its bitmap.
+    #[error(
+        "partclone image ends after {have} of {used} used blocks (truncated: an incomplete \
+         copy or a missing split part)"
+    )]
+    Truncated {
+        /// complete used blocks read
+        have: u64,
+        /// used blocks the bitmap holds
+        used: u64,
+    },
     /// Caller asked for more blocks than the image holds.
     #[error("read past the last used block")]
     PastEnd,
@@ -284,6 +294,28 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> PartcloneError {
 }
 
 impl<R: Read> Reader<R> {
+    /// Fills `buf` from the image; an end of file reports how many used
+    /// blocks were complete (`partial` blocks of `buf` filled count too).
+    fn read_data(&mut self, buf: &mut [u8], what: &'static str) -> Result<(), PartcloneError> {
+        let mut n = 0usize;
+        while n < buf.len() {
+            match self.inner.read(&mut buf[n..]) {
+                Ok(0) => {
+                    let bs = self.header.block_size as usize;
+                    let partial = if what == "blocks" { n / bs } else { 0 };
+                    return Err(PartcloneError::Truncated {
+                        have: self.blocks_read + partial as u64,
+                        used: self.header.used_blocks,
+                    });
+                }
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(what)(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Reads and validates header and bitmap.
     pub fn open(mut inner: R) -> Result<Self, PartcloneError> {
         let mut hb = [0u8; HEADER_LEN];
@@ -331,7 +363,7 @@ impl<R: Read> Reader<R> {
             return Err(PartcloneError::PastEnd);
         }
         if self.header.checksum_mode == CSM_NONE {
-            self.inner.read_exact(buf).map_err(io_err("blocks"))?;
+            self.read_data(buf, "blocks")?;
             self.blocks_read += nblocks;
             return Ok(());
         }
@@ -340,8 +372,8 @@ impl<R: Read> Reader<R> {
         while pos < buf.len() {
             let room = (per - self.strip_blocks) as usize;
             let take = room.min((buf.len() - pos) / bs);
-            let chunk = &mut buf[pos..pos + take * bs];
-            self.inner.read_exact(chunk).map_err(io_err("blocks"))?;
+            self.read_data(&mut buf[pos..pos + take * bs], "blocks")?;
+            let chunk = &buf[pos..pos + take * bs];
             self.crc = crc_update(self.crc, chunk);
             self.strip_blocks += take as u32;
             self.blocks_read += take as u64;
@@ -355,7 +387,7 @@ impl<R: Read> Reader<R> {
 
     fn check_strip(&mut self) -> Result<(), PartcloneError> {
         let mut c = [0u8; 4];
-        self.inner.read_exact(&mut c).map_err(io_err("checksum"))?;
+        self.read_data(&mut c, "checksum")?;
         if u32::from_le_bytes(c) != self.crc {
             return Err(PartcloneError::BlockCrc {
                 block: self.blocks_read,
@@ -550,5 +582,34 @@ mod tests {
             assert_eq!(count_runs(&bm), ext.len() as u64, "{bm:?}");
         }
         assert_eq!(count_runs(&[0xff, 0xff, 0x01, 0x80, 0x01]), 2);
+    }
+
+    #[test]
+    fn a_truncated_image_says_how_many_blocks_it_holds() {
+        let bm = vec![true; 5000];
+        let data: Vec<u8> = (0..5000 * 512).map(|i| (i * 13 % 251) as u8).collect();
+        for per in [0u32, 64] {
+            let img = build("EXTFS", 512, &bm, &data, per);
+            let start = HEADER_LEN + 5000 / 8 + 4;
+            let strip = if per == 0 { 512 } else { 512 + 4 / 64 };
+            // 1200 blocks and a part of the next one (checksums: 18 strips)
+            let cut = start + 1200 * strip + (1200 / 64) * usize::from(per > 0) * 4 + 100;
+            let err = read_all(&img[..cut]).unwrap_err();
+            assert_eq!(
+                err.to_string().split(" (").next().unwrap(),
+                "partclone image ends after 1200 of 5000 used blocks",
+                "per {per}"
+            );
+        }
+        // all blocks there, the last strip's checksum missing
+        let img = build("EXTFS", 512, &bm, &data, 64);
+        let err = read_all(&img[..img.len() - 2]).unwrap_err();
+        assert!(matches!(
+            err,
+            PartcloneError::Truncated {
+                have: 5000,
+                used: 5000
+            }
+        ));
     }
 }
