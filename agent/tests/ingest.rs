@@ -1191,8 +1191,8 @@ fn empty_sources_are_refused() {
         ("cz.tar", &["--format", "partclone"][..]),
         ("chunked/empty.raw", &["--format", "partclone"][..]),
     ] {
-        let m = ingest(&format!("http://{addr}/{name}"), &store, "i", "x", extra)
-            .err("InvalidSource");
+        let m =
+            ingest(&format!("http://{addr}/{name}"), &store, "i", "x", extra).err("InvalidSource");
         assert!(
             m.contains("source is empty") && m.contains(name),
             "{name} {extra:?}: {m}"
@@ -1224,8 +1224,8 @@ fn a_truncated_partclone_image_says_how_much_it_holds() {
     let addr = serve_dir(d.to_owned(), None);
     let store = d.join("s");
     for name in ["cut.pcl", "chunked/cut.pcl"] {
-        let m = ingest(&format!("http://{addr}/{name}"), &store, "i", "x", &[])
-            .err("InvalidSource");
+        let m =
+            ingest(&format!("http://{addr}/{name}"), &store, "i", "x", &[]).err("InvalidSource");
         assert!(m.contains(want), "{name}: {m}");
         assert!(published(&store).is_empty());
         assert!(!store.join("lab/.imports/i").exists());

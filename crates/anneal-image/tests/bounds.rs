@@ -74,8 +74,7 @@ fn a_huge_bitmap_claim_is_refused_before_reading_it() {
         .expect_err("a 4 GiB bitmap was accepted");
     let m = err.to_string();
     assert!(
-        m.contains(&format!("total blocks {blocks}"))
-            && m.contains(&MAX_BITMAP_BYTES.to_string()),
+        m.contains(&format!("total blocks {blocks}")) && m.contains(&MAX_BITMAP_BYTES.to_string()),
         "{m}"
     );
     let grown = status_kib("VmHWM:").saturating_sub(before);
@@ -113,8 +112,7 @@ fn a_compressed_split_image_claiming_a_huge_bitmap_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let blocks = 1u64 << 35;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&header(4096, blocks, 0))
-        .unwrap();
+    gz.write_all(&header(4096, blocks, 0)).unwrap();
     gz.write_all(&vec![0u8; 1 << 20]).unwrap();
     let gz = gz.finish().unwrap();
     let (a, b) = gz.split_at(gz.len() / 2);
@@ -122,17 +120,12 @@ fn a_compressed_split_image_claiming_a_huge_bitmap_is_refused() {
     std::fs::write(&first, a).unwrap();
     std::fs::write(dir.path().join("sda1.ext4-ptcl-img.gz.ab"), b).unwrap();
     let before = status_kib("VmRSS:");
-    let err = capture::capture_partclone_file(
-        &first,
-        &dir.path().join("out"),
-        "p1",
-        Options::default(),
-    )
-    .expect_err("a 4 GiB bitmap was accepted");
+    let err =
+        capture::capture_partclone_file(&first, &dir.path().join("out"), "p1", Options::default())
+            .expect_err("a 4 GiB bitmap was accepted");
     let m = chain(&err);
     assert!(
-        m.contains(&format!("total blocks {blocks}"))
-            && m.contains(&MAX_BITMAP_BYTES.to_string()),
+        m.contains(&format!("total blocks {blocks}")) && m.contains(&MAX_BITMAP_BYTES.to_string()),
         "{m}"
     );
     let grown = status_kib("VmHWM:").saturating_sub(before);
@@ -221,8 +214,7 @@ fn a_fat_boot_sector_claiming_too_many_clusters_is_refused() {
     let err = fs::used_extents(&src, &info).expect_err("2^28 clusters were accepted");
     let m = err.to_string();
     assert!(
-        m.contains(&format!("{clusters} clusters"))
-            && m.contains(&MAX_FAT_CLUSTERS.to_string()),
+        m.contains(&format!("{clusters} clusters")) && m.contains(&MAX_FAT_CLUSTERS.to_string()),
         "{m}"
     );
     let grown = status_kib("VmHWM:").saturating_sub(before);
