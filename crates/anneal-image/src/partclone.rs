@@ -591,9 +591,10 @@ mod tests {
         for per in [0u32, 64] {
             let img = build("EXTFS", 512, &bm, &data, per);
             let start = HEADER_LEN + 5000 / 8 + 4;
-            let strip = if per == 0 { 512 } else { 512 + 4 / 64 };
-            // 1200 blocks and a part of the next one (checksums: 18 strips)
-            let cut = start + 1200 * strip + (1200 / 64) * usize::from(per > 0) * 4 + 100;
+            // 1200 blocks (with checksums: the 18 whole strips' checksums
+            // among them) and a part of the next block
+            let sums = if per == 0 { 0 } else { (1200 / 64) * 4 };
+            let cut = start + 1200 * 512 + sums + 100;
             let err = read_all(&img[..cut]).unwrap_err();
             assert_eq!(
                 err.to_string().split(" (").next().unwrap(),
