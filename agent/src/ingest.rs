@@ -531,6 +531,14 @@ fn ingest(
         .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
     let kind = detect(&head, args.format);
     tracing::info!(url = %args.url, format = kind.name(), "ingest");
+    if head.is_empty() {
+        // nothing to capture, whatever the format: refused before any
+        // capture starts (an empty content would publish otherwise)
+        return Err(Failure::new(
+            "InvalidSource",
+            format!("{}: source is empty (0 bytes)", args.url),
+        ));
+    }
 
     let invalid =
         |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));

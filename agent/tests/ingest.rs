@@ -1121,3 +1121,114 @@ fn sigterm_removes_the_work_directories() {
     assert!(published(&store).is_empty());
     drop(hold_tx);
 }
+
+/// `anneal-agent capture` that must fail: its stderr.
+fn capture_fails(src: &Path, out: &Path, format: &str) -> String {
+    let o = agent()
+        .arg("capture")
+        .arg(src)
+        .arg("--out")
+        .arg(out)
+        .args(["--format", format, "--piece-length", PIECE])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "capture {src:?} as {format} succeeded");
+    // nothing captured: no index nor stream
+    if let Ok(rd) = std::fs::read_dir(out) {
+        let made: Vec<_> = rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".index") || n.ends_with("layout.json"))
+            .collect();
+        assert!(made.is_empty(), "capture {src:?} as {format} left {made:?}");
+    }
+    stderr
+}
+
+/// Zero-length sources, a compressed nothing and a Clonezilla image without
+/// partitions: refused with "source is empty" by capture and ingest alike
+/// (InvalidSource), nothing published (issue 15).
+#[test]
+fn empty_sources_are_refused() {
+    let dir = tmpdir();
+    let d = dir.path();
+    std::fs::write(d.join("empty.raw"), b"").unwrap();
+    let cz = d.join("cz");
+    std::fs::create_dir_all(&cz).unwrap();
+    std::fs::write(cz.join("sda-pt.sf"), b"label: gpt\nunit: sectors\n\n").unwrap();
+    std::fs::write(cz.join("disk"), b"sda\n").unwrap();
+    std::fs::write(cz.join("parts"), b"\n").unwrap();
+    sh(&format!(
+        "cd {} && gzip -c </dev/null >empty.gz && tar -cf cz.tar cz",
+        d.display()
+    ));
+
+    let empty = d.join("empty.raw");
+    for (i, (src, format)) in [
+        (&empty, "auto"),
+        (&empty, "raw"),
+        (&empty, "partclone"),
+        (&empty, "qcow2"),
+        (&empty, "partition"),
+        (&d.join("empty.gz"), "partclone"),
+        (&cz, "clonezilla"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = capture_fails(src, &d.join(format!("out{i}")), format);
+        assert!(m.contains("source is empty"), "{src:?} as {format}: {m}");
+    }
+
+    let addr = serve_dir(d.to_owned(), None);
+    let store = d.join("s");
+    for (name, extra) in [
+        ("empty.raw", &[][..]),
+        ("empty.raw", &["--format", "raw"][..]),
+        ("empty.raw", &["--format", "partclone"][..]),
+        ("empty.raw", &["--format", "qcow2"][..]),
+        ("empty.gz", &[][..]),
+        ("cz.tar", &["--format", "partclone"][..]),
+        ("chunked/empty.raw", &["--format", "partclone"][..]),
+    ] {
+        let m =
+            ingest(&format!("http://{addr}/{name}"), &store, "i", "x", extra).err("InvalidSource");
+        assert!(
+            m.contains("source is empty") && m.contains(name),
+            "{name} {extra:?}: {m}"
+        );
+        assert!(published(&store).is_empty(), "{name} {extra:?}");
+        assert!(!store.join("lab/.imports/i").exists());
+        assert_clean(&store);
+    }
+}
+
+/// A partclone image cut short of its used blocks: the error says how many
+/// of how many it holds; nothing published (issue 15).
+#[test]
+fn a_truncated_partclone_image_says_how_much_it_holds() {
+    let dir = tmpdir();
+    let d = dir.path();
+    let bitmap = vec![true; 5000];
+    let data: Vec<u8> = (0..5000 * 512u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+        .collect();
+    let img = anneal_image::partclone::build("EXTFS", 512, &bitmap, &data, 0);
+    let start = anneal_image::partclone::HEADER_LEN + 5000 / 8 + 4;
+    std::fs::write(d.join("cut.pcl"), &img[..start + 1200 * 512 + 100]).unwrap();
+    let want = "partclone image ends after 1200 of 5000 used blocks";
+
+    let m = capture_fails(&d.join("cut.pcl"), &d.join("out"), "partclone");
+    assert!(m.contains(want), "{m}");
+
+    let addr = serve_dir(d.to_owned(), None);
+    let store = d.join("s");
+    for name in ["cut.pcl", "chunked/cut.pcl"] {
+        let m =
+            ingest(&format!("http://{addr}/{name}"), &store, "i", "x", &[]).err("InvalidSource");
+        assert!(m.contains(want), "{name}: {m}");
+        assert!(published(&store).is_empty());
+        assert!(!store.join("lab/.imports/i").exists());
+        assert_clean(&store);
+    }
+}

@@ -50,6 +50,13 @@ pub enum CaptureError {
     /// Index building.
     #[error("building the content index")]
     Format(#[source] FormatError),
+    /// The source holds nothing to capture: zero bytes, or a Clonezilla
+    /// directory without partitions.
+    #[error("{what}: source is empty")]
+    Empty {
+        /// the source and what is missing
+        what: String,
+    },
     /// The hashing/writing pipeline stopped.
     #[error("the stream writer stopped")]
     Pipeline,
@@ -379,6 +386,11 @@ pub fn capture_region(
     stream_path: &Path,
     opts: Options,
 ) -> Result<(ContentIndex, FsInfo), CaptureError> {
+    if len == 0 {
+        return Err(CaptureError::Empty {
+            what: format!("the partition at offset {start} has 0 bytes"),
+        });
+    }
     advise_sequential(file);
     let disk = FileDisk {
         file,
@@ -555,9 +567,26 @@ pub fn capture_raw_stream<R: Read>(
             }
         }
         size += n as u64;
+        if b.len() as u64 > crate::format::MAX_EXTENTS {
+            return Err(CaptureError::Fs {
+                partition: 0,
+                source: FsError::Corrupt {
+                    fs: "raw",
+                    detail: format!(
+                        "more than {} used extents (the content format's limit) after {size} bytes",
+                        crate::format::MAX_EXTENTS
+                    ),
+                },
+            });
+        }
         if n < buf.len() {
             break;
         }
+    }
+    if size == 0 {
+        return Err(CaptureError::Empty {
+            what: "the raw image (decompressed) has 0 bytes".into(),
+        });
     }
     let res = filler.finish()?;
     let extents = b.finish();
@@ -605,6 +634,11 @@ pub fn capture_disk(source: &Path, out_dir: &Path, opts: Options) -> Result<Layo
             source: source_err,
         })?
         .len();
+    if len == 0 {
+        return Err(CaptureError::Empty {
+            what: format!("{} has 0 bytes", source.display()),
+        });
+    }
     advise_sequential(&file);
     capture_disk_of(&FileDisk { file: &file, len }, out_dir, opts)
 }
@@ -689,6 +723,18 @@ pub fn capture_qcow2(
     out_dir: &Path,
     opts: Options,
 ) -> Result<Layout, CaptureError> {
+    let len = std::fs::metadata(source)
+        .map_err(|source_err| CaptureError::Io {
+            what: "reading the size of",
+            path: source.to_owned(),
+            source: source_err,
+        })?
+        .len();
+    if len == 0 {
+        return Err(CaptureError::Empty {
+            what: format!("{} has 0 bytes", source.display()),
+        });
+    }
     source::qcow2_to_raw(source, scratch).map_err(CaptureError::Source)?;
     let r = capture_disk(scratch, out_dir, opts);
     let _ = std::fs::remove_file(scratch);
@@ -725,6 +771,15 @@ pub fn capture_clonezilla(
     opts: Options,
 ) -> Result<Layout, CaptureError> {
     let cz = source::read_clonezilla(dir).map_err(CaptureError::Source)?;
+    if cz.images.is_empty() && cz.swaps.is_empty() {
+        return Err(CaptureError::Empty {
+            what: format!(
+                "clonezilla image {} holds no partition image (no <part>.*-ptcl-img.* \
+                 nor swappt-<part>.info)",
+                dir.display()
+            ),
+        });
+    }
     let mut layout = cz.layout;
     std::fs::create_dir_all(out_dir).map_err(|source| CaptureError::Io {
         what: "creating",

@@ -121,6 +121,16 @@ impl ExtentBuilder {
         self.out.push(Extent { offset, len });
     }
 
+    /// Number of extents so far.
+    pub fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// No extent yet.
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty()
+    }
+
     /// The extents.
     pub fn finish(self) -> Vec<Extent> {
         self.out

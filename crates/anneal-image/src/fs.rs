@@ -106,6 +106,29 @@ pub struct FsInfo {
 /// Block size of the zero-elision fallback.
 pub const RAW_BLOCK: u32 = 4096;
 
+/// Most ext block groups accepted: 2^20, a 128 TiB filesystem at 4 KiB
+/// blocks (32768 blocks per group; 64 TiB needs 2^19). Bounds the group
+/// descriptor table read into memory to 64 MiB (64-byte descriptors).
+pub const MAX_EXT_GROUPS: u64 = 1 << 20;
+/// Largest ext group descriptor table read (2^20 groups of 64 bytes).
+pub const MAX_EXT_GDT_BYTES: u64 = MAX_EXT_GROUPS * 64;
+/// Most FAT clusters accepted: FAT32's own maximum (0x0FFFFFF5), a FAT of
+/// at most 1 GiB.
+pub const MAX_FAT_CLUSTERS: u64 = 0x0FFF_FFF5;
+/// Most used extents of one partition: the content format's limit
+/// ([`crate::format::MAX_EXTENTS`], 2^26, 1 GiB of extent list).
+pub const MAX_EXTENTS: u64 = crate::format::MAX_EXTENTS;
+
+fn too_many_extents(fs: &'static str) -> FsError {
+    FsError::Corrupt {
+        fs,
+        detail: format!(
+            "more than {MAX_EXTENTS} used extents (the content format's limit): \
+             the metadata is corrupt or hostile"
+        ),
+    }
+}
+
 fn rd(src: &dyn ReadAt, what: &'static str, off: u64, len: usize) -> Result<Vec<u8>, FsError> {
     let mut v = vec![0u8; len];
     src.read_exact_at(&mut v, off)
@@ -302,9 +325,20 @@ impl ExtSb {
 fn ext_used(src: &dyn ReadAt) -> Result<Vec<Extent>, FsError> {
     let sb = ext_sb(src)?.ok_or_else(|| ext_corrupt("no superblock"))?;
     let bs = sb.block_size;
+    if sb.groups > MAX_EXT_GROUPS {
+        return Err(ext_corrupt(format!(
+            "superblock claims {} block groups ({} blocks, {} per group), above the limit of \
+             {MAX_EXT_GROUPS} (a 128 TiB filesystem at 4 KiB blocks)",
+            sb.groups, sb.blocks, sb.blocks_per_group
+        )));
+    }
     let gdt_len = sb.groups * sb.desc_size as u64;
-    if gdt_len > 1 << 30 {
-        return Err(ext_corrupt(format!("{} groups", sb.groups)));
+    if gdt_len > MAX_EXT_GDT_BYTES {
+        return Err(ext_corrupt(format!(
+            "group descriptor table of {gdt_len} bytes ({} groups of {} bytes), above the \
+             limit of {MAX_EXT_GDT_BYTES} bytes",
+            sb.groups, sb.desc_size
+        )));
     }
     let gdt = rd(
         src,
@@ -380,6 +414,9 @@ fn ext_used(src: &dyn ReadAt) -> Result<Vec<Extent>, FsError> {
         }
         if let Some(r) = run {
             ranges.push((start + r, start + count));
+        }
+        if ranges.len() as u64 > MAX_EXTENTS {
+            return Err(too_many_extents("ext"));
         }
     }
     ranges.extend(meta);
@@ -500,6 +537,12 @@ fn probe_vfat(src: &dyn ReadAt) -> Result<Option<FsInfo>, FsError> {
 
 fn vfat_used(src: &dyn ReadAt) -> Result<Vec<Extent>, FsError> {
     let f = fat_bs(src)?.ok_or_else(|| fat_corrupt("no boot sector"))?;
+    if f.clusters > MAX_FAT_CLUSTERS {
+        return Err(fat_corrupt(format!(
+            "boot sector claims {} clusters, above the FAT32 limit of {MAX_FAT_CLUSTERS}",
+            f.clusters
+        )));
+    }
     let fat = rd(src, "fat", f.fat_start * f.bps, f.fat_bytes as usize)?;
     let mut b = ExtentBuilder::new();
     b.push(0, f.data_start * f.bps);
@@ -516,6 +559,9 @@ fn vfat_used(src: &dyn ReadAt) -> Result<Vec<Extent>, FsError> {
         };
         if v != 0 {
             b.push(f.data_start * f.bps + (c - 2) * cl, cl);
+            if b.len() as u64 > MAX_EXTENTS {
+                return Err(too_many_extents("vfat"));
+            }
         }
     }
     Ok(b.finish())
@@ -581,6 +627,9 @@ pub fn zero_elide(src: &dyn ReadAt, block: u64) -> Result<Vec<Extent>, FsError> 
             if blk.iter().any(|x| *x != 0) {
                 b.push(off + i as u64 * block, blk.len() as u64);
             }
+        }
+        if b.len() as u64 > MAX_EXTENTS {
+            return Err(too_many_extents("raw"));
         }
         off += n as u64;
     }

@@ -17,8 +17,15 @@ pub const CSM_CRC32: u16 = 0x20;
 pub const BM_BIT: u8 = 0x01;
 /// Largest accepted block size.
 pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
-/// Largest accepted bitmap (bounds allocation: 2^35 blocks).
-pub const MAX_BITMAP_BYTES: u64 = 1 << 32;
+/// Largest accepted bitmap: what a 64 TiB device at 4 KiB blocks needs
+/// (2^34 blocks, 2 GiB of bitmap). A header claiming more is refused before
+/// any of the bitmap is read, so a small compressed stream cannot make the
+/// reader allocate more than this.
+pub const MAX_BITMAP_BYTES: u64 = (64 << 40) / 4096 / 8;
+/// Largest accepted number of used extents (runs of set bits) of a bitmap:
+/// the content format's own limit ([`crate::format::MAX_EXTENTS`], 2^26,
+/// 1 GiB of extent list). Counted on the bitmap before the list is built.
+pub const MAX_EXTENTS: u64 = crate::format::MAX_EXTENTS;
 
 /// Errors of reading a partclone image.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +66,17 @@ pub enum PartcloneError {
     /// Data after the last checksum.
     #[error("trailing data after the last partclone block")]
     Trailing,
+    /// The image ends before all the used blocks of its bitmap.
+    #[error(
+        "partclone image ends after {have} of {used} used blocks (truncated: an incomplete \
+         copy or a missing split part)"
+    )]
+    Truncated {
+        /// complete used blocks read
+        have: u64,
+        /// used blocks the bitmap holds
+        used: u64,
+    },
     /// Caller asked for more blocks than the image holds.
     #[error("read past the last used block")]
     PastEnd,
@@ -178,7 +196,12 @@ pub fn parse_header(b: &[u8]) -> Result<Header, PartcloneError> {
         }
     }
     if h.bitmap_len() > MAX_BITMAP_BYTES {
-        return bad(format!("{} blocks", h.total_blocks));
+        return bad(format!(
+            "total blocks {} need a {}-byte bitmap, above the limit of {MAX_BITMAP_BYTES} bytes \
+             (a 64 TiB device at 4 KiB blocks)",
+            h.total_blocks,
+            h.bitmap_len()
+        ));
     }
     if h.used_blocks > h.total_blocks {
         return bad(format!(
@@ -227,12 +250,31 @@ pub fn parse_bitmap(h: &Header, b: &[u8]) -> Result<Vec<Extent>, PartcloneError>
             h.used_blocks
         )));
     }
+    let runs = count_runs(bitmap);
+    if runs > MAX_EXTENTS {
+        return Err(PartcloneError::Header(format!(
+            "bitmap holds {runs} used extents, above the limit of {MAX_EXTENTS}"
+        )));
+    }
     Ok(from_bitmap(
         bitmap,
         h.total_blocks,
         u64::from(h.block_size),
         h.device_size,
     ))
+}
+
+/// Number of runs of set bits (extents before clipping) of a bitmap, least
+/// significant bit first.
+pub fn count_runs(bitmap: &[u8]) -> u64 {
+    let mut prev_top = 0u8;
+    let mut runs = 0u64;
+    for &x in bitmap {
+        // a run starts at every set bit whose lower neighbour is clear
+        runs += u64::from((x & !((x << 1) | prev_top)).count_ones());
+        prev_top = x >> 7;
+    }
+    runs
 }
 
 /// Streaming reader of a partclone image: header and bitmap on open, then
@@ -252,6 +294,28 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> PartcloneError {
 }
 
 impl<R: Read> Reader<R> {
+    /// Fills `buf` from the image; an end of file reports how many used
+    /// blocks were complete (`partial` blocks of `buf` filled count too).
+    fn read_data(&mut self, buf: &mut [u8], what: &'static str) -> Result<(), PartcloneError> {
+        let mut n = 0usize;
+        while n < buf.len() {
+            match self.inner.read(&mut buf[n..]) {
+                Ok(0) => {
+                    let bs = self.header.block_size as usize;
+                    let partial = if what == "blocks" { n / bs } else { 0 };
+                    return Err(PartcloneError::Truncated {
+                        have: self.blocks_read + partial as u64,
+                        used: self.header.used_blocks,
+                    });
+                }
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(what)(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Reads and validates header and bitmap.
     pub fn open(mut inner: R) -> Result<Self, PartcloneError> {
         let mut hb = [0u8; HEADER_LEN];
@@ -299,7 +363,7 @@ impl<R: Read> Reader<R> {
             return Err(PartcloneError::PastEnd);
         }
         if self.header.checksum_mode == CSM_NONE {
-            self.inner.read_exact(buf).map_err(io_err("blocks"))?;
+            self.read_data(buf, "blocks")?;
             self.blocks_read += nblocks;
             return Ok(());
         }
@@ -308,8 +372,8 @@ impl<R: Read> Reader<R> {
         while pos < buf.len() {
             let room = (per - self.strip_blocks) as usize;
             let take = room.min((buf.len() - pos) / bs);
-            let chunk = &mut buf[pos..pos + take * bs];
-            self.inner.read_exact(chunk).map_err(io_err("blocks"))?;
+            self.read_data(&mut buf[pos..pos + take * bs], "blocks")?;
+            let chunk = &buf[pos..pos + take * bs];
             self.crc = crc_update(self.crc, chunk);
             self.strip_blocks += take as u32;
             self.blocks_read += take as u64;
@@ -323,7 +387,7 @@ impl<R: Read> Reader<R> {
 
     fn check_strip(&mut self) -> Result<(), PartcloneError> {
         let mut c = [0u8; 4];
-        self.inner.read_exact(&mut c).map_err(io_err("checksum"))?;
+        self.read_data(&mut c, "checksum")?;
         if u32::from_le_bytes(c) != self.crc {
             return Err(PartcloneError::BlockCrc {
                 block: self.blocks_read,
@@ -499,5 +563,54 @@ mod tests {
         let c = crc_update(0xFFFF_FFFF, &img[..106]);
         img[106..110].copy_from_slice(&c.to_le_bytes());
         assert!(matches!(read_all(&img), Err(PartcloneError::Header(_))));
+    }
+
+    #[test]
+    fn count_runs_matches_the_extent_list() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in [0usize, 1, 2, 7, 64, 333] {
+            let bm: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let blocks = len as u64 * 8;
+            let ext = from_bitmap(&bm, blocks, 512, blocks * 512);
+            assert_eq!(count_runs(&bm), ext.len() as u64, "{bm:?}");
+        }
+        assert_eq!(count_runs(&[0xff, 0xff, 0x01, 0x80, 0x01]), 2);
+    }
+
+    #[test]
+    fn a_truncated_image_says_how_many_blocks_it_holds() {
+        let bm = vec![true; 5000];
+        let data: Vec<u8> = (0..5000 * 512).map(|i| (i * 13 % 251) as u8).collect();
+        for per in [0u32, 64] {
+            let img = build("EXTFS", 512, &bm, &data, per);
+            let start = HEADER_LEN + 5000 / 8 + 4;
+            // 1200 blocks (with checksums: the 18 whole strips' checksums
+            // among them) and a part of the next block
+            let sums = if per == 0 { 0 } else { (1200 / 64) * 4 };
+            let cut = start + 1200 * 512 + sums + 100;
+            let err = read_all(&img[..cut]).unwrap_err();
+            assert_eq!(
+                err.to_string().split(" (").next().unwrap(),
+                "partclone image ends after 1200 of 5000 used blocks",
+                "per {per}"
+            );
+        }
+        // all blocks there, the last strip's checksum missing
+        let img = build("EXTFS", 512, &bm, &data, 64);
+        let err = read_all(&img[..img.len() - 2]).unwrap_err();
+        assert!(matches!(
+            err,
+            PartcloneError::Truncated {
+                have: 5000,
+                used: 5000
+            }
+        ));
     }
 }
