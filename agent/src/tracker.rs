@@ -699,6 +699,19 @@ fn busy(stream: &mut TcpStream) {
     let body = encode_failure("tracker busy: too many connections, retry");
     let _ = respond(stream, 503, "text/plain", &body);
     let _ = stream.shutdown(std::net::Shutdown::Write);
+    // A request that arrives after the first drain would make the close
+    // send a reset, which can discard the 503 before the client reads it:
+    // drain once more, briefly (at most 50 ms of the accept loop, and only
+    // for connections over the limit).
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut drained = 0usize;
+    while drained < 64 * 1024 {
+        match stream.read(&mut sink) {
+            Ok(n) if n > 0 => drained += n,
+            _ => break,
+        }
+    }
 }
 
 /// Reads one request head within the deadline. Err(InvalidData): too large.
