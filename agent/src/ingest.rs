@@ -152,7 +152,7 @@ type ChunkPart = (u64, Option<Arc<Vec<u8>>>, bool);
 
 /// What a streamed raw capture returns: the capture's result, the source's
 /// SHA-256 and the stream's statistics.
-type Streamed = (Result<Layout, CaptureError>, [u8; 32], StreamStats);
+type Streamed = (Result<Layout, CaptureError>, Option<[u8; 32]>, StreamStats);
 
 const PHASES: [&str; 3] = ["Fetching", "Capturing", "Publishing"];
 
@@ -197,7 +197,8 @@ impl Progress {
 /// `max_bytes`; the first failure is kept for the report.
 struct Source {
     inner: Box<dyn Read + Send>,
-    /// `None` while the caller hashes on its own thread ([`stream_raw`]).
+    /// `None` without a checksum to verify (the source is then not
+    /// hashed at all), and while [`stream_raw`] hashes on its own thread.
     hasher: Option<sha2::Sha256>,
     n: u64,
     max: Option<u64>,
@@ -510,7 +511,9 @@ fn ingest(
     let failure = Arc::new(Mutex::new(None));
     let mut src = Source {
         inner,
-        hasher: Some(sha2::Sha256::new()),
+        // the whole source is hashed only to verify a checksum: 1 GiB of
+        // SHA-256 is ~0.6 CPU-s, a third of a raw ingest's CPU time
+        hasher: expected.is_some().then(sha2::Sha256::new),
         n: 0,
         max: args.max_bytes,
         url: args.url.clone(),
@@ -542,10 +545,18 @@ fn ingest(
 
     let invalid =
         |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));
-    let check_sum = |got: [u8; 32], n: u64| -> Result<String, Failure> {
-        if let Some(want) = expected
-            && got != want
-        {
+    // the source's SHA-256, hex, when a checksum asked for it ("" without)
+    let check_sum = |got: Option<[u8; 32]>, n: u64| -> Result<String, Failure> {
+        let Some(want) = expected else {
+            return Ok(String::new());
+        };
+        let Some(got) = got else {
+            return Err(Failure::new(
+                "StoreError",
+                format!("{}: the source was not hashed", args.url),
+            ));
+        };
+        if got != want {
             return Err(Failure::new(
                 "ChecksumMismatch",
                 format!(
@@ -563,7 +574,7 @@ fn ingest(
     let finish = |src: &mut Source| -> Result<String, Failure> {
         src.drain()
             .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
-        let got: [u8; 32] = src.hasher.clone().unwrap_or_default().finalize().into();
+        let got = src.hasher.clone().map(|h| h.finalize().into());
         check_sum(got, src.n)
     };
 
@@ -1330,18 +1341,22 @@ fn stream_raw(
         cv: Condvar::new(),
         returned: Mutex::new(ret_tx.clone()),
     };
-    let mut hasher = src.hasher.take().unwrap_or_default();
+    // without a checksum to verify, no hash thread: the chunks then go
+    // back to the pool from the spool alone
+    let hasher = src.hasher.take();
     let (hash_tx, hash_rx) = mpsc::sync_channel::<(Arc<Vec<u8>>, usize)>(8);
     let (fetched, captured, sha, capture_secs, hash_secs) = std::thread::scope(|s| {
-        let hash = std::thread::Builder::new()
-            .name("ingest-sha256".into())
-            .spawn_scoped(s, move || {
-                for (b, from) in hash_rx {
-                    hasher.update(b.get(from..).unwrap_or_default());
-                    let _ = ret_tx.send(b);
-                }
-                (hasher.finalize().into(), t0.elapsed().as_secs_f64())
-            });
+        let hash = hasher.map(|mut hasher| {
+            std::thread::Builder::new()
+                .name("ingest-sha256".into())
+                .spawn_scoped(s, move || {
+                    for (b, from) in hash_rx {
+                        hasher.update(b.get(from..).unwrap_or_default());
+                        let _ = ret_tx.send(b);
+                    }
+                    (hasher.finalize().into(), t0.elapsed().as_secs_f64())
+                })
+        });
         let cap = std::thread::Builder::new()
             .name("ingest-capture".into())
             .spawn_scoped(s, || {
@@ -1356,8 +1371,11 @@ fn stream_raw(
         }
         let fetched = (|| -> Result<u64, Failure> {
             let hash_tx = match &hash {
-                Ok(_) => hash_tx,
-                Err(e) => return Err(store_err("starting the hash thread for", spool_path, e)),
+                Some(Ok(_)) => Some(hash_tx),
+                Some(Err(e)) => {
+                    return Err(store_err("starting the hash thread for", spool_path, e));
+                }
+                None => None,
             };
             let mut pool: Vec<Vec<u8>> = Vec::new();
             let mut off = 0u64;
@@ -1389,7 +1407,9 @@ fn stream_raw(
                 off += buf.len() as u64;
                 let last = buf.len() < CHUNK;
                 // the head was hashed already
-                let _ = hash_tx.send((buf, pre));
+                if let Some(tx) = &hash_tx {
+                    let _ = tx.send((buf, pre));
+                }
                 if last {
                     return Ok(off);
                 }
@@ -1411,9 +1431,10 @@ fn stream_raw(
                 f64::NAN,
             ),
         };
-        let (sha, hash_secs) = match hash.map(|h| h.join()) {
-            Ok(Ok((sha, secs))) => (Some(sha), secs),
-            _ => (None, f64::NAN),
+        let (sha, hash_secs) = match hash.map(|h| h.map(|h| h.join())) {
+            None => (Ok(None), f64::NAN),
+            Some(Ok(Ok((sha, secs)))) => (Ok(Some(sha)), secs),
+            Some(_) => (Err(()), f64::NAN),
         };
         (
             fetched.map(|n| (n, download_secs)),
@@ -1424,7 +1445,7 @@ fn stream_raw(
         )
     });
     let (_, download_secs) = fetched?;
-    let sha = sha.ok_or_else(|| {
+    let sha = sha.map_err(|()| {
         Failure::new(
             "StoreError",
             format!("hashing {}: the hash thread stopped", src.url),
@@ -1740,8 +1761,9 @@ mod tests {
 
     /// Streams `disk` through a spool with `limits`; checks the contents
     /// and layout equal `capture_disk`'s of the file and the hash the
-    /// file's; the stats and the peak allocation of the spool file.
-    fn stream_and_compare(d: &Path, disk: &Path, limits: Limits) -> (StreamStats, u64) {
+    /// file's (none when `hash` is off, as without a checksum); the stats
+    /// and the peak allocation of the spool file.
+    fn stream_and_compare(d: &Path, disk: &Path, limits: Limits, hash: bool) -> (StreamStats, u64) {
         let want = capture::capture_disk(disk, &d.join("ref"), Options::default()).unwrap();
         let spool = d.join("spool.raw");
         let out = d.join("out");
@@ -1762,7 +1784,7 @@ mod tests {
                 spool: spool.clone(),
                 max: max.clone(),
             }),
-            hasher: Some(sha2::Sha256::new()),
+            hasher: hash.then(sha2::Sha256::new),
             n: 0,
             max: None,
             url: "test://disk.raw".into(),
@@ -1789,7 +1811,7 @@ mod tests {
             }
         }
         let file_sha: [u8; 32] = sha2::Sha256::digest(std::fs::read(disk).unwrap()).into();
-        assert_eq!(sha, file_sha);
+        assert_eq!(sha, hash.then_some(file_sha));
         assert_eq!(src.n, len);
         (stats, max.load(Ordering::Relaxed))
     }
@@ -1808,13 +1830,15 @@ mod tests {
             window: 4 << 20,
             mem_cap: 96 << 20,
         };
-        let (stats, file_peak) = stream_and_compare(d.path(), &disk, limits);
-        assert!(
-            stats.mem_peak > 0 && stats.mem_peak < 48 << 20,
-            "the spool held {} bytes of a source with 96 MiB of files",
-            stats.mem_peak
-        );
-        assert_eq!((stats.spilled, file_peak), (0, 0), "{stats:?}");
+        for hash in [true, false] {
+            let (stats, file_peak) = stream_and_compare(d.path(), &disk, limits, hash);
+            assert!(
+                stats.mem_peak > 0 && stats.mem_peak < 48 << 20,
+                "the spool held {} bytes of a source with 96 MiB of files (hash {hash})",
+                stats.mem_peak
+            );
+            assert_eq!((stats.spilled, file_peak), (0, 0), "{stats:?}");
+        }
     }
 
     /// Past its memory cap the spool writes arriving chunks into the
@@ -1827,7 +1851,7 @@ mod tests {
             window: 4 << 20,
             mem_cap: 2 << 20,
         };
-        let (stats, file_peak) = stream_and_compare(d.path(), &disk, limits);
+        let (stats, file_peak) = stream_and_compare(d.path(), &disk, limits, true);
         assert!(stats.mem_peak <= 2 << 20, "{stats:?}");
         assert!(stats.spilled > 0, "{stats:?}");
         assert!(

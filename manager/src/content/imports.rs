@@ -112,7 +112,8 @@ pub struct IngestedContent {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngestResult {
-    /// SHA-256 of the source, hex.
+    /// SHA-256 of the source, hex; empty when the import gave no checksum
+    /// (the source is hashed only to verify one).
     #[serde(default)]
     pub source_sha256: String,
     /// The source's layout (absent for a single partclone image).
@@ -713,12 +714,16 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
                     p.percent = 100;
                     p.phase = Some("Done".into());
                     next.progress = Some(p);
+                    let verified = if result.source_sha256.is_empty() {
+                        "no checksum given: the source was not verified".to_owned()
+                    } else {
+                        format!("checksum verified: sha256 {}", result.source_sha256)
+                    };
                     let message = format!(
-                        "Image {} and {} PartitionContent(s) created from {} (sha256 {})",
+                        "Image {} and {} PartitionContent(s) created from {} ({verified})",
                         imp.spec.image_name,
                         result.contents.len(),
                         imp.spec.source.url,
-                        result.source_sha256
                     );
                     conditions::set(
                         &mut next.conditions,
