@@ -104,7 +104,7 @@ pub struct ImportSource {
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://') || self.matches('^staged://[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("spec.source.url must be an http(s):// URL or staged://NAME"))]
     #[schemars(length(min = 1, max = 4096))]
     pub url: String,
-    /// `sha256:<64 hex digits>`, verified before anything is captured.
+    /// `sha256:<64 hex digits>`, verified before anything is published (without it the source is not hashed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^sha256:[0-9a-f]{64}$')").message("spec.source.checksum must be sha256: followed by 64 lowercase hex digits"))]
     #[schemars(length(max = 71))]
