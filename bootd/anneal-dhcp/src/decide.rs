@@ -317,7 +317,7 @@ fn finish(
     if bytes.len() < MIN_REPLY {
         bytes.resize(MIN_REPLY, 0);
     }
-    if bytes.len() > req.max_message_size() {
+    if bytes.len() > req.max_reply_len() {
         return drop(DropReason::ReplyTooLarge);
     }
     Decision::Reply(Box::new(Reply {
