@@ -59,6 +59,9 @@ fn count(shared: &Shared, msg: &str, outcome: &str) {
 pub struct Answer {
     pub bytes: Vec<u8>,
     pub to: SocketAddrV4,
+    /// Unicast to a client that holds no address yet (RFC 2131 4.1): the
+    /// neighbour entry `to` → this MAC is set before sending.
+    pub arp: Option<anneal_dhcp::Mac>,
     /// An ACK binding a lease: sent only once the lease file holds it.
     pub needs_commit: bool,
     mac: anneal_dhcp::Mac,
@@ -117,13 +120,15 @@ pub fn handle(shared: &Shared, bytes: &[u8], ingress: Ingress, now: u64) -> Opti
             if let Some(e) = r.effect {
                 shared.leases().apply(e, now);
             }
-            let to = match r.dest {
-                Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, 68),
-                Dest::Unicast(a) => a,
+            let (to, arp) = match r.dest {
+                Dest::Broadcast => (SocketAddrV4::new(Ipv4Addr::BROADCAST, 68), None),
+                Dest::Unicast(a) => (a, None),
+                Dest::Client { addr, mac } => (addr, Some(mac)),
             };
             let a = Answer {
                 bytes: r.bytes,
                 to,
+                arp,
                 needs_commit,
                 mac: req.mac,
                 msg,
@@ -180,9 +185,28 @@ pub fn release(shared: &Shared, answers: Vec<Answer>, commit: Commit) -> Vec<Ans
 /// (one journal write and one `fdatasync`) and sent.
 pub const BATCH: usize = 64;
 
-async fn send(sock: &UdpSocket, a: &Answer) {
-    if let Err(e) = sock.send_to(&a.bytes, a.to).await {
-        tracing::warn!(to = %a.to, error = %error_chain(&e), "dhcp send failed");
+/// Sends `a`. A unicast to a client without an address first sets the
+/// neighbour entry for it (on `iface`, or the interface routing to it);
+/// when that fails the answer is broadcast, as to a client with the
+/// broadcast flag, and counted in `bootd_dhcp_unicast_fallback_total`.
+async fn send(shared: &Shared, sock: &UdpSocket, iface: Option<&str>, a: &Answer) {
+    let mut to = a.to;
+    if let Some(mac) = a.arp
+        && let Err(e) = crate::sys::set_arp(sock, iface, *a.to.ip(), mac.0)
+    {
+        shared
+            .metrics
+            .unicast_fallback
+            .get_or_create(&ReasonLabels {
+                reason: "arp_failed".into(),
+            })
+            .inc();
+        tracing::info!(mac = %mac, yiaddr = %a.to.ip(), error = %error_chain(&e),
+            "cannot set the client's neighbour entry (bootd needs CAP_NET_ADMIN): broadcasting the answer");
+        to = SocketAddrV4::new(Ipv4Addr::BROADCAST, 68);
+    }
+    if let Err(e) = sock.send_to(&a.bytes, to).await {
+        tracing::warn!(to = %to, error = %error_chain(&e), "dhcp send failed");
     }
 }
 
@@ -195,8 +219,10 @@ pub async fn serve(
     shared: Arc<Shared>,
     sock: UdpSocket,
     port: ServerPort,
+    iface: Option<String>,
     cancel: CancellationToken,
 ) {
+    let iface = iface.as_deref();
     let mut buf = vec![0u8; 65536];
     let mut waiting = Vec::new();
     loop {
@@ -214,7 +240,7 @@ pub async fn serve(
                         if a.needs_commit {
                             waiting.push(a);
                         } else {
-                            send(&sock, &a).await;
+                            send(&shared, &sock, iface, &a).await;
                         }
                     }
                 }
@@ -243,7 +269,51 @@ pub async fn serve(
             }
         };
         for a in release(&shared, std::mem::take(&mut waiting), commit) {
-            send(&sock, &a).await;
+            send(&shared, &sock, iface, &a).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A unicast to a client whose neighbour entry cannot be set (here: no
+    /// such interface) falls back to a broadcast, counted.
+    #[test]
+    fn unicast_falls_back_to_broadcast_when_arp_fails() {
+        let snap = crate::StaticConfig::from_yaml(
+            "serverIP: 10.77.0.2\ncidr: 10.77.0.0/24\ndhcp: {mode: lease, gateway: \"\"}\n",
+        )
+        .unwrap()
+        .snapshot(8080, "t".into())
+        .unwrap();
+        let shared = Shared::new(snap, Default::default(), String::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let a = Answer {
+                bytes: vec![0; 300],
+                to: SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 9), 68),
+                arp: Some(anneal_dhcp::Mac([2, 0, 0, 0, 0, 9])),
+                needs_commit: false,
+                mac: anneal_dhcp::Mac([2, 0, 0, 0, 0, 9]),
+                msg: "discover",
+                reply: "offer",
+                yiaddr: Ipv4Addr::new(10, 77, 0, 9),
+                boot: None,
+                port: ServerPort::Dhcp,
+            };
+            send(&shared, &sock, Some("nosuchif0"), &a).await;
+        });
+        let text = shared.metrics.render();
+        assert!(
+            text.contains("bootd_dhcp_unicast_fallback_total{reason=\"arp_failed\"} 1"),
+            "{text}"
+        );
     }
 }

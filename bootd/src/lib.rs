@@ -12,6 +12,7 @@ pub mod leasefile;
 pub mod metrics;
 pub mod script;
 pub mod state;
+pub mod sys;
 pub mod tftp;
 pub mod watch;
 
@@ -203,6 +204,7 @@ impl Server {
             shared.clone(),
             s,
             ServerPort::Dhcp,
+            opts.interface.clone(),
             cancel.clone(),
         ));
         if opts.pxe_port != 0 {
@@ -214,6 +216,7 @@ impl Server {
                 shared.clone(),
                 s,
                 ServerPort::PxeBoot,
+                opts.interface.clone(),
                 cancel.clone(),
             ));
         }

@@ -40,6 +40,8 @@ pub struct Metrics {
     /// ACKs sent while serving leases from memory (the lease file could
     /// not be written since start-up).
     pub acks_not_durable: Counter,
+    /// Answers broadcast although RFC 2131 4.1 unicasts them, by reason.
+    pub unicast_fallback: Family<ReasonLabels, Counter>,
     pub tftp_bytes: Counter,
     pub tftp_requests: Family<ReasonLabels, Counter>,
     pub http_bytes: Counter,
@@ -84,6 +86,11 @@ impl Metrics {
             "dhcp_acks_not_durable",
             "ACKs sent while serving leases from memory (lease file not writable since start-up)",
             self.acks_not_durable.clone(),
+        );
+        r.register(
+            "dhcp_unicast_fallback",
+            "OFFERs and ACKs broadcast because the client's neighbour entry could not be set",
+            self.unicast_fallback.clone(),
         );
         r.register(
             "tftp_bytes",
