@@ -285,3 +285,116 @@ fn acked_leases_survive_sigkill() {
     );
     assert!(acked_all.len() as u64 >= TOTAL / 2);
 }
+
+/// One DORA from `mac` (broadcast flag set); the ACKed address.
+fn one_dora(mac: [u8; 6], xid: u32) -> Option<Ipv4Addr> {
+    let sock = client_socket("c0", Duration::from_millis(100));
+    let to = SocketAddr::from(([255, 255, 255, 255], 67));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 1500];
+    let mut offered = None;
+    let mut sent = Instant::now() - Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if sent.elapsed() > Duration::from_secs(1) {
+            let p = match offered {
+                None => dhcp_packet(mac, xid, true, 1, &[]),
+                Some(a) => {
+                    let mut o = vec![50, 4];
+                    o.extend_from_slice(&Ipv4Addr::octets(&a));
+                    o.extend_from_slice(&[54, 4]);
+                    o.extend_from_slice(&SERVER.octets());
+                    dhcp_packet(mac, xid, true, 3, &o)
+                }
+            };
+            sock.send_to(&p, to).unwrap();
+            sent = Instant::now();
+        }
+        let Ok(n) = sock.recv(&mut buf) else { continue };
+        match parse_reply(&buf[..n]) {
+            Some((x, 2, yi)) if x == xid && offered.is_none() => {
+                offered = Some(yi);
+                sent = Instant::now() - Duration::from_secs(10);
+            }
+            Some((x, 5, yi)) if x == xid && offered == Some(yi) => return Some(yi),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A lease file that cannot be written at start-up (its temporary file's
+/// path is taken by a directory) does not keep DHCP down: bootd starts,
+/// ACKs from memory (counted), and once the path is free the retry timer
+/// writes every lease and ACKs are durable again.
+#[test]
+fn unwritable_lease_file_at_startup_serves_from_memory_then_recovers() {
+    let (server, client) = topology("bdw");
+    let dir = server.dir();
+    let lease_file = dir.join("leases.json");
+    let obstacle = dir.join("leases.json.tmp");
+    std::fs::create_dir(&obstacle).unwrap();
+    std::fs::write(obstacle.join("x"), b"x").unwrap();
+    let snap = anneal_bootd::StaticConfig::from_yaml(ANSWER_ALL_YAML)
+        .unwrap()
+        .snapshot(8080, "rev-1".into())
+        .unwrap();
+    let srv = anneal_bootd::NetnsServer::start(
+        server.name(),
+        anneal_bootd::ServerOptions {
+            interface: Some("s0".into()),
+            listen_ip: SERVER,
+            pxe_port: 0,
+            tftp_port: 0,
+            http_port: anneal_testinfra::free_port().unwrap(),
+            lease_file: Some(lease_file.clone()),
+            ..anneal_bootd::ServerOptions::default()
+        },
+        snap,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "bootd did not start with an unwritable lease file: {}",
+            anneal_api::error_chain(&e)
+        )
+    });
+    let m1 = [0x02, 0x57, 0, 0, 0, 1];
+    let name = client.name().to_owned();
+    let a1 = in_netns(&name, move || one_dora(m1, 0x0d00_0001))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no ACK from memory:\n{}", srv.shared().metrics.render()));
+    let text = srv.shared().metrics.render();
+    assert_eq!(metric(&text, "bootd_lease_file_durable"), 0, "{text}");
+    assert!(metric(&text, "bootd_dhcp_acks_not_durable_total") >= 1, "{text}");
+    assert!(metric(&text, "bootd_lease_file_write_failures_total") >= 1, "{text}");
+    std::fs::remove_dir_all(&obstacle).unwrap();
+    // the retry timer (1 s) writes the table: wait for the file to hold it
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = anneal_bootd::leasefile::load(&lease_file)
+            .unwrap()
+            .iter()
+            .any(|l| l.mac == Mac(m1) && l.address == a1);
+        if held {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lease ACKed from memory was not written within 30 s of the path being freed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let m2 = [0x02, 0x57, 0, 0, 0, 2];
+    let a2 = in_netns(&name, move || one_dora(m2, 0x0d00_0002))
+        .unwrap()
+        .expect("no ACK once the lease file works");
+    // durable: written before the ACK left
+    assert!(
+        anneal_bootd::leasefile::load(&lease_file)
+            .unwrap()
+            .iter()
+            .any(|l| l.mac == Mac(m2) && l.address == a2)
+    );
+    let text = srv.shared().metrics.render();
+    assert_eq!(metric(&text, "bootd_lease_file_durable"), 1, "{text}");
+    srv.stop();
+}
