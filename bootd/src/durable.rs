@@ -194,10 +194,7 @@ mod tests {
         let mut table = Leases::default();
         table.track_changes();
         let leases = Mutex::new(table);
-        leases
-            .lock()
-            .unwrap()
-            .apply(LeaseEffect::Bind(lease(1)), 0);
+        leases.lock().unwrap().apply(LeaseEffect::Bind(lease(1)), 0);
         assert_eq!(log.commit(&leases, &metrics), Commit::MemoryOnly);
         assert!(log.failing());
         // within the retry interval: no attempt (not counted again)
@@ -213,10 +210,7 @@ mod tests {
         assert_eq!(log.commit(&leases, &metrics), Commit::Durable);
         assert!(!log.failing());
         assert_eq!(leasefile::load(&p).unwrap(), vec![lease(1)]);
-        leases
-            .lock()
-            .unwrap()
-            .apply(LeaseEffect::Bind(lease(2)), 0);
+        leases.lock().unwrap().apply(LeaseEffect::Bind(lease(2)), 0);
         assert_eq!(log.commit(&leases, &metrics), Commit::Durable);
         assert_eq!(leasefile::load(&p).unwrap(), vec![lease(1), lease(2)]);
         // a failure after the file worked: withheld, and the retry
@@ -224,10 +218,7 @@ mod tests {
         std::fs::create_dir(&obstacle).unwrap();
         std::fs::write(obstacle.join("x"), b"x").unwrap();
         log.lock().store.close_journal();
-        leases
-            .lock()
-            .unwrap()
-            .apply(LeaseEffect::Bind(lease(3)), 0);
+        leases.lock().unwrap().apply(LeaseEffect::Bind(lease(3)), 0);
         assert_eq!(log.commit(&leases, &metrics), Commit::Failed);
         assert_eq!(log.commit(&leases, &metrics), Commit::Failed);
         assert!(

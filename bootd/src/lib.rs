@@ -179,7 +179,11 @@ impl Server {
             for l in &gone {
                 tracing::info!(mac = %l.mac, address = %l.address, "dropped persisted lease: mac not in the allowlist");
             }
-            tracing::info!(kept = leases.active(), dropped = gone.len(), "lease file loaded");
+            tracing::info!(
+                kept = leases.active(),
+                dropped = gone.len(),
+                "lease file loaded"
+            );
             // from here on, every change is journaled
             leases.track_changes();
             lease_log = Some(durable::LeaseLog::new(path, store));

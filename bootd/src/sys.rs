@@ -15,7 +15,12 @@ use std::os::fd::AsRawFd;
 
 /// Sets the ARP (neighbour) entry `ip` → `mac`, on `iface` or, without one,
 /// on the interface the route to `ip` leaves through. Needs CAP_NET_ADMIN.
-pub fn set_arp(sock: &impl AsRawFd, iface: Option<&str>, ip: Ipv4Addr, mac: [u8; 6]) -> io::Result<()> {
+pub fn set_arp(
+    sock: &impl AsRawFd,
+    iface: Option<&str>,
+    ip: Ipv4Addr,
+    mac: [u8; 6],
+) -> io::Result<()> {
     let mut pa = [0 as libc::c_char; 14];
     // sockaddr_in after the family: port (0), then the address
     for (d, s) in pa[2..6].iter_mut().zip(ip.octets()) {

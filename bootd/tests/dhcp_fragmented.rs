@@ -2,7 +2,7 @@
 //! option 57) crosses a veth pair with MTU 1500 as IP fragments, is
 //! reassembled by the kernel and answered; the OFFER stays within the
 //! client's option 57 (or 576 without it), IP and UDP headers counted.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -85,7 +85,10 @@ fn discover_larger_than_the_mtu_is_answered_within_option_57() {
     )
     .unwrap();
     let before = in_netns(server.name(), reassembled).unwrap();
-    for (xid, max, limit) in [(0x0f00_0001u32, Some(2500u16), 2500 - 28), (0x0f00_0002, None, 548)] {
+    for (xid, max, limit) in [
+        (0x0f00_0001u32, Some(2500u16), 2500 - 28),
+        (0x0f00_0002, None, 548),
+    ] {
         let p = big_discover([0x02, 0x46, 0, 0, 0, xid as u8], xid, max);
         assert!(p.len() > 2000, "{}", p.len());
         let len = in_netns(client.name(), move || offer_len(p, xid)).unwrap();

@@ -2,7 +2,7 @@
 //! giaddr and ciaddr go to yiaddr at chaddr (bootd sets the neighbour
 //! entry); with the flag they are broadcast. The client namespace captures
 //! the frames with an AF_PACKET socket and reads their destinations.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -124,7 +124,8 @@ fn offer_and_ack_unicast_to_yiaddr_at_chaddr_without_broadcast_flag() {
     let (offer, ack) = in_netns(client.name(), || dora(MAC, 0x0e00_0001, false)).unwrap();
     let metrics = || srv.shared().metrics.render();
     for (what, f, ty) in [("OFFER", offer, 2), ("ACK", ack, 5)] {
-        let f = f.unwrap_or_else(|| panic!("no {what} captured within 10 s; bootd:\n{}", metrics()));
+        let f =
+            f.unwrap_or_else(|| panic!("no {what} captured within 10 s; bootd:\n{}", metrics()));
         assert_eq!(f.msg, ty, "{what}: {f:?}");
         assert!(!f.yiaddr.is_unspecified(), "{what}: {f:?}");
         assert_eq!(
@@ -135,7 +136,8 @@ fn offer_and_ack_unicast_to_yiaddr_at_chaddr_without_broadcast_flag() {
     }
     let (offer, ack) = in_netns(client.name(), || dora(MAC_B, 0x0e00_0002, true)).unwrap();
     for (what, f) in [("OFFER", offer), ("ACK", ack)] {
-        let f = f.unwrap_or_else(|| panic!("no {what} captured within 10 s; bootd:\n{}", metrics()));
+        let f =
+            f.unwrap_or_else(|| panic!("no {what} captured within 10 s; bootd:\n{}", metrics()));
         assert_eq!(
             (f.dst_mac, f.dst_ip),
             ([0xff; 6], Ipv4Addr::BROADCAST),

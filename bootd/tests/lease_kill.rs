@@ -6,7 +6,7 @@
 //!
 //! Synchronisation is on events only: bootd's "bootd serving" log line,
 //! ACKs received by the client, the child's exit.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use anneal_bootd::in_netns;
 use anneal_dhcp::Mac;
-use anneal_testinfra::Netns;
 use anneal_testinfra::ChildGroup;
+use anneal_testinfra::Netns;
 use common::{ANSWER_ALL_YAML, SERVER, client_socket, dhcp_packet, parse_reply, topology};
 
 mod common;
@@ -364,8 +364,14 @@ fn unwritable_lease_file_at_startup_serves_from_memory_then_recovers() {
         .unwrap_or_else(|| panic!("no ACK from memory:\n{}", srv.shared().metrics.render()));
     let text = srv.shared().metrics.render();
     assert_eq!(metric(&text, "bootd_lease_file_durable"), 0, "{text}");
-    assert!(metric(&text, "bootd_dhcp_acks_not_durable_total") >= 1, "{text}");
-    assert!(metric(&text, "bootd_lease_file_write_failures_total") >= 1, "{text}");
+    assert!(
+        metric(&text, "bootd_dhcp_acks_not_durable_total") >= 1,
+        "{text}"
+    );
+    assert!(
+        metric(&text, "bootd_lease_file_write_failures_total") >= 1,
+        "{text}"
+    );
     std::fs::remove_dir_all(&obstacle).unwrap();
     // the retry timer (1 s) writes the table: wait for the file to hold it
     let deadline = Instant::now() + Duration::from_secs(30);

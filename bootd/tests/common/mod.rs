@@ -1,6 +1,6 @@
 //! Shared by bootd's namespace tests: a server and a client namespace
 //! joined by a veth pair, a DHCP client socket, packets and replies.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
@@ -75,7 +75,8 @@ pub fn client_socket(iface: &str, timeout: Duration) -> UdpSocket {
     s.set_reuse_address(true).unwrap();
     s.set_broadcast(true).unwrap();
     s.bind_device(Some(iface.as_bytes())).unwrap();
-    s.bind(&SocketAddr::from(([0, 0, 0, 0], 68)).into()).unwrap();
+    s.bind(&SocketAddr::from(([0, 0, 0, 0], 68)).into())
+        .unwrap();
     s.set_recv_buffer_size(4 << 20).unwrap();
     s.set_read_timeout(Some(timeout)).unwrap();
     s.into()
