@@ -9,6 +9,7 @@ use dhcproto::v4::MessageType;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+use crate::durable::Commit;
 use crate::metrics::{PacketLabels, ReasonLabels};
 use crate::state::Shared;
 
@@ -53,13 +54,44 @@ fn count(shared: &Shared, msg: &str, outcome: &str) {
         .inc();
 }
 
-/// Handles one datagram; returns what to send.
-pub fn handle(
-    shared: &Shared,
-    bytes: &[u8],
-    ingress: Ingress,
-    now: u64,
-) -> Option<(Vec<u8>, SocketAddrV4)> {
+/// A reply to send.
+#[derive(Debug)]
+pub struct Answer {
+    pub bytes: Vec<u8>,
+    pub to: SocketAddrV4,
+    /// Unicast to a client that holds no address yet (RFC 2131 4.1): the
+    /// neighbour entry `to` → this MAC is set before sending.
+    pub arp: Option<anneal_dhcp::Mac>,
+    /// An ACK binding a lease: sent only once the lease file holds it.
+    pub needs_commit: bool,
+    mac: anneal_dhcp::Mac,
+    msg: &'static str,
+    reply: &'static str,
+    yiaddr: Ipv4Addr,
+    boot: Option<String>,
+    port: ServerPort,
+}
+
+impl Answer {
+    /// Counts the reply and logs its one line.
+    fn account(&self, shared: &Shared) {
+        count(shared, self.msg, self.reply);
+        tracing::info!(
+            mac = %self.mac,
+            msg = self.msg,
+            reply = self.reply,
+            yiaddr = %self.yiaddr,
+            boot = self.boot.as_deref().unwrap_or(""),
+            to = %self.to,
+            port = ?self.port,
+            "answered"
+        );
+    }
+}
+
+/// Handles one datagram; returns what to send. A reply that needs no
+/// commit is counted and logged here; one that does, by [`release`].
+pub fn handle(shared: &Shared, bytes: &[u8], ingress: Ingress, now: u64) -> Option<Answer> {
     let req = match Request::parse(bytes, ingress) {
         Ok(r) => r,
         Err(m) => {
@@ -84,26 +116,31 @@ pub fn handle(
     };
     match decision {
         Decision::Reply(r) => {
+            let needs_commit = r.effect.is_some() && shared.lease_log.is_some();
             if let Some(e) = r.effect {
                 shared.leases().apply(e, now);
-                shared.lease_dirty.notify_one();
             }
-            count(shared, msg, type_label(r.msg_type));
-            let to = match r.dest {
-                Dest::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, 68),
-                Dest::Unicast(a) => a,
+            let (to, arp) = match r.dest {
+                Dest::Broadcast => (SocketAddrV4::new(Ipv4Addr::BROADCAST, 68), None),
+                Dest::Unicast(a) => (a, None),
+                Dest::Client { addr, mac } => (addr, Some(mac)),
             };
-            tracing::info!(
-                mac = %req.mac,
+            let a = Answer {
+                bytes: r.bytes,
+                to,
+                arp,
+                needs_commit,
+                mac: req.mac,
                 msg,
-                reply = type_label(r.msg_type),
-                yiaddr = %r.message.yiaddr(),
-                boot = r.boot.as_deref().unwrap_or(""),
-                to = %to,
-                port = ?ingress.port,
-                "answered"
-            );
-            Some((r.bytes, to))
+                reply: type_label(r.msg_type),
+                yiaddr: r.message.yiaddr(),
+                boot: r.boot,
+                port: ingress.port,
+            };
+            if !needs_commit {
+                a.account(shared);
+            }
+            Some(a)
         }
         Decision::Update(e) => {
             shared.leases().apply(e, now);
@@ -120,31 +157,163 @@ pub fn handle(
     }
 }
 
-/// Serves one socket until cancelled.
+/// Decides what becomes of answers that waited for a commit: sent
+/// (`Durable`; `MemoryOnly`, counted as not durable) or withheld
+/// (`Failed`: `drop_not_durable`, the client retries). Returns those to send.
+pub fn release(shared: &Shared, answers: Vec<Answer>, commit: Commit) -> Vec<Answer> {
+    match commit {
+        Commit::Durable => {}
+        Commit::MemoryOnly => {
+            shared.metrics.acks_not_durable.inc_by(answers.len() as u64);
+        }
+        Commit::Failed => {
+            for a in &answers {
+                count(shared, a.msg, "drop_not_durable");
+                tracing::info!(mac = %a.mac, msg = a.msg, yiaddr = %a.yiaddr,
+                    why = "the lease file cannot be written: the lease is not durable", "no answer");
+            }
+            return Vec::new();
+        }
+    }
+    for a in &answers {
+        a.account(shared);
+    }
+    answers
+}
+
+/// At most this many datagrams are read before their ACKs are committed
+/// (one journal write and one `fdatasync`) and sent.
+pub const BATCH: usize = 64;
+
+/// Sends `a`. A unicast to a client without an address first sets the
+/// neighbour entry for it (on `iface`, or the interface routing to it);
+/// when that fails the answer is broadcast, as to a client with the
+/// broadcast flag, and counted in `bootd_dhcp_unicast_fallback_total`.
+async fn send(shared: &Shared, sock: &UdpSocket, iface: Option<&str>, a: &Answer) {
+    let mut to = a.to;
+    if let Some(mac) = a.arp
+        && let Err(e) = crate::sys::set_arp(sock, iface, *a.to.ip(), mac.0)
+    {
+        shared
+            .metrics
+            .unicast_fallback
+            .get_or_create(&ReasonLabels {
+                reason: "arp_failed".into(),
+            })
+            .inc();
+        tracing::info!(mac = %mac, yiaddr = %a.to.ip(), error = %error_chain(&e),
+            "cannot set the client's neighbour entry (bootd needs CAP_NET_ADMIN): broadcasting the answer");
+        to = SocketAddrV4::new(Ipv4Addr::BROADCAST, 68);
+    }
+    if let Err(e) = sock.send_to(&a.bytes, to).await {
+        tracing::warn!(to = %to, error = %error_chain(&e), "dhcp send failed");
+    }
+}
+
+/// Serves one socket until cancelled. Group commit: the datagrams waiting
+/// on the socket (up to [`BATCH`]) are read and decided, replies without a
+/// lease change (OFFERs, NAKs, proxy answers) sent at once, then the
+/// batch's lease changes written with one `fdatasync` and only then its
+/// ACKs sent, so an ACKed lease survives a crash.
 pub async fn serve(
     shared: Arc<Shared>,
     sock: UdpSocket,
     port: ServerPort,
+    iface: Option<String>,
     cancel: CancellationToken,
 ) {
+    let iface = iface.as_deref();
     let mut buf = vec![0u8; 65536];
+    let mut waiting = Vec::new();
     loop {
-        let (n, src) = tokio::select! {
+        let mut next = Some(tokio::select! {
             () = cancel.cancelled() => return,
-            r = sock.recv_from(&mut buf) => match r {
-                Ok(x) => x,
+            r = sock.recv_from(&mut buf) => r,
+        });
+        let mut read = 0;
+        while let Some(r) = next.take() {
+            read += 1;
+            match r {
+                Ok((n, SocketAddr::V4(src))) => {
+                    let ingress = Ingress { port, src };
+                    if let Some(a) = handle(&shared, &buf[..n], ingress, crate::unix_now()) {
+                        if a.needs_commit {
+                            waiting.push(a);
+                        } else {
+                            send(&shared, &sock, iface, &a).await;
+                        }
+                    }
+                }
+                Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(error = %error_chain(&e), "dhcp receive failed");
-                    continue;
+                    break;
                 }
-            },
-        };
-        let SocketAddr::V4(src) = src else { continue };
-        let ingress = Ingress { port, src };
-        if let Some((bytes, to)) = handle(&shared, &buf[..n], ingress, crate::unix_now())
-            && let Err(e) = sock.send_to(&bytes, to).await
-        {
-            tracing::warn!(to = %to, error = %error_chain(&e), "dhcp send failed");
+            }
+            if read < BATCH {
+                match sock.try_recv_from(&mut buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    r => next = Some(r),
+                }
+            }
         }
+        if waiting.is_empty() {
+            continue;
+        }
+        let s = shared.clone();
+        let commit = match tokio::task::spawn_blocking(move || s.commit_leases()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %error_chain(&e), "lease writer panicked");
+                Commit::Failed
+            }
+        };
+        for a in release(&shared, std::mem::take(&mut waiting), commit) {
+            send(&shared, &sock, iface, &a).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A unicast to a client whose neighbour entry cannot be set (here: no
+    /// such interface) falls back to a broadcast, counted.
+    #[test]
+    fn unicast_falls_back_to_broadcast_when_arp_fails() {
+        let snap = crate::StaticConfig::from_yaml(
+            "serverIP: 10.77.0.2\ncidr: 10.77.0.0/24\ndhcp: {mode: lease, gateway: \"\"}\n",
+        )
+        .unwrap()
+        .snapshot(8080, "t".into())
+        .unwrap();
+        let shared = Shared::new(snap, Default::default(), String::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let a = Answer {
+                bytes: vec![0; 300],
+                to: SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 9), 68),
+                arp: Some(anneal_dhcp::Mac([2, 0, 0, 0, 0, 9])),
+                needs_commit: false,
+                mac: anneal_dhcp::Mac([2, 0, 0, 0, 0, 9]),
+                msg: "discover",
+                reply: "offer",
+                yiaddr: Ipv4Addr::new(10, 77, 0, 9),
+                boot: None,
+                port: ServerPort::Dhcp,
+            };
+            send(&shared, &sock, Some("nosuchif0"), &a).await;
+        });
+        let text = shared.metrics.render();
+        assert!(
+            text.contains("bootd_dhcp_unicast_fallback_total{reason=\"arp_failed\"} 1"),
+            "{text}"
+        );
     }
 }

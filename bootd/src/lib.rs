@@ -6,11 +6,13 @@
 
 pub mod config;
 pub mod dhcp;
+pub mod durable;
 pub mod http;
 pub mod leasefile;
 pub mod metrics;
 pub mod script;
 pub mod state;
+pub mod sys;
 pub mod tftp;
 pub mod watch;
 
@@ -133,53 +135,25 @@ async fn collect_leases(shared: Arc<Shared>, cancel: CancellationToken) {
     }
 }
 
-/// Persists lease changes: each batch appends the MACs changed since the
-/// last one (taken under the leases lock, O(changes)) to the journal, or,
-/// when the journal has outgrown the snapshot, compacts both.
-async fn persist_leases(
-    shared: Arc<Shared>,
-    store: leasefile::LeaseStore,
-    cancel: CancellationToken,
-) {
-    let store = Arc::new(std::sync::Mutex::new(store));
+/// Writes the lease changes the DHCP loop does not commit itself
+/// (RELEASE, DECLINE, collection, a new table), coalescing bursts (at most
+/// ~20 writes a second), and retries a failed write every
+/// [`durable::RETRY`]. Its last commit runs at shutdown.
+async fn persist_leases(shared: Arc<Shared>, cancel: CancellationToken) {
     loop {
         let stop = tokio::select! {
             () = cancel.cancelled() => true,
             () = shared.lease_dirty.notified() => false,
+            // the retry timer (a commit with nothing to write costs no I/O)
+            () = tokio::time::sleep(durable::RETRY) => false,
         };
-        let full = match store.lock() {
-            Ok(s) => s.wants_compaction(),
-            Err(_) => true,
-        };
-        let (changes, all) = {
-            let mut leases = shared.leases();
-            let changes = leases.take_changes();
-            let all: Option<Vec<_>> = full.then(|| leases.iter().copied().collect());
-            (changes, all)
-        };
-        let s = store.clone();
-        let write = move || {
-            // a panic mid-write leaves the journal unknown: compact then
-            let mut s = match s.lock() {
-                Ok(s) => s,
-                Err(p) => p.into_inner(),
-            };
-            match &all {
-                Some(all) => s.compact(all),
-                None => s.append(&changes),
-            }
-        };
-        match tokio::task::spawn_blocking(write).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(error = %error_chain(&e), "lease file not written (the next write compacts)")
-            }
-            Err(e) => tracing::error!(error = %error_chain(&e), "lease writer panicked"),
+        let s = shared.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || s.commit_leases()).await {
+            tracing::error!(error = %error_chain(&e), "lease writer panicked");
         }
         if stop {
             return;
         }
-        // Coalesce bursts: at most ~20 writes a second.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -195,22 +169,33 @@ impl Server {
             None => script::BOOT_TEMPLATE.to_owned(),
         };
         let mut leases = Leases::default();
-        let mut lease_store = None;
+        let mut lease_log = None;
         if let Some(path) = &opts.lease_file {
-            let (mut store, loaded) = leasefile::LeaseStore::open(path)?;
+            // A file that does not read or parse stops the start (it must
+            // not be overwritten); one that does not write does not.
+            let (store, loaded) = leasefile::LeaseStore::open(path)?;
             leases = Leases::from_leases(loaded);
             let gone = state::filter_leases(&mut leases, &snapshot.table);
             for l in &gone {
                 tracing::info!(mac = %l.mac, address = %l.address, "dropped persisted lease: mac not in the allowlist");
             }
-            let kept: Vec<_> = leases.iter().copied().collect();
-            store.compact(&kept)?;
+            tracing::info!(
+                kept = leases.active(),
+                dropped = gone.len(),
+                "lease file loaded"
+            );
             // from here on, every change is journaled
             leases.track_changes();
-            lease_store = Some(store);
-            tracing::info!(kept = kept.len(), dropped = gone.len(), "lease file loaded");
+            lease_log = Some(durable::LeaseLog::new(path, store));
         }
-        let shared = Arc::new(Shared::new(snapshot, leases, template));
+        let shared = Arc::new(Shared::new(snapshot, leases, template).with_lease_log(lease_log));
+        // The first write compacts the loaded (and filtered) table before the
+        // first packet is answered; when it fails bootd serves from memory
+        // and the persister retries.
+        if shared.lease_log.is_some() {
+            let s = shared.clone();
+            let _ = tokio::task::spawn_blocking(move || s.commit_leases()).await;
+        }
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let iface = opts.interface.as_deref();
@@ -223,6 +208,7 @@ impl Server {
             shared.clone(),
             s,
             ServerPort::Dhcp,
+            opts.interface.clone(),
             cancel.clone(),
         ));
         if opts.pxe_port != 0 {
@@ -234,6 +220,7 @@ impl Server {
                 shared.clone(),
                 s,
                 ServerPort::PxeBoot,
+                opts.interface.clone(),
                 cancel.clone(),
             ));
         }
@@ -262,8 +249,8 @@ impl Server {
         let http_addr = l.local_addr().map_err(bind_err("http", ha))?;
         tasks.spawn(http::serve(shared.clone(), l, cancel.clone()));
         tasks.spawn(collect_leases(shared.clone(), cancel.clone()));
-        if let Some(store) = lease_store {
-            tasks.spawn(persist_leases(shared.clone(), store, cancel.clone()));
+        if shared.lease_log.is_some() {
+            tasks.spawn(persist_leases(shared.clone(), cancel.clone()));
         }
         tracing::info!(
             revision = %shared.snapshot().table.revision,

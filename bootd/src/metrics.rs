@@ -33,6 +33,15 @@ pub struct Metrics {
     pub malformed: Family<ReasonLabels, Counter>,
     pub leases_active: Gauge,
     pub leases_collected: Counter,
+    /// Lease file writes (journal append or compaction) that failed.
+    pub lease_write_failures: Counter,
+    /// 1 while the lease file is written, 0 while a write failed.
+    pub lease_file_durable: Gauge,
+    /// ACKs sent while serving leases from memory (the lease file could
+    /// not be written since start-up).
+    pub acks_not_durable: Counter,
+    /// Answers broadcast although RFC 2131 4.1 unicasts them, by reason.
+    pub unicast_fallback: Family<ReasonLabels, Counter>,
     pub tftp_bytes: Counter,
     pub tftp_requests: Family<ReasonLabels, Counter>,
     pub http_bytes: Counter,
@@ -62,6 +71,26 @@ impl Metrics {
             "dhcp_leases_collected",
             "Expired leases removed from the lease table",
             self.leases_collected.clone(),
+        );
+        r.register(
+            "lease_file_write_failures",
+            "Lease file writes (journal append or compaction) that failed; retried every second",
+            self.lease_write_failures.clone(),
+        );
+        r.register(
+            "lease_file_durable",
+            "1 while lease changes are written before ACKs leave, 0 while the lease file fails to write",
+            self.lease_file_durable.clone(),
+        );
+        r.register(
+            "dhcp_acks_not_durable",
+            "ACKs sent while serving leases from memory (lease file not writable since start-up)",
+            self.acks_not_durable.clone(),
+        );
+        r.register(
+            "dhcp_unicast_fallback",
+            "OFFERs and ACKs broadcast because the client's neighbour entry could not be set",
+            self.unicast_fallback.clone(),
         );
         r.register(
             "tftp_bytes",

@@ -9,6 +9,7 @@ use anneal_dhcp::{BootTable, Leases, Mac};
 use tokio::sync::{Notify, watch};
 
 use crate::config::{ApiSpec, Artifacts};
+use crate::durable::{Commit, LeaseLog};
 use crate::metrics::Metrics;
 
 /// A boot token: zeroized on drop, never printed.
@@ -66,6 +67,8 @@ pub struct Shared {
     pub live_revision: watch::Sender<String>,
     /// The boot script template.
     pub template: String,
+    /// The lease file, when there is one (see [`Shared::commit_leases`]).
+    pub lease_log: Option<LeaseLog>,
 }
 
 impl Shared {
@@ -78,6 +81,23 @@ impl Shared {
             lease_dirty: Notify::new(),
             live_revision: watch::Sender::new(rev),
             template,
+            lease_log: None,
+        }
+    }
+
+    /// With a lease file: ACKs then leave only once their lease is written.
+    pub fn with_lease_log(mut self, log: Option<LeaseLog>) -> Shared {
+        self.lease_log = log;
+        self
+    }
+
+    /// Writes every lease change made so far to the lease file (blocking
+    /// I/O; see [`LeaseLog::commit`]). Without a lease file leases live in
+    /// memory by configuration: [`Commit::Durable`].
+    pub fn commit_leases(&self) -> Commit {
+        match &self.lease_log {
+            Some(log) => log.commit(&self.leases, &self.metrics),
+            None => Commit::Durable,
         }
     }
 

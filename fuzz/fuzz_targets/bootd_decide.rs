@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
     let now = 1_800_000_000 + u64::from(sel >> 3);
     match decide(&req, &t, leases, now) {
         Decision::Reply(r) => {
-            assert!(r.bytes.len() >= 240 && r.bytes.len() <= req.max_message_size());
+            assert!(r.bytes.len() >= 240 && r.bytes.len() <= req.max_reply_len());
             if let Some(e) = r.effect {
                 leases.apply(e, now);
             }

@@ -224,7 +224,10 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
     );
     wait_counted(&server, &["outcome=\"drop_not_enrolled\"".to_string()]);
 
-    // hostile datagrams: truncated, oversized, option overflow, bad magic
+    // hostile datagrams: truncated, option overflow, bad magic (a 4000-byte
+    // DISCOVER is not one: larger than the MTU, it is IP-fragmented and read,
+    // see bootd/tests/dhcp_fragmented.rs; only more than a UDP datagram
+    // holds, which no socket delivers, is `oversized`)
     let good = valid_discover([0x52, 0x54, 0, 0, 0, 1]);
     let mut overflow = good[..240].to_vec();
     overflow.extend_from_slice(&[53, 1, 1, 60, 200, b'P', b'X']);
@@ -243,7 +246,7 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
             vec![0xff; 300],
         ],
     );
-    let needles: Vec<String> = ["truncated", "oversized", "option_overflow", "bad_magic"]
+    let needles: Vec<String> = ["truncated", "option_overflow", "bad_magic"]
         .iter()
         .map(|r| format!("bootd_dhcp_malformed_total{{reason=\"{r}\"}}"))
         .collect();

@@ -26,6 +26,11 @@ pub enum Dest {
     /// A unicast address and port (a relay's giaddr:67, a renewing client's
     /// ciaddr:68, or a port 4011 client's source).
     Unicast(SocketAddrV4),
+    /// RFC 2131 4.1: an OFFER or ACK to a client without the broadcast
+    /// flag, giaddr and ciaddr: unicast to `yiaddr:68` at `chaddr`. The
+    /// client answers no ARP for an address it does not hold yet, so the
+    /// shell sets the neighbour entry first (and broadcasts if it cannot).
+    Client { addr: SocketAddrV4, mac: Mac },
 }
 
 /// A reply to send.
@@ -288,12 +293,20 @@ fn add_lease_opts(m: &mut Message, table: &BootTable, with_time: bool) {
     }
 }
 
-fn dest67(req: &Request, nak: bool) -> Dest {
+/// Where a reply on port 67 goes (RFC 2131 4.1): to the relay; to a
+/// client's `ciaddr`; to `yiaddr` at `chaddr` for a client without the
+/// broadcast flag (not a NAK, which is broadcast); else broadcast.
+fn dest67(req: &Request, nak: bool, yiaddr: Ipv4Addr) -> Dest {
     let h = &req.header;
     if !h.giaddr().is_unspecified() {
         Dest::Unicast(SocketAddrV4::new(h.giaddr(), 67))
     } else if !nak && !h.ciaddr().is_unspecified() {
         Dest::Unicast(SocketAddrV4::new(h.ciaddr(), 68))
+    } else if !nak && !h.flags().broadcast() && !yiaddr.is_unspecified() {
+        Dest::Client {
+            addr: SocketAddrV4::new(yiaddr, 68),
+            mac: req.mac,
+        }
     } else {
         Dest::Broadcast
     }
@@ -317,7 +330,7 @@ fn finish(
     if bytes.len() < MIN_REPLY {
         bytes.resize(MIN_REPLY, 0);
     }
-    if bytes.len() > req.max_message_size() {
+    if bytes.len() > req.max_reply_len() {
         return drop(DropReason::ReplyTooLarge);
     }
     Decision::Reply(Box::new(Reply {
@@ -387,7 +400,14 @@ fn proxy(req: &Request, table: &BootTable) -> Decision {
     let mut m = base_reply(req, table, reply_type);
     m.set_ciaddr(req.header.ciaddr());
     add_boot(&mut m, req, table, &t, true);
-    finish(req, m, reply_type, dest67(req, false), None, Some(t.file))
+    finish(
+        req,
+        m,
+        reply_type,
+        dest67(req, false, Ipv4Addr::UNSPECIFIED),
+        None,
+        Some(t.file),
+    )
 }
 
 fn mac_hash(mac: Mac) -> u64 {
@@ -473,7 +493,14 @@ fn lease(req: &Request, table: &BootTable, leases: &Leases, now: u64) -> Decisio
                 add_boot(&mut m, req, table, &t, false);
                 t.file
             });
-            finish(req, m, MessageType::Offer, dest67(req, false), None, boot)
+            finish(
+                req,
+                m,
+                MessageType::Offer,
+                dest67(req, false, addr),
+                None,
+                boot,
+            )
         }
         MessageType::Request => {
             let sid = req.server_id();
@@ -488,7 +515,14 @@ fn lease(req: &Request, table: &BootTable, leases: &Leases, now: u64) -> Decisio
             };
             let nak = |req: &Request| {
                 let m = base_reply(req, table, MessageType::Nak);
-                finish(req, m, MessageType::Nak, dest67(req, true), None, None)
+                finish(
+                    req,
+                    m,
+                    MessageType::Nak,
+                    dest67(req, true, Ipv4Addr::UNSPECIFIED),
+                    None,
+                    None,
+                )
             };
             if !table.cidr.contains(requested) {
                 return nak(req);
@@ -522,7 +556,7 @@ fn lease(req: &Request, table: &BootTable, leases: &Leases, now: u64) -> Decisio
                 req,
                 m,
                 MessageType::Ack,
-                dest67(req, false),
+                dest67(req, false, addr),
                 Some(effect),
                 boot,
             )
@@ -575,7 +609,14 @@ fn lease(req: &Request, table: &BootTable, leases: &Leases, now: u64) -> Decisio
                 add_boot(&mut m, req, table, &t, false);
                 t.file
             });
-            finish(req, m, MessageType::Ack, dest67(req, false), None, boot)
+            finish(
+                req,
+                m,
+                MessageType::Ack,
+                dest67(req, false, Ipv4Addr::UNSPECIFIED),
+                None,
+                boot,
+            )
         }
         _ => drop(DropReason::UnsupportedMessage),
     }

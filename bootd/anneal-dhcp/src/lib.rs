@@ -21,7 +21,7 @@ pub use anneal_api::mac::{Mac, MacParseError};
 pub use decide::{Decision, Dest, DropReason, Reply, decide};
 pub use lease::{Lease, LeaseEffect, Leases};
 pub use table::{Arch, BootFiles, BootTable, Cidr, CidrParseError, MachineEntry, Mode};
-pub use wire::{ClientKind, Ingress, MAX_PACKET, Malformed, Request, ServerPort};
+pub use wire::{ClientKind, IP_UDP_HEADERS, Ingress, MAX_PACKET, Malformed, Request, ServerPort};
 
 /// Version of the wire contract (options 43/175 layout, boot file selection).
 pub const CONTRACT_VERSION: u32 = 1;

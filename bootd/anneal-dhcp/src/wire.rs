@@ -8,8 +8,14 @@ use dhcproto::{Decodable, Decoder};
 
 use crate::Mac;
 
-/// Largest datagram accepted (an Ethernet MTU); anything bigger is dropped.
-pub const MAX_PACKET: usize = 1500;
+/// Largest datagram accepted: the largest UDP payload over IPv4 (65535
+/// minus the IP and UDP headers). A DHCP message may exceed an Ethernet MTU
+/// (RFC 2131 allows it with option 57; the IP layer fragments and
+/// reassembles it), so anything a socket delivers is read.
+pub const MAX_PACKET: usize = 65535 - IP_UDP_HEADERS;
+/// An IPv4 header without options plus a UDP header: option 57 and the 576
+/// minimum count them (RFC 2131 2: 576 octets is an IP datagram).
+pub const IP_UDP_HEADERS: usize = 28;
 /// Fixed BOOTP header plus the magic cookie.
 const HEADER_LEN: usize = 240;
 /// The `sname` field (64 bytes), which option 52 may give to options.
@@ -209,12 +215,20 @@ impl Request {
         self.ip_opt(54)
     }
 
-    /// Option 57, clamped to the RFC 2131 minimum of 576.
+    /// Option 57, clamped to the RFC 2131 minimum of 576 (576 without it):
+    /// the largest IP datagram the client accepts.
     pub fn max_message_size(&self) -> usize {
         self.options
             .get(&57)
             .and_then(|v| <[u8; 2]>::try_from(v.as_slice()).ok())
             .map_or(576, |b| usize::from(u16::from_be_bytes(b)).max(576))
+    }
+
+    /// The largest reply (DHCP message, the UDP payload) the client
+    /// accepts: [`Request::max_message_size`] less the IP and UDP headers
+    /// (548 without option 57).
+    pub fn max_reply_len(&self) -> usize {
+        self.max_message_size() - IP_UDP_HEADERS
     }
 
     /// First architecture type of option 93, if any.
@@ -370,6 +384,30 @@ mod tests {
             Request::parse(&ib, ingress()).err(),
             Some(Malformed::NotEthernet)
         );
+    }
+
+    /// Option 57 and the 576 default count the IP and UDP headers.
+    #[test]
+    fn reply_limit_is_option_57_less_headers() {
+        let len = |opts: &[u8]| {
+            Request::parse(&base(opts), ingress())
+                .unwrap_or_else(|e| panic!("{e}"))
+                .max_reply_len()
+        };
+        assert_eq!(len(&[53, 1, 1, 255]), 548);
+        assert_eq!(len(&[53, 1, 1, 57, 2, 0x05, 0xdc, 255]), 1472);
+        assert_eq!(len(&[53, 1, 1, 57, 2, 0x01, 0x00, 255]), 548);
+        assert_eq!(len(&[53, 1, 1, 57, 2, 0xff, 0xff, 255]), MAX_PACKET);
+        // a datagram larger than an Ethernet MTU is read
+        let mut big = base(&[53, 1, 1, 57, 2, 0x09, 0xc4]);
+        for _ in 0..8 {
+            big.extend_from_slice(&[224, 250]);
+            big.extend_from_slice(&[0xaa; 250]);
+        }
+        big.push(255);
+        assert!(big.len() > 2000);
+        let r = Request::parse(&big, ingress()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.options.get(&224).map(Vec::len), Some(2000));
     }
 
     #[test]

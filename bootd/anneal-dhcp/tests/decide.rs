@@ -68,6 +68,8 @@ struct Pkt {
     ciaddr: Option<Ipv4Addr>,
     giaddr: Option<Ipv4Addr>,
     o43: Option<Vec<u8>>,
+    /// The broadcast flag.
+    broadcast: bool,
 }
 
 impl Pkt {
@@ -81,6 +83,9 @@ impl Pkt {
             self.giaddr.unwrap_or(Ipv4Addr::UNSPECIFIED),
             &mac.0,
         );
+        if self.broadcast {
+            m.set_flags(dhcproto::v4::Flags::default().set_broadcast());
+        }
         let o = m.opts_mut();
         o.insert(DhcpOption::MessageType(
             self.ty.unwrap_or(MessageType::Discover),
@@ -213,7 +218,14 @@ fn lease_uefi_pxe_discover_offers_reservation_and_first_stage() {
     assert_eq!(yiaddr(&r), M1_ADDR);
     assert_eq!(siaddr(&r), SERVER);
     assert_eq!(file(&r), "snponly.efi");
-    assert_eq!(r.dest, Dest::Broadcast);
+    // no broadcast flag, giaddr or ciaddr: unicast to yiaddr at chaddr
+    assert_eq!(
+        r.dest,
+        Dest::Client {
+            addr: SocketAddrV4::new(M1_ADDR, 68),
+            mac: M1
+        }
+    );
     assert_eq!(opt(&r, 53), Some(vec![2]));
     assert_eq!(opt(&r, 54), Some(SERVER.octets().to_vec()));
     assert_eq!(opt(&r, 51), Some(1800u32.to_be_bytes().to_vec()));
@@ -759,17 +771,73 @@ fn hostile_packets_never_panic() {
         .err(),
         Some(Malformed::OptionOverflow)
     );
+    // a jumbo datagram (IP-fragmented on the wire) is read; only more
+    // than a UDP datagram can hold is oversized
     let mut huge = good.clone();
     huge.resize(9000, 0);
+    let ingress = Ingress {
+        port: ServerPort::Dhcp,
+        src,
+    };
+    assert!(Request::parse(&huge, ingress).is_ok());
+    huge.resize(anneal_dhcp::MAX_PACKET + 1, 0);
     assert_eq!(
-        Request::parse(
-            &huge,
-            Ingress {
-                port: ServerPort::Dhcp,
-                src
-            }
-        )
-        .err(),
+        Request::parse(&huge, ingress).err(),
         Some(Malformed::Oversized)
     );
+}
+
+/// RFC 2131 4.1: an OFFER or ACK goes to yiaddr at chaddr when the client
+/// set no broadcast flag and neither giaddr nor ciaddr; with the flag it is
+/// broadcast; a NAK is always broadcast; a relay or ciaddr wins.
+#[test]
+fn offer_and_ack_unicast_to_yiaddr_unless_broadcast_flag() {
+    let t = table(Mode::Lease);
+    let client = Dest::Client {
+        addr: SocketAddrV4::new(M1_ADDR, 68),
+        mac: M1,
+    };
+    for ty in [MessageType::Discover, MessageType::Request] {
+        for broadcast in [false, true] {
+            let p = Pkt {
+                ty: Some(ty),
+                requested: (ty == MessageType::Request).then_some(M1_ADDR),
+                server_id: (ty == MessageType::Request).then_some(SERVER),
+                broadcast,
+                ..Default::default()
+            };
+            let r = reply(decide(&p.req67(), &t, &Leases::default(), NOW));
+            let want = if broadcast { Dest::Broadcast } else { client };
+            assert_eq!(r.dest, want, "{ty:?} broadcast flag {broadcast}");
+            // the flag is echoed (RFC 2131 4.1 and table 3)
+            assert_eq!(r.bytes[10] & 0x80 != 0, broadcast);
+        }
+    }
+    // a NAK without the flag: broadcast
+    let p = Pkt {
+        ty: Some(MessageType::Request),
+        requested: Some(Ipv4Addr::new(10, 77, 0, 51)),
+        ..Default::default()
+    };
+    let r = reply(decide(&p.req67(), &t, &Leases::default(), NOW));
+    assert_eq!(r.msg_type, MessageType::Nak);
+    assert_eq!(r.dest, Dest::Broadcast);
+    // a relay gets it, flag or not
+    let p = Pkt {
+        giaddr: Some(Ipv4Addr::new(10, 77, 0, 254)),
+        ..Default::default()
+    };
+    let r = reply(decide(&p.req67(), &t, &Leases::default(), NOW));
+    assert_eq!(
+        r.dest,
+        Dest::Unicast(SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 254), 67))
+    );
+    // proxy mode has no yiaddr: broadcast
+    let r = reply(decide(
+        &uefi_pxe().req67(),
+        &table(Mode::Proxy),
+        &Leases::default(),
+        NOW,
+    ));
+    assert_eq!(r.dest, Dest::Broadcast);
 }
