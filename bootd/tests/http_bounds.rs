@@ -553,10 +553,18 @@ fn accept_errors_back_off_instead_of_spinning() {
                 line.contains("Too many open files") || line.contains("os error 24"),
                 "an accept failure other than EMFILE: {line}"
             );
-            seen.push(Instant::now());
+            // the time the process logged it (the pipe may deliver lines in bursts)
+            let at: k8s_openapi::jiff::Timestamp = line
+                .split_whitespace()
+                .next()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("no timestamp first in {line:?}"));
+            seen.push(at);
         }
     }
-    let span = seen[10] - seen[0];
+    let span = Duration::from_micros(
+        u64::try_from(seen[10].as_microsecond() - seen[0].as_microsecond()).unwrap_or(0),
+    );
     assert!(
         span >= Duration::from_millis(900),
         "ten accept retries after EMFILE took {span:?}: the accept loop spins (it must pause \
