@@ -4,7 +4,9 @@
 //! (the rate limit is per source address):
 //!
 //! - registration is idempotent: 8 concurrent registrations and a later
-//!   retry with one boot token all get the same session (never usedToken);
+//!   retry of one request from one address get the same session (never
+//!   usedToken); from another address, or once the session was used, the
+//!   token is refused;
 //! - `PUT /hardware` writes the inventory only while Inspecting;
 //! - 100 connections sending a request head byte by byte are closed at the
 //!   header deadline, while a well-behaved client is still served;
@@ -276,12 +278,14 @@ async fn agent_api_bounds() {
     // --- registration: concurrent and retried, one session ---
     let register =
         json!({"bootToken": token, "bootMac": "52:54:00:7f:20:01", "agentVersion": "test"});
+    // one agent whose first attempts seemed lost: the same request from
+    // the same address, concurrently
     let calls: Vec<_> = (0..8u8)
-        .map(|i| {
+        .map(|_| {
             let tls = tls.clone();
             let body = register.clone();
             tokio::spawn(async move {
-                tls.call(src(10 + i), "POST", "/v1/agent/register", None, Some(body))
+                tls.call(src(10), "POST", "/v1/agent/register", None, Some(body))
                     .await
             })
         })
@@ -302,7 +306,7 @@ async fn agent_api_bounds() {
     );
     let (code, _, body) = tls
         .call(
-            src(20),
+            src(10),
             "POST",
             "/v1/agent/register",
             None,
@@ -311,6 +315,17 @@ async fn agent_api_bounds() {
         .await;
     assert_eq!(code, 200, "a retried registration was refused: {body}");
     assert_eq!(body["sessionToken"].as_str(), Some(session.as_str()));
+    // the used token from another address is no retry: refused
+    let (code, _, body) = tls
+        .call(
+            src(20),
+            "POST",
+            "/v1/agent/register",
+            None,
+            Some(register.clone()),
+        )
+        .await;
+    assert_eq!(code, 401, "the used token from another address: {body}");
     let live = machines.get("m1").await.unwrap();
     assert_eq!(
         live.status
@@ -336,6 +351,20 @@ async fn agent_api_bounds() {
     assert_eq!(
         hw.get("m1").await.unwrap().spec.memory_bytes,
         Some(512 << 20)
+    );
+    // once the session was used, the same request is no lost answer: refused
+    let (code, _, body) = tls
+        .call(
+            src(10),
+            "POST",
+            "/v1/agent/register",
+            None,
+            Some(register.clone()),
+        )
+        .await;
+    assert_eq!(
+        code, 401,
+        "a registration replayed after its session was used: {body}"
     );
     set_status(&client, "m1", json!({"state": "Available"})).await;
     let (code, _, body) = tls

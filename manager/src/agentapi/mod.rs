@@ -9,8 +9,9 @@
 //!   precondition, and the Secret holding it is deleted). Answers a session
 //!   token whose hash lives in `status.agent.sessionTokenHash`, so it is
 //!   bound to the machine and to this boot (arming a new boot drops it).
-//!   The same boot token sent again within [`REGISTER_REPLAY_WINDOW`] (the
-//!   answer was lost) gets the same session while it is still the
+//!   The same request (token, MAC, version, machine) from the same address
+//!   within [`REGISTER_REPLAY_WINDOW`], before the session was used (the
+//!   answer was lost), gets the same session while it is still the
 //!   Machine's; registrations with one token run one at a time; a status
 //!   that keeps changing under the write answers 503, never `usedToken`.
 //! - `PUT /v1/agent/hardware`: writes the MachineHardware (same name, owned
@@ -155,9 +156,11 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the accept loop pauses after an accept error that says a
 /// resource ran out (EMFILE, ENFILE, ENOBUFS, ENOMEM), instead of spinning.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a registration's answer is kept: the same boot token sent
-/// again within this window (the answer was lost) gets the same session.
-pub const REGISTER_REPLAY_WINDOW: Duration = Duration::from_secs(120);
+/// How long a registration's answer is kept: the same request (boot token,
+/// boot MAC, agent version, machine) from the same address sent again within
+/// this window, before the session was used (the answer was lost), gets the
+/// same session.
+pub const REGISTER_REPLAY_WINDOW: Duration = Duration::from_secs(60);
 /// Source addresses the rate limiter remembers at most (the oldest are
 /// forgotten first).
 const RATE_TABLE_MAX: usize = 65_536;
@@ -224,6 +227,11 @@ impl RateLimiter {
 #[derive(Debug)]
 struct Registered {
     at: tokio::time::Instant,
+    /// What the request said and where it came from: a replay repeats it.
+    peer: std::net::IpAddr,
+    boot_mac: String,
+    agent_version: String,
+    hint: Option<String>,
     session: Token,
     session_hash: String,
     namespace: String,
@@ -741,14 +749,21 @@ impl Server {
         resp
     }
 
-    /// The answer a registration with boot token hash `hash` got within
-    /// [`REGISTER_REPLAY_WINDOW`], if its session is still the Machine's.
-    async fn replay(&self, hash: &str) -> Option<Resp> {
+    /// The answer the same registration (boot token hash `hash`, the same
+    /// MAC, version and machine, from the same address) got within
+    /// [`REGISTER_REPLAY_WINDOW`], if its session is unused and still the
+    /// Machine's.
+    async fn replay(&self, hash: &str, peer: SocketAddr, req: &RegisterRequest) -> Option<Resp> {
         let now = tokio::time::Instant::now();
         let hit = {
             let mut reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
             reg.retain(|_, r| now.saturating_duration_since(r.at) < REGISTER_REPLAY_WINDOW);
-            let r = reg.get(hash)?;
+            let r = reg.get(hash).filter(|r| {
+                r.peer == peer.ip()
+                    && r.boot_mac == req.boot_mac
+                    && r.agent_version == req.agent_version
+                    && r.hint == req.machine
+            })?;
             (
                 r.at,
                 r.session.clone(),
@@ -795,7 +810,7 @@ impl Server {
     }
 
     async fn register_once(&self, peer: SocketAddr, req: &RegisterRequest, hash: &str) -> Resp {
-        if let Some(r) = self.replay(hash).await {
+        if let Some(r) = self.replay(hash, peer, req).await {
             return r;
         }
         let hash = hash.to_string();
@@ -883,6 +898,10 @@ impl Server {
                     hash.clone(),
                     Registered {
                         at: tokio::time::Instant::now(),
+                        peer: peer.ip(),
+                        boot_mac: req.boot_mac.clone(),
+                        agent_version: req.agent_version.clone(),
+                        hint: req.machine.clone(),
                         session: session.clone(),
                         session_hash: session_hash.clone(),
                         namespace: ns.clone(),
@@ -1003,7 +1022,14 @@ impl Server {
             },
         };
         match found {
-            Ok(Some(m)) => Ok((m, hash)),
+            Ok(Some(m)) => {
+                // a used session is no lost answer: no replay of it any more
+                self.registered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|_, r| r.session_hash != hash);
+                Ok((m, hash))
+            }
             Ok(None) => Err(unauthorized(ErrorCode::InvalidToken)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read machines");
