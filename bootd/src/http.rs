@@ -1,27 +1,92 @@
 //! HTTP: per-machine iPXE scripts, kernel and initramfs (with Range), the
 //! first-stage files for UEFI HTTP boot, and `/metrics`.
+//!
+//! Bounded: kernel, initrd and files are streamed from disk in
+//! [`CHUNK`]-sized reads (a request holds one chunk, never the file; a
+//! Range seeks to its start), at most [`HttpLimits::max_connections`]
+//! connections are served at once (the next ones wait in the listen
+//! backlog), a request head (and the wait for the next one on a kept-alive
+//! connection) must arrive within [`HttpLimits::header_timeout`], a
+//! connection on which nothing moves for [`HttpLimits::stall_timeout`] is
+//! closed, and accept errors such as EMFILE back off instead of spinning.
 
 use std::convert::Infallible;
+use std::io::SeekFrom;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use anneal_api::error_chain;
 use anneal_dhcp::Mac;
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
+use futures::TryStreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
 use hyper::{Method, Request, Response, StatusCode};
+use tokio::io::{AsyncRead, AsyncSeekExt, AsyncWrite, ReadBuf};
+use tokio::sync::Semaphore;
+use tokio_util::io::ReaderStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::HttpLabels;
+use crate::metrics::{HttpLabels, ReasonLabels};
 use crate::script;
 use crate::state::Shared;
 
-type Resp = Response<Full<Bytes>>;
+/// Bytes read from disk per step of a streamed file: what one download
+/// holds in memory (plus hyper's write buffer).
+pub const CHUNK: usize = 64 * 1024;
+/// Default [`HttpLimits::max_connections`].
+pub const MAX_CONNECTIONS: usize = 256;
+/// Default [`HttpLimits::header_timeout`].
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`HttpLimits::stall_timeout`].
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the accept loop pauses after an accept error that says a
+/// resource ran out (EMFILE, ENFILE, ENOBUFS, ENOMEM): retrying at once
+/// would spin on the same error.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Bounds of the HTTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Connections served at once; further connections wait in the listen
+    /// backlog until one ends (a booting machine is delayed, not refused).
+    pub max_connections: usize,
+    /// A request head must be complete within this long after the server
+    /// starts waiting for it (on a new connection, or after the previous
+    /// response on a kept-alive one); else the connection is closed.
+    pub header_timeout: Duration,
+    /// A connection on which no byte moves either way for this long is
+    /// closed (a client that stopped reading a download).
+    pub stall_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            max_connections: MAX_CONNECTIONS,
+            header_timeout: HEADER_TIMEOUT,
+            stall_timeout: STALL_TIMEOUT,
+        }
+    }
+}
+
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+type Resp = Response<Body>;
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
 
 fn respond(code: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Resp {
-    let mut r = Response::new(Full::new(body.into()));
+    let mut r = Response::new(full(body));
     *r.status_mut() = code;
     if let Ok(v) = ctype.parse() {
         r.headers_mut().insert(CONTENT_TYPE, v);
@@ -73,39 +138,69 @@ pub fn parse_range(header: Option<&str>, len: u64) -> Result<Option<(u64, u64)>,
     Ok(Some((start, end)))
 }
 
+fn not_found(path: &Path, why: &str) -> Resp {
+    tracing::warn!(path = %path.display(), why, "artifact unreadable");
+    respond(StatusCode::NOT_FOUND, "text/plain", "not found\n")
+}
+
+/// The file at `path`, whole or the requested range, streamed from disk
+/// [`CHUNK`] bytes at a time. The length is the open file's, so a file
+/// replaced (renamed over) meanwhile is served consistently from the old
+/// one until the response ends.
 async fn serve_file(path: &Path, req: &Request<Incoming>) -> Resp {
-    let data = match tokio::fs::read(path).await {
-        Ok(d) => Bytes::from(d),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %error_chain(&e), "artifact unreadable");
-            return respond(StatusCode::NOT_FOUND, "text/plain", "not found\n");
-        }
+    let mut file = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) => return not_found(path, &error_chain(&e).to_string()),
     };
-    let len = data.len() as u64;
+    let len = match file.metadata().await {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => return not_found(path, "not a regular file"),
+        Err(e) => return not_found(path, &error_chain(&e).to_string()),
+    };
     let range = req.headers().get(RANGE).and_then(|v| v.to_str().ok());
-    let mut r = match parse_range(range, len) {
-        Ok(None) => respond(StatusCode::OK, "application/octet-stream", data),
-        Ok(Some((s, e))) => {
-            let mut r = respond(
-                StatusCode::PARTIAL_CONTENT,
-                "application/octet-stream",
-                data.slice(s as usize..=e as usize),
-            );
-            if let Ok(v) = format!("bytes {s}-{e}/{len}").parse() {
-                r.headers_mut().insert(CONTENT_RANGE, v);
-            }
-            r
-        }
+    let (status, start, count) = match parse_range(range, len) {
+        Ok(None) => (StatusCode::OK, 0, len),
+        Ok(Some((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e - s + 1),
         Err(Unsatisfiable) => {
             let mut r = respond(StatusCode::RANGE_NOT_SATISFIABLE, "text/plain", "");
             if let Ok(v) = format!("bytes */{len}").parse() {
                 r.headers_mut().insert(CONTENT_RANGE, v);
             }
-            r
+            if let Ok(v) = "bytes".parse() {
+                r.headers_mut().insert("accept-ranges", v);
+            }
+            return r;
         }
     };
+    if start > 0
+        && let Err(e) = file.seek(SeekFrom::Start(start)).await
+    {
+        tracing::warn!(path = %path.display(), error = %error_chain(&e), "artifact not seekable");
+        return respond(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "");
+    }
+    let body = if req.method() == Method::HEAD {
+        full(Bytes::new())
+    } else {
+        let stream = ReaderStream::with_capacity(tokio::io::AsyncReadExt::take(file, count), CHUNK)
+            .map_ok(Frame::data);
+        StreamBody::new(stream).boxed_unsync()
+    };
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    if let Ok(v) = "application/octet-stream".parse() {
+        h.insert(CONTENT_TYPE, v);
+    }
+    if let Ok(v) = count.to_string().parse() {
+        h.insert(CONTENT_LENGTH, v);
+    }
+    if status == StatusCode::PARTIAL_CONTENT
+        && let Ok(v) = format!("bytes {start}-{}/{len}", start + count - 1).parse()
+    {
+        h.insert(CONTENT_RANGE, v);
+    }
     if let Ok(v) = "bytes".parse() {
-        r.headers_mut().insert("accept-ranges", v);
+        h.insert("accept-ranges", v);
     }
     r
 }
@@ -228,7 +323,7 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, Infa
         .inc();
     let resp = if req.method() == Method::HEAD {
         let (parts, _) = resp.into_parts();
-        let mut r = Response::from_parts(parts, Full::new(Bytes::new()));
+        let mut r = Response::from_parts(parts, full(Bytes::new()));
         if let Ok(v) = len.to_string().parse() {
             r.headers_mut().insert(CONTENT_LENGTH, v);
         }
@@ -239,19 +334,188 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, Infa
     Ok(resp)
 }
 
-/// Accepts connections until cancelled.
+/// The stream of one connection, recording when a byte last moved either
+/// way (milliseconds since `base`), for the stall deadline.
+struct Watched<S> {
+    io: S,
+    base: tokio::time::Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl<S> Watched<S> {
+    fn moved(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.moved();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.moved();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            this.moved();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Resolves once nothing has moved on the connection for `limit`.
+async fn stalled(base: tokio::time::Instant, last: Arc<AtomicU64>, limit: Duration) {
+    loop {
+        let at = base + Duration::from_millis(last.load(Ordering::Relaxed)) + limit;
+        if tokio::time::Instant::now() >= at {
+            return;
+        }
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// An accept error that repeats at once until something else frees a
+/// resource (file descriptors, buffers, memory).
+fn resource_exhausted(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error().is_some_and(|n| {
+        [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM]
+            .iter()
+            .any(|x| *x as i32 == n)
+    })
+}
+
+/// Counts an open connection in `bootd_http_connections` while alive.
+struct Open<'a>(&'a Shared);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.http_connections.dec();
+    }
+}
+
+async fn connection(
+    shared: Arc<Shared>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    limits: HttpLimits,
+    cancel: CancellationToken,
+) {
+    shared.metrics.http_connections.inc();
+    let _open = Open(&shared);
+    let base = tokio::time::Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let io = hyper_util::rt::TokioIo::new(Watched {
+        io: stream,
+        base,
+        last: last.clone(),
+    });
+    let svc_shared = shared.clone();
+    let svc = hyper::service::service_fn(move |req| route(svc_shared.clone(), req));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_headers(64)
+        .serve_connection(io, svc);
+    let closed = |reason: &str| {
+        shared
+            .metrics
+            .http_closed
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    };
+    tokio::select! {
+        r = conn => match r {
+            Ok(()) => {}
+            Err(e) if e.is_timeout() => {
+                closed("header_deadline");
+                tracing::info!(%peer, deadline_secs = limits.header_timeout.as_secs_f64(), "http connection closed: no complete request head within the header deadline");
+            }
+            Err(e) => tracing::debug!(%peer, error = %error_chain(&e), "http connection ended"),
+        },
+        () = stalled(base, last, limits.stall_timeout) => {
+            closed("stall");
+            tracing::info!(%peer, stall_secs = limits.stall_timeout.as_secs_f64(), "http connection closed: nothing moved either way for the stall deadline");
+        }
+        () = cancel.cancelled() => {}
+    }
+}
+
+/// Accepts connections until cancelled, at most `limits.max_connections`
+/// at once.
 pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
+    limits: HttpLimits,
     cancel: CancellationToken,
 ) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
+        let slot = tokio::select! {
+            () = cancel.cancelled() => return,
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+        };
         let (stream, peer) = tokio::select! {
             () = cancel.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
+                Err(e) if resource_exhausted(&e) => {
+                    tracing::warn!(error = %error_chain(&e), backoff_ms = ACCEPT_BACKOFF.as_millis() as u64, "http accept failed: out of a resource; pausing accepts");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                    }
+                    continue;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "http accept failed");
+                    tracing::debug!(error = %error_chain(&e), "http accept failed");
                     continue;
                 }
             },
@@ -259,15 +523,8 @@ pub async fn serve(
         let shared = shared.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let svc = hyper::service::service_fn(move |req| route(shared.clone(), req));
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
-            tokio::select! {
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(%peer, error = %error_chain(&e), "http connection ended");
-                },
-                () = cancel.cancelled() => {}
-            }
+            connection(shared, stream, peer, limits, cancel).await;
+            drop(slot);
         });
     }
 }

@@ -84,6 +84,8 @@ pub struct ServerOptions {
     pub template: Option<PathBuf>,
     /// Per-transfer deadline and per-address cap of TFTP.
     pub tftp_limits: tftp::TftpLimits,
+    /// Connection cap and deadlines of HTTP.
+    pub http_limits: http::HttpLimits,
 }
 
 impl Default for ServerOptions {
@@ -98,6 +100,7 @@ impl Default for ServerOptions {
             lease_file: None,
             template: None,
             tftp_limits: tftp::TftpLimits::default(),
+            http_limits: http::HttpLimits::default(),
         }
     }
 }
@@ -247,7 +250,12 @@ impl Server {
             .await
             .map_err(bind_err("http", ha))?;
         let http_addr = l.local_addr().map_err(bind_err("http", ha))?;
-        tasks.spawn(http::serve(shared.clone(), l, cancel.clone()));
+        tasks.spawn(http::serve(
+            shared.clone(),
+            l,
+            opts.http_limits,
+            cancel.clone(),
+        ));
         tasks.spawn(collect_leases(shared.clone(), cancel.clone()));
         if shared.lease_log.is_some() {
             tasks.spawn(persist_leases(shared.clone(), cancel.clone()));

@@ -35,10 +35,21 @@ struct Cli {
     #[arg(long, default_value_t = anneal_bootd::tftp::TRANSFER_DEADLINE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     tftp_deadline_secs: u64,
     /// TFTP transfers running at once from one source address (then ERROR naming it).
-    #[arg(long, default_value_t = anneal_bootd::tftp::PER_SOURCE_TRANSFERS, value_parser = parse_per_source)]
+    #[arg(long, default_value_t = anneal_bootd::tftp::PER_SOURCE_TRANSFERS, value_parser = parse_at_least_one)]
     tftp_per_source: usize,
     #[arg(long, default_value_t = 8080)]
     http_port: u16,
+    /// HTTP connections served at once; more wait in the listen backlog.
+    #[arg(long, default_value_t = anneal_bootd::http::MAX_CONNECTIONS, value_parser = parse_at_least_one)]
+    http_max_connections: usize,
+    /// Seconds a client has to send a complete HTTP request head (also the
+    /// idle time of a kept-alive connection), then the connection is closed.
+    #[arg(long, default_value_t = anneal_bootd::http::HEADER_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    http_header_timeout_secs: u64,
+    /// Seconds an HTTP connection may go without a byte moving either way
+    /// (a client that stopped reading), then it is closed.
+    #[arg(long, default_value_t = anneal_bootd::http::STALL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    http_stall_timeout_secs: u64,
     /// Lease file (lease mode).
     #[arg(long, env = "BOOTD_LEASE_FILE")]
     lease_file: Option<PathBuf>,
@@ -107,6 +118,11 @@ async fn main() -> anyhow::Result<()> {
             deadline: std::time::Duration::from_secs(cli.tftp_deadline_secs),
             per_source: cli.tftp_per_source,
         },
+        http_limits: anneal_bootd::http::HttpLimits {
+            max_connections: cli.http_max_connections,
+            header_timeout: std::time::Duration::from_secs(cli.http_header_timeout_secs),
+            stall_timeout: std::time::Duration::from_secs(cli.http_stall_timeout_secs),
+        },
     };
     let server = Server::start(opts, snap).await.context("starting bootd")?;
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -138,12 +154,11 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--tftp-per-source`: at least 1 (0 would refuse every transfer).
-fn parse_per_source(s: &str) -> Result<usize, String> {
+/// `--tftp-per-source`, `--http-max-connections`: at least 1 (0 would
+/// refuse every transfer or connection).
+fn parse_at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "{s:?} is not a whole number of at least 1 (transfers at once per client address)"
-        )),
+        _ => Err(format!("{s:?} is not a whole number of at least 1")),
     }
 }

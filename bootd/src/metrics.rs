@@ -46,6 +46,10 @@ pub struct Metrics {
     pub tftp_requests: Family<ReasonLabels, Counter>,
     pub http_bytes: Counter,
     pub http_requests: Family<HttpLabels, Counter>,
+    /// HTTP connections open now.
+    pub http_connections: Gauge,
+    /// HTTP connections closed by a deadline: `header_deadline`, `stall`.
+    pub http_closed: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -111,6 +115,16 @@ impl Metrics {
             "http_requests",
             "HTTP requests by kind and status",
             self.http_requests.clone(),
+        );
+        r.register(
+            "http_connections",
+            "HTTP connections open",
+            self.http_connections.clone(),
+        );
+        r.register(
+            "http_closed",
+            "HTTP connections closed by a deadline, by reason",
+            self.http_closed.clone(),
         );
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {

@@ -246,9 +246,15 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     assert_eq!(reg["machine"]["name"], "walk-a");
     let session = reg["sessionToken"].as_str().unwrap().to_string();
     assert_eq!(session.len(), 64);
-    // single use
-    let (code, body) = agent.register(&token_a, Some("default/walk-a")).await;
-    assert_eq!((code, body["code"].as_str()), (401, Some("invalidToken")));
+    // a lost answer retried (the same request from the same address, the
+    // session unused) gets the same session (issue 15); another request is
+    // refused
+    let (code, again) = agent.register(&token_a, Some("default/walk-a")).await;
+    assert_eq!(
+        (code, again["sessionToken"].as_str()),
+        (200, Some(session.as_str())),
+        "{again}"
+    );
     assert_eq!(agent.register(&token_a, None).await.0, 401);
     assert!(
         boot_token(&client, "walk-a").await.is_none(),
@@ -274,6 +280,9 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         )
         .await;
     assert_eq!(code, 204);
+    // single use: once its session was used, the token is refused
+    let (code, body) = agent.register(&token_a, Some("default/walk-a")).await;
+    assert_eq!((code, body["code"].as_str()), (401, Some("invalidToken")));
     let hw: Api<MachineHardware> = Api::namespaced(client.clone(), "default");
     let h = hw.get("walk-a").await.unwrap();
     assert_eq!(h.owner_references()[0].name, "walk-a");

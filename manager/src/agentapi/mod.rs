@@ -9,8 +9,14 @@
 //!   precondition, and the Secret holding it is deleted). Answers a session
 //!   token whose hash lives in `status.agent.sessionTokenHash`, so it is
 //!   bound to the machine and to this boot (arming a new boot drops it).
+//!   The same request (token, MAC, version, machine) from the same address
+//!   within [`REGISTER_REPLAY_WINDOW`], before the session was used (the
+//!   answer was lost), gets the same session while it is still the
+//!   Machine's; registrations with one token run one at a time; a status
+//!   that keeps changing under the write answers 503, never `usedToken`.
 //! - `PUT /v1/agent/hardware`: writes the MachineHardware (same name, owned
-//!   by the Machine) by server-side apply.
+//!   by the Machine) by server-side apply, only while Inspecting (in other
+//!   states the report is acknowledged with 204 and not written).
 //! - `GET /v1/agent/next`: long-poll: `poweroff` once the machine is idle
 //!   (Available, Released, Parked), otherwise `wait`.
 //!
@@ -20,6 +26,13 @@
 //! a request looks its Machine up there and then reads that one Machine
 //! live (the live object decides, compared in constant time), so no request
 //! lists Machines.
+//!
+//! Bounded ([`AgentApiLimits`]): HTTP/1.1 only (ALPN `http/1.1`), a
+//! connection cap (more wait in the backlog), the TLS handshake and each
+//! request head within a header deadline, the body within a body deadline
+//! (408), bodies capped at `MAX_BODY_BYTES` (413), a token bucket per source
+//! address (429 with Retry-After), and a pause after accept errors such as
+//! EMFILE.
 
 pub mod ca;
 pub mod runs;
@@ -44,7 +57,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -116,6 +129,115 @@ impl Default for AgentApiConfig {
     }
 }
 
+/// Bounds of the agent API server (see [`start_with_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgentApiLimits {
+    /// Connections served at once; more wait in the listen backlog until
+    /// one ends.
+    pub max_connections: usize,
+    /// The TLS handshake and each request head (also the wait for the next
+    /// request on a kept-alive connection) must complete within this long.
+    pub header_timeout: Duration,
+    /// A request body must arrive within this long after its head (then
+    /// 408 and the connection is closed).
+    pub body_timeout: Duration,
+    /// Requests per second one source address may make, on average...
+    pub rate_per_sec: f64,
+    /// ...and at once (the bucket size); over it: 429 with Retry-After.
+    pub rate_burst: f64,
+}
+
+/// Default [`AgentApiLimits::max_connections`].
+pub const MAX_CONNECTIONS: usize = 512;
+/// Default [`AgentApiLimits::header_timeout`].
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`AgentApiLimits::body_timeout`].
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the accept loop pauses after an accept error that says a
+/// resource ran out (EMFILE, ENFILE, ENOBUFS, ENOMEM), instead of spinning.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a registration's answer is kept: the same request (boot token,
+/// boot MAC, agent version, machine) from the same address sent again within
+/// this window, before the session was used (the answer was lost), gets the
+/// same session.
+pub const REGISTER_REPLAY_WINDOW: Duration = Duration::from_secs(60);
+/// Source addresses the rate limiter remembers at most (the oldest are
+/// forgotten first).
+const RATE_TABLE_MAX: usize = 65_536;
+
+impl Default for AgentApiLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            header_timeout: HEADER_TIMEOUT,
+            body_timeout: BODY_TIMEOUT,
+            rate_per_sec: 20.0,
+            rate_burst: 60.0,
+        }
+    }
+}
+
+/// A token bucket per source address.
+#[derive(Debug, Default)]
+struct RateLimiter {
+    buckets: HashMap<std::net::IpAddr, (f64, tokio::time::Instant)>,
+}
+
+impl RateLimiter {
+    /// Takes one request from `ip`'s bucket; `Err(seconds to wait)` when empty.
+    fn take(
+        &mut self,
+        ip: std::net::IpAddr,
+        limits: &AgentApiLimits,
+        now: tokio::time::Instant,
+    ) -> Result<(), u64> {
+        if self.buckets.len() >= RATE_TABLE_MAX && !self.buckets.contains_key(&ip) {
+            // forget the buckets that are full again (idle sources), else the oldest
+            let full = limits.rate_burst;
+            let rate = limits.rate_per_sec;
+            self.buckets.retain(|_, (tokens, at)| {
+                *tokens + now.saturating_duration_since(*at).as_secs_f64() * rate < full
+            });
+            if self.buckets.len() >= RATE_TABLE_MAX
+                && let Some(oldest) = self
+                    .buckets
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| *k)
+            {
+                self.buckets.remove(&oldest);
+            }
+        }
+        let (tokens, at) = self.buckets.entry(ip).or_insert((limits.rate_burst, now));
+        *tokens = (*tokens
+            + now.saturating_duration_since(*at).as_secs_f64() * limits.rate_per_sec)
+            .min(limits.rate_burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = (1.0 - *tokens) / limits.rate_per_sec.max(f64::MIN_POSITIVE);
+            Err(wait.ceil().clamp(1.0, 3600.0) as u64)
+        }
+    }
+}
+
+/// A registration answered lately, kept for [`REGISTER_REPLAY_WINDOW`].
+#[derive(Debug)]
+struct Registered {
+    at: tokio::time::Instant,
+    /// What the request said and where it came from: a replay repeats it.
+    peer: std::net::IpAddr,
+    boot_mac: String,
+    agent_version: String,
+    hint: Option<String>,
+    session: Token,
+    session_hash: String,
+    namespace: String,
+    name: String,
+}
+
 /// A running agent API.
 #[derive(Debug)]
 pub struct RunningAgentApi {
@@ -150,6 +272,12 @@ struct Server {
     index: Arc<Indexed<HashIndex>>,
     /// (the index holds a complete list, watch events applied so far).
     index_ready: tokio::sync::watch::Receiver<(bool, u64)>,
+    limits: AgentApiLimits,
+    rate: Mutex<RateLimiter>,
+    /// Boot token hash → the registration it made, for replays.
+    registered: Mutex<HashMap<String, Registered>>,
+    /// Boot token hash → the lock one registration at a time holds.
+    inflight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// How long a request waits for the Machine index's first list.
@@ -240,10 +368,36 @@ async fn feed_index(
     }
 }
 
-/// Loads (or creates) the CA, binds and serves until `cancel`.
+/// Loads (or creates) the CA, binds and serves until `cancel`, with the
+/// default [`AgentApiLimits`].
 pub async fn start(
     client: kube::Client,
     cfg: AgentApiConfig,
+    cancel: CancellationToken,
+) -> Result<RunningAgentApi, AgentApiError> {
+    start_with_limits(client, cfg, AgentApiLimits::default(), cancel).await
+}
+
+/// An accept error that repeats at once until something else frees a
+/// resource (file descriptors, buffers, memory).
+fn resource_exhausted(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error().is_some_and(|n| {
+        [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM]
+            .iter()
+            .any(|x| *x as i32 == n)
+    })
+}
+
+/// [`start`] with explicit bounds: HTTP/1.1 only (ALPN `http/1.1`), at most
+/// `limits.max_connections` connections at once, the TLS handshake and
+/// every request head within `limits.header_timeout`, a body within
+/// `limits.body_timeout`, a rate limit per source address, and a pause
+/// after accept errors such as EMFILE.
+pub async fn start_with_limits(
+    client: kube::Client,
+    cfg: AgentApiConfig,
+    limits: AgentApiLimits,
     cancel: CancellationToken,
 ) -> Result<RunningAgentApi, AgentApiError> {
     let pki = ca::load_or_create(client.clone(), &cfg.namespace, &cfg.server_names).await?;
@@ -276,16 +430,36 @@ pub async fn start(
         sessions: Mutex::new(HashMap::new()),
         index,
         index_ready,
+        limits,
+        rate: Mutex::default(),
+        registered: Mutex::default(),
+        inflight: Mutex::default(),
     });
     let task = tokio::spawn(async move {
+        let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
         let mut conns = tokio::task::JoinSet::new();
         loop {
+            let slot = tokio::select! {
+                _ = cancel.cancelled() => break,
+                s = slots.clone().acquire_owned() => match s {
+                    Ok(s) => s,
+                    Err(_) => break,
+                },
+            };
             let (tcp, peer) = tokio::select! {
                 _ = cancel.cancelled() => break,
                 r = listener.accept() => match r {
                     Ok(x) => x,
+                    Err(e) if resource_exhausted(&e) => {
+                        tracing::warn!(error = %e, backoff_ms = ACCEPT_BACKOFF.as_millis() as u64, "agent api accept failed: out of a resource; pausing accepts");
+                        tokio::select! {
+                            _ = cancel.cancelled() => break,
+                            () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                        }
+                        continue;
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
+                        tracing::debug!(error = %e, "agent api accept failed");
                         continue;
                     }
                 },
@@ -294,7 +468,8 @@ pub async fn start(
             let acceptor = acceptor.clone();
             let cancel = cancel.clone();
             conns.spawn(async move {
-                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
+                let _slot = slot;
+                let tls = match tokio::time::timeout(limits.header_timeout, acceptor.accept(tcp))
                     .await
                 {
                     Ok(Ok(t)) => t,
@@ -302,18 +477,28 @@ pub async fn start(
                         tracing::info!(%peer, error = %e, "agent api: tls handshake refused");
                         return;
                     }
-                    Err(_) => return,
+                    Err(_) => {
+                        tracing::info!(%peer, "agent api: tls handshake not done within the header deadline; closed");
+                        return;
+                    }
                 };
                 let svc = hyper::service::service_fn(move |req| {
                     let server = server.clone();
                     async move { Ok::<_, Infallible>(server.handle(peer, req).await) }
                 });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout)
+                    .max_headers(64)
+                    .serve_connection(TokioIo::new(tls), svc);
                 tokio::select! {
                     _ = cancel.cancelled() => {}
-                    r = conn => if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "agent connection ended");
+                    r = conn => match r {
+                        Ok(()) => {}
+                        Err(e) if e.is_timeout() => {
+                            tracing::info!(%peer, deadline_secs = limits.header_timeout.as_secs_f64(), "agent api: no complete request head within the header deadline; closed");
+                        }
+                        Err(e) => tracing::debug!(%peer, error = %e, "agent connection ended"),
                     },
                 }
             });
@@ -387,17 +572,53 @@ impl Server {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(|v| Token::new(v.trim()));
-        let body = match Limited::new(req.into_body(), agent::MAX_BODY_BYTES)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
+        let limited = self.rate.lock().unwrap_or_else(|p| p.into_inner()).take(
+            peer.ip(),
+            &self.limits,
+            tokio::time::Instant::now(),
+        );
+        if let Err(wait) = limited {
+            tracing::debug!(%peer, %path, "agent api: rate limit of the source address exceeded");
+            let mut r = fail(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::Internal,
+                &format!(
+                    "too many requests from {}: at most {} a second (bursts of {}); retry after {wait} s",
+                    peer.ip(),
+                    self.limits.rate_per_sec,
+                    self.limits.rate_burst
+                ),
+            );
+            if let Ok(v) = wait.to_string().parse() {
+                r.headers_mut().insert(hyper::header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+        let collect = Limited::new(req.into_body(), agent::MAX_BODY_BYTES).collect();
+        let body = match tokio::time::timeout(self.limits.body_timeout, collect).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => {
                 return fail(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     ErrorCode::BadRequest,
-                    "body too large",
+                    &format!("body too large (at most {} bytes)", agent::MAX_BODY_BYTES),
                 );
+            }
+            Err(_) => {
+                tracing::info!(%peer, %path, "agent api: request body not received within the body deadline; closing");
+                let mut r = fail(
+                    StatusCode::REQUEST_TIMEOUT,
+                    ErrorCode::BadRequest,
+                    &format!(
+                        "request body not received within {} s",
+                        self.limits.body_timeout.as_secs()
+                    ),
+                );
+                r.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+                return r;
             }
         };
         if schema.as_deref() != Some(agent::SCHEMA_VERSION) {
@@ -507,6 +728,92 @@ impl Server {
             return unauthorized(ErrorCode::InvalidToken);
         }
         let hash = token_hash(req.boot_token.expose());
+        // One registration per boot token at a time: a concurrent retry
+        // waits for the first and then gets its answer (the replay below).
+        let gate = self
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(hash.clone())
+            .or_default()
+            .clone();
+        let resp = {
+            let _turn = gate.lock().await;
+            self.register_once(peer, &req, &hash).await
+        };
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        // the map's reference and ours: nobody else waits on this token
+        if Arc::strong_count(&gate) <= 2 {
+            inflight.remove(&hash);
+        }
+        resp
+    }
+
+    /// The answer the same registration (boot token hash `hash`, the same
+    /// MAC, version and machine, from the same address) got within
+    /// [`REGISTER_REPLAY_WINDOW`], if its session is unused and still the
+    /// Machine's.
+    async fn replay(&self, hash: &str, peer: SocketAddr, req: &RegisterRequest) -> Option<Resp> {
+        let now = tokio::time::Instant::now();
+        let hit = {
+            let mut reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+            reg.retain(|_, r| now.saturating_duration_since(r.at) < REGISTER_REPLAY_WINDOW);
+            let r = reg.get(hash).filter(|r| {
+                r.peer == peer.ip()
+                    && r.boot_mac == req.boot_mac
+                    && r.agent_version == req.agent_version
+                    && r.hint == req.machine
+            })?;
+            (
+                r.at,
+                r.session.clone(),
+                r.session_hash.clone(),
+                r.namespace.clone(),
+                r.name.clone(),
+            )
+        };
+        let (at, session, session_hash, ns, name) = hit;
+        let live = Api::<Machine>::namespaced(self.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten();
+        let current = live
+            .as_ref()
+            .and_then(|m| m.status.as_ref())
+            .and_then(|s| s.agent.as_ref())
+            .and_then(|a| a.session_token_hash.as_deref())
+            .is_some_and(|h| agent::ct_eq(h.as_bytes(), session_hash.as_bytes()));
+        if !current {
+            self.registered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(hash);
+            return None;
+        }
+        let left = self
+            .cfg
+            .session_ttl
+            .saturating_sub(now.saturating_duration_since(at));
+        tracing::info!(machine = %name, "register retried with the same boot token within the replay window: same session");
+        Some(json_reply(
+            StatusCode::OK,
+            &RegisterResponse {
+                session_token: session,
+                expires_in_seconds: left.as_secs(),
+                machine: MachineIdentity {
+                    namespace: ns,
+                    name,
+                },
+            },
+        ))
+    }
+
+    async fn register_once(&self, peer: SocketAddr, req: &RegisterRequest, hash: &str) -> Resp {
+        if let Some(r) = self.replay(hash, peer, req).await {
+            return r;
+        }
+        let hash = hash.to_string();
         for _ in 0..4 {
             let m = match self
                 .machine_by_boot_hash(req.machine.as_deref(), &hash)
@@ -584,6 +891,23 @@ impl Server {
             {
                 tracing::debug!(machine = %name, error = %e, "boot token secret not deleted");
             }
+            self.registered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    hash.clone(),
+                    Registered {
+                        at: tokio::time::Instant::now(),
+                        peer: peer.ip(),
+                        boot_mac: req.boot_mac.clone(),
+                        agent_version: req.agent_version.clone(),
+                        hint: req.machine.clone(),
+                        session: session.clone(),
+                        session_hash: session_hash.clone(),
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                    },
+                );
             self.sessions
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -601,7 +925,8 @@ impl Server {
                 },
             );
         }
-        unauthorized(ErrorCode::UsedToken)
+        tracing::warn!(%peer, "register: the machine's status kept changing under four attempts; answered 503");
+        internal()
     }
 
     /// Sets `AgentCompatible=False` on the machine a refused request speaks
@@ -697,7 +1022,14 @@ impl Server {
             },
         };
         match found {
-            Ok(Some(m)) => Ok((m, hash)),
+            Ok(Some(m)) => {
+                // a used session is no lost answer: no replay of it any more
+                self.registered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|_, r| r.session_hash != hash);
+                Ok((m, hash))
+            }
             Ok(None) => Err(unauthorized(ErrorCode::InvalidToken)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read machines");
@@ -719,6 +1051,15 @@ impl Server {
         };
         let ns = m.namespace().unwrap_or_default();
         let name = m.name_any();
+        // The inventory is the one taken while Inspecting: a report in any
+        // other state (an agent booted to deploy or wipe reports too) is
+        // acknowledged and not written, so a session cannot rewrite the
+        // disks a plan is made from.
+        let state = m.status.as_ref().and_then(|s| s.state);
+        if state != Some(MachineState::Inspecting) {
+            tracing::info!(machine = %name, state = ?state, "hardware report not written: the inventory is taken only while Inspecting");
+            return no_content();
+        }
         let mut hw = MachineHardware::new(&name, hardware_spec(&report));
         hw.metadata.namespace = Some(ns.clone());
         hw.metadata.owner_references = m.controller_owner_ref(&()).map(|o| vec![o]);
