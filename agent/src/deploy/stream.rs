@@ -50,6 +50,18 @@ pub(super) struct Counters {
 }
 
 /// Fetches the index of `c`, checks its SHA-256 and parses it.
+/// Lowers the calling thread's priority (nice +5): the fetcher, verifiers
+/// and the whole-stream hash keep both cores busy, and the writer, blocked
+/// in its write while they run, then waited for a core when the write
+/// completed: the disk sat idle for that time (our writes measured 0.8x
+/// of `dd oflag=direct` on a quiet machine). The writer keeps its
+/// priority, so its wake-up preempts them. Best effort.
+fn yield_to_writer() {
+    let tid = rustix::thread::gettid();
+    let now = rustix::process::getpriority_process(Some(tid)).unwrap_or(0);
+    let _ = rustix::process::setpriority_process(Some(tid), (now + 5).min(19));
+}
+
 pub(super) fn fetch_index(
     c: &PlannedContent,
     opts: &DeployOptions,
@@ -232,6 +244,7 @@ pub(super) fn write_content(
         let fetch_free_tx = free_tx.clone();
         let url = &url;
         s.spawn(move || {
+            yield_to_writer();
             let mut next = 0u64;
             let mut epoch = 0u64;
             // failed attempts of the piece `fails.0`
@@ -354,6 +367,7 @@ pub(super) fn write_content(
         for _ in 0..VERIFIERS {
             let ok_tx = ok_tx.clone();
             s.spawn(move || {
+                yield_to_writer();
                 loop {
                     let msg = match read_rx.lock() {
                         Ok(rx) => rx.recv(),
@@ -382,6 +396,7 @@ pub(super) fn write_content(
         // whole-stream SHA-256, in order, after the write
         let sha_free_tx = free_tx.clone();
         let sha = s.spawn(move || {
+            yield_to_writer();
             let mut h = sha2::Sha256::new();
             for (buf, len) in sha_rx {
                 h.update(&buf.as_slice()[..len]);
