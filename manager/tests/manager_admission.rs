@@ -62,6 +62,7 @@ fn valid() -> Vec<(&'static str, Value)> {
             "Subnet",
             json!({"siteRef": {"name": "s"}, "cidr": "10.79.0.0/24", "seederNetworkRef": {"name": "nad"}}),
         ),
+
         (
             "ImageImport",
             json!({
@@ -110,6 +111,10 @@ fn valid() -> Vec<(&'static str, Value)> {
         (
             "PostHook",
             json!({"steps": [{"builtin": "mkswap"}, {"script": {"inline": "echo hi"}}]}),
+        ),
+        (
+            "PostHook",
+            json!({"steps": [{"script": {"secretRef": {"name": "s", "key": "k", "namespace": ""}}}]}),
         ),
         (
             "ReadinessRule",
@@ -298,6 +303,16 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "Machine",
+            machine(json!({"bmc": merged(&bmc, json!({"credentialsSecretRef": {"name": "bmc", "namespace": "tenant-b"}}))})),
+            "spec.bmc.credentialsSecretRef.namespace must be empty",
+        ),
+        (
+            "Machine",
+            machine(json!({"bmc": merged(&bmc, json!({"caBundleSecretRef": {"name": "ca", "namespace": "tenant-b"}}))})),
+            "spec.bmc.caBundleSecretRef.namespace must be empty",
+        ),
+        (
+            "Machine",
             machine(json!({"bootTimeout": "forever"})),
             "spec.bootTimeout",
         ),
@@ -362,6 +377,17 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
             "exactly one of inline, configMapRef and secretRef",
         ),
         ("PostHook", json!({"steps": []}), "spec.steps"),
+        (
+            "PostHook",
+            json!({"steps": [{"script": {"secretRef": {"name": "s", "key": "k", "namespace": "tenant-b"}}}]}),
+            "spec.steps[0].script.secretRef.namespace",
+        ),
+        (
+            "PostHook",
+            json!({"steps": [{"script": {"configMapRef": {"name": "c", "key": "k", "namespace": "tenant-b"}}}]}),
+            "spec.steps[0].script.configMapRef.namespace",
+        ),
+
         (
             "PostHook",
             json!({"steps": [{"builtin": "reformat-everything"}]}),

@@ -20,7 +20,8 @@ pub mod types {
     /// MachineClaim: the claim holds a Machine (`spec.claimRef` written).
     pub const BOUND: &str = "Bound";
     /// Machine: the BMC answers (reasons BMCUnreachable, CredentialsMissing,
-    /// CredentialsRejected, TLSConfigConflict, QueryFailed).
+    /// CredentialsRejected, TLSConfigConflict, QueryFailed,
+    /// CrossNamespaceSecret, InsecureBMCRefused).
     pub const BMC_REACHABLE: &str = "BMCReachable";
     /// Machine: the agent of the current boot registered with its boot token.
     pub const AGENT_REGISTERED: &str = "AgentRegistered";
@@ -153,6 +154,13 @@ pub mod reasons {
     /// Anything else: unexpected answers, TLS verification failures, no
     /// ComputerSystem (exponential 5 s … 30 min).
     pub const QUERY_FAILED: &str = "QueryFailed";
+    /// `spec.bmc.credentialsSecretRef` or `caBundleSecretRef` names another
+    /// namespace than the Machine's: the Secret is never read (retried every
+    /// 5 min; an edit of the Machine retries at once).
+    pub const CROSS_NAMESPACE_SECRET: &str = "CrossNamespaceSecret";
+    /// `spec.bmc.address` is `redfish+http://` (credentials in clear) and the
+    /// manager runs without `--allow-insecure-bmc` (retried every 5 min).
+    pub const INSECURE_BMC_REFUSED: &str = "InsecureBMCRefused";
 
     // --- AgentRegistered / AgentCompatible ---
     /// AgentRegistered=True: the agent registered.
@@ -305,6 +313,8 @@ pub mod reasons {
         CREDENTIALS_REJECTED,
         TLS_CONFIG_CONFLICT,
         QUERY_FAILED,
+        CROSS_NAMESPACE_SECRET,
+        INSECURE_BMC_REFUSED,
         REGISTERED,
         WAITING_FOR_AGENT,
         SCHEMA_MATCHES,
