@@ -62,7 +62,11 @@ fn valid() -> Vec<(&'static str, Value)> {
             "Subnet",
             json!({"siteRef": {"name": "s"}, "cidr": "10.79.0.0/24", "seederNetworkRef": {"name": "nad"}}),
         ),
-
+        (
+            "Subnet",
+            json!({"siteRef": {"name": "s"}, "cidr": "10.80.0.0/24", "seederNetworkRef": {"name": "nad"},
+                   "allowedNamespaces": ["tenant-a", "tenant-b"]}),
+        ),
         (
             "ImageImport",
             json!({
@@ -303,12 +307,16 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "Machine",
-            machine(json!({"bmc": merged(&bmc, json!({"credentialsSecretRef": {"name": "bmc", "namespace": "tenant-b"}}))})),
+            machine(
+                json!({"bmc": merged(&bmc, json!({"credentialsSecretRef": {"name": "bmc", "namespace": "tenant-b"}}))}),
+            ),
             "spec.bmc.credentialsSecretRef.namespace must be empty",
         ),
         (
             "Machine",
-            machine(json!({"bmc": merged(&bmc, json!({"caBundleSecretRef": {"name": "ca", "namespace": "tenant-b"}}))})),
+            machine(
+                json!({"bmc": merged(&bmc, json!({"caBundleSecretRef": {"name": "ca", "namespace": "tenant-b"}}))}),
+            ),
             "spec.bmc.caBundleSecretRef.namespace must be empty",
         ),
         (
@@ -387,7 +395,12 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
             json!({"steps": [{"script": {"configMapRef": {"name": "c", "key": "k", "namespace": "tenant-b"}}}]}),
             "spec.steps[0].script.configMapRef.namespace",
         ),
-
+        (
+            "Subnet",
+            json!({"siteRef": {"name": "s"}, "cidr": "10.81.0.0/24", "seederNetworkRef": {"name": "nad"},
+                   "allowedNamespaces": ["Tenant_A"]}),
+            "spec.allowedNamespaces",
+        ),
         (
             "PostHook",
             json!({"steps": [{"builtin": "reformat-everything"}]}),

@@ -6,21 +6,28 @@
 //!    the other namespace's Secret is never read and nothing reaches the
 //!    BMC; a `redfish+http://` BMC is refused (`InsecureBMCRefused`) while
 //!    the manager runs without `--allow-insecure-bmc`.
+//! 2. One boot MAC per Subnet across namespaces: a second Machine (another
+//!    namespace) enrolling a MAC already enrolled on the Subnet gets
+//!    `Valid=False` (`DuplicateBootMAC`, naming the first as
+//!    namespace/name) and never the reservation; a Machine of a namespace
+//!    the Subnet does not grant (`spec.allowedNamespaces`) gets
+//!    `SubnetNotGranted` and no reservation; when the first Machine goes,
+//!    the second holds the MAC.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anneal_api::Machine;
+use anneal_api::{Machine, Subnet};
 use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::ControlPlane;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
-use kube::Client;
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 /// Generous: a loaded 2-core machine may take seconds for a watch event.
@@ -104,9 +111,9 @@ async fn wait_condition(
 /// The Machine CRD as an older release generated it: without the rules
 /// that refuse a Secret reference's namespace, so such a Machine can still
 /// be stored (as it was before this release).
-fn crds_without_namespace_rules() -> Vec<
-    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-> {
+fn crds_without_namespace_rules()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
     fn strip(v: &mut Value) {
         match v {
             Value::Object(o) => {
@@ -136,7 +143,9 @@ fn crds_without_namespace_rules() -> Vec<
 /// A TCP listener standing in for the BMC: counts every connection (a
 /// request would carry the credentials) and reads what is sent.
 async fn fake_bmc() -> (u16, Arc<AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(AtomicUsize::new(0));
     let count = seen.clone();
@@ -166,7 +175,13 @@ async fn foreign_secrets_and_plain_http_bmcs_are_refused_before_any_request() {
     // tenant-b's BMC credentials: what tenant-a must never obtain
     let victim = json!({"username": "tenant-b-admin", "password": "tenant-b-secret"});
     secret(&client, "tenant-b", "bmc", victim).await;
-    secret(&client, "tenant-b", "ca", json!({"ca.crt": "not a certificate"})).await;
+    secret(
+        &client,
+        "tenant-b",
+        "ca",
+        json!({"ca.crt": "not a certificate"}),
+    )
+    .await;
     let own = json!({"username": "tenant-a-admin", "password": "tenant-a-secret"});
     secret(&client, "tenant-a", "bmc", own).await;
 
@@ -276,4 +291,158 @@ async fn foreign_secrets_and_plain_http_bmcs_are_refused_before_any_request() {
     );
     cancel.cancel();
     println!("done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+fn reservations(s: &Subnet) -> Vec<(String, String)> {
+    s.status
+        .as_ref()
+        .and_then(|st| st.dhcp.as_ref())
+        .map(|d| {
+            d.reservations
+                .iter()
+                .map(|r| (r.machine.clone(), r.mac.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_boot_mac_per_subnet_across_namespaces() {
+    let t0 = Instant::now();
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    for ns in ["infra", "tenant-a", "tenant-b", "tenant-c"] {
+        namespace(&client, ns).await;
+    }
+    let subnets: Api<Subnet> = Api::namespaced(client.clone(), "infra");
+    let s: Subnet = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+        "metadata": {"name": "lab", "namespace": "infra"},
+        "spec": {
+            "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
+            "bootd": {"serverIP": "10.77.0.1", "mode": "External"},
+            "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.110"}},
+            "allowedNamespaces": ["tenant-a", "tenant-b"]
+        }
+    }))
+    .unwrap();
+    subnets.create(&PostParams::default(), &s).await.unwrap();
+
+    const MAC: &str = "52:54:00:15:00:01";
+    let lab = json!({"name": "lab", "namespace": "infra"});
+    // all three net-boot (Inspecting) from the start, so the first table
+    // the manager writes considers every one of them
+    for (ns, name, mac) in [
+        ("tenant-a", "first", MAC),
+        // the same MAC, later, from another granted namespace
+        ("tenant-b", "thief", MAC),
+        ("tenant-c", "stranger", "52:54:00:15:00:03"),
+    ] {
+        machine(
+            &client,
+            ns,
+            name,
+            json!({"subnetRef": lab, "bootMACAddress": mac}),
+        )
+        .await;
+        Api::<Machine>::namespaced(client.clone(), ns)
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"state": "Inspecting"}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let manager = tokio::spawn(anneal_manager::run(
+        client.clone(),
+        anneal_manager::RunConfig::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // the first table: only the first Machine holds the MAC
+    let cond = |s: Option<&Subnet>| s.is_some_and(|s| !reservations(s).is_empty());
+    let s = tokio::time::timeout(WAIT, await_condition(subnets.clone(), "lab", cond))
+        .await
+        .expect("no reservation table written")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        reservations(&s),
+        [("tenant-a/first".to_string(), MAC.to_string())],
+        "only tenant-a/first may hold {MAC} (no duplicate, no ungranted namespace)"
+    );
+
+    let msg = wait_condition(
+        &client,
+        "tenant-b",
+        "thief",
+        "Valid",
+        "False",
+        "DuplicateBootMAC",
+    )
+    .await;
+    println!("thief: {msg}");
+    assert!(
+        msg.contains("Machine tenant-a/first") && msg.contains("infra/lab"),
+        "{msg}"
+    );
+    let msg = wait_condition(
+        &client,
+        "tenant-c",
+        "stranger",
+        "Valid",
+        "False",
+        "SubnetNotGranted",
+    )
+    .await;
+    println!("stranger: {msg}");
+    assert!(
+        msg.contains("spec.allowedNamespaces") && msg.contains("tenant-c"),
+        "{msg}"
+    );
+    wait_condition(&client, "tenant-a", "first", "Valid", "True", "Valid").await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "tenant-b");
+    let evs = events.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        evs.iter()
+            .any(|e| e.reason.as_deref() == Some("DuplicateBootMAC")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("thief")),
+        "no DuplicateBootMAC Event on tenant-b/thief"
+    );
+
+    // the first Machine goes: the next one holds the MAC
+    Api::<Machine>::namespaced(client.clone(), "tenant-a")
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_condition(&client, "tenant-b", "thief", "Valid", "True", "Valid").await;
+    let cond = |s: Option<&Subnet>| {
+        s.is_some_and(|s| reservations(s).iter().any(|(m, _)| m == "tenant-b/thief"))
+    };
+    let s = tokio::time::timeout(WAIT, await_condition(subnets.clone(), "lab", cond))
+        .await
+        .expect("tenant-b/thief never got the reservation after tenant-a/first was deleted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        reservations(&s)
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect::<Vec<_>>(),
+        ["tenant-b/thief"]
+    );
+
+    let _ = stop.send(());
+    manager.await.unwrap().unwrap();
+    println!(
+        "done in {:.1} s; subnet {}",
+        t0.elapsed().as_secs_f64(),
+        s.name_any()
+    );
 }

@@ -12,7 +12,7 @@ pub mod types {
     /// MachineClaim, ReadinessRule).
     pub const READY: &str = "Ready";
     /// The spec passes the checks CEL cannot express; `False` with a reason
-    /// naming the rule (Site, Subnet, Image, PostHook, MachineClaim,
+    /// naming the rule (Site, Subnet, Image, PostHook, Machine, MachineClaim,
     /// ReadinessRule).
     pub const VALID: &str = "Valid";
     /// Machine: a state transition is under way.
@@ -104,6 +104,13 @@ pub mod reasons {
     pub const SCRIPT_SOURCE_NOT_FOUND: &str = "ScriptSourceNotFound";
     /// PostHook: a script templates a param `spec.params` does not declare.
     pub const UNDECLARED_PARAM: &str = "UndeclaredParam";
+    /// Machine: another Machine (named in the message as namespace/name)
+    /// enrolled the same `spec.bootMACAddress` on the same Subnet first;
+    /// this one gets no reservation and no answer from bootd.
+    pub const DUPLICATE_BOOT_MAC: &str = "DuplicateBootMAC";
+    /// Machine: `spec.subnetRef` names a Subnet of another namespace that
+    /// does not list the Machine's namespace in `spec.allowedNamespaces`.
+    pub const SUBNET_NOT_GRANTED: &str = "SubnetNotGranted";
     /// MachineClaim: two resolved disks of the claim are the same disk.
     pub const DUPLICATE_DISK_HINTS: &str = "DuplicateDiskHints";
     /// MachineClaim: `spec.imageRef` names an Image that is not bootable.
@@ -293,6 +300,8 @@ pub mod reasons {
         CONTENT_DOES_NOT_FIT,
         SCRIPT_SOURCE_NOT_FOUND,
         UNDECLARED_PARAM,
+        DUPLICATE_BOOT_MAC,
+        SUBNET_NOT_GRANTED,
         DUPLICATE_DISK_HINTS,
         IMAGE_NOT_BOOTABLE,
         DATA_IMAGE_BOOTABLE,
