@@ -464,7 +464,10 @@ pub fn refuse_unsafe_access(
             "spec.bmc.credentialsSecretRef",
             Some(&bmc.credentials_secret_ref),
         ),
-        ("spec.bmc.caBundleSecretRef", bmc.ca_bundle_secret_ref.as_ref()),
+        (
+            "spec.bmc.caBundleSecretRef",
+            bmc.ca_bundle_secret_ref.as_ref(),
+        ),
     ];
     for (field, r) in refs {
         if let Some(r) = r
@@ -593,7 +596,10 @@ mod tests {
     fn own_namespace_or_empty_only_and_plain_http_only_when_allowed() {
         let https = "redfish://10.0.0.1";
         assert_eq!(check(&bmc(https, None, None), false), Ok(()));
-        assert_eq!(check(&bmc(https, Some("tenant-a"), Some("")), false), Ok(()));
+        assert_eq!(
+            check(&bmc(https, Some("tenant-a"), Some("")), false),
+            Ok(())
+        );
         let f = check(&bmc(https, Some("tenant-b"), None), true).unwrap_err();
         assert_eq!(f.reason, BmcReason::CrossNamespaceSecret);
         assert!(
@@ -603,7 +609,12 @@ mod tests {
         );
         let f = check(&bmc(https, None, Some("tenant-b")), true).unwrap_err();
         assert_eq!(f.reason, BmcReason::CrossNamespaceSecret);
-        assert!(f.message.starts_with("spec.bmc.caBundleSecretRef.namespace"), "{}", f.message);
+        assert!(
+            f.message
+                .starts_with("spec.bmc.caBundleSecretRef.namespace"),
+            "{}",
+            f.message
+        );
 
         let http = "redfish+http://10.0.0.1:8000";
         let f = check(&bmc(http, None, None), false).unwrap_err();
@@ -612,7 +623,9 @@ mod tests {
         assert_eq!(check(&bmc(http, None, None), true), Ok(()));
         // a foreign Secret stays refused even with plain HTTP allowed
         assert_eq!(
-            check(&bmc(http, Some("tenant-b"), None), true).unwrap_err().reason,
+            check(&bmc(http, Some("tenant-b"), None), true)
+                .unwrap_err()
+                .reason,
             BmcReason::CrossNamespaceSecret
         );
     }
