@@ -114,29 +114,18 @@ pub async fn build(
     let machines: Api<Machine> = Api::all(client.clone());
     let mut entries = BTreeMap::new();
     let mut boots = BTreeMap::new();
-    for m in machines.list(&ListParams::default()).await? {
-        let ns = m.metadata.namespace.clone().unwrap_or_default();
-        let name = m.metadata.name.clone().unwrap_or_default();
-        let r = &m.spec.subnet_ref;
-        let target_ns = r
-            .namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| ns.clone());
-        if r.name != cfg.subnet
-            || target_ns != cfg.namespace
-            || m.metadata.deletion_timestamp.is_some()
-        {
+    let listed = machines.list(&ListParams::default()).await?.items;
+    // One Machine per boot MAC: the first enrolled on this Subnet from a
+    // namespace it grants (the manager's reservations follow the same
+    // rule); a later Machine claiming the MAC, from any namespace, never
+    // gets this MAC's answer, its token or its address.
+    let holders = anneal_api::tenancy::boot_mac_holders(&subnet, &listed);
+    for (mac, m) in holders {
+        if m.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let Some(mac) = m
-            .spec
-            .boot_mac_address
-            .as_deref()
-            .and_then(|s| s.parse::<Mac>().ok())
-        else {
-            continue;
-        };
+        let ns = m.metadata.namespace.clone().unwrap_or_default();
+        let name = m.metadata.name.clone().unwrap_or_default();
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
         let token = secrets
             .get_opt(&format!("{name}-boot-token"))

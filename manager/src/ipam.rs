@@ -1,8 +1,10 @@
 //! The reservations (IPAM) controller: writes `Subnet.status.dhcp` of every
 //! lease-mode Subnet.
 //!
-//! Every Machine whose `spec.subnetRef` names the Subnet, that has a boot
-//! MAC, is not being deleted and is net-booting or deployed (state
+//! Every Machine whose `spec.subnetRef` names the Subnet, that holds its
+//! boot MAC there ([`anneal_api::tenancy::boot_mac_holders`]: the first
+//! Machine enrolled with that MAC, from a namespace the Subnet grants), is
+//! not being deleted and is net-booting or deployed (state
 //! `Inspecting`, `Provisioning`, `Provisioned` or `Deprovisioning`: the wipe
 //! of a Recycle boots the agent too) holds one reservation from
 //! `spec.dhcp.leaseRange`. An existing reservation is kept as long as its
@@ -129,6 +131,17 @@ pub fn plan(subnet: &Subnet, machines: &[Machine], now: &Time) -> Plan {
         .map(|d| d.reservations.clone())
         .unwrap_or_default();
 
+    // Only the holder of a boot MAC (the first Machine enrolled with it on
+    // this Subnet, from a namespace the Subnet grants) may have its
+    // reservation: a later Machine claiming the same MAC, from any
+    // namespace, never takes it (its Valid condition says why).
+    let holders = anneal_api::tenancy::boot_mac_holders(subnet, machines);
+    let holds = |m: &Machine, mac: &str| {
+        mac.parse::<anneal_api::Mac>()
+            .ok()
+            .and_then(|mac| holders.get(&mac))
+            .is_some_and(|h| std::ptr::eq(*h, m))
+    };
     // Qualifying machines, oldest first: key -> mac.
     let mut wanted: Vec<(&Machine, String, String)> = machines
         .iter()
@@ -137,7 +150,7 @@ pub fn plan(subnet: &Subnet, machines: &[Machine], now: &Time) -> Plan {
         .filter(|m| holds_reservation(m.status.as_ref().and_then(|s| s.state)))
         .filter_map(|m| {
             let mac = m.spec.boot_mac_address.as_deref().and_then(canonical_mac)?;
-            Some((m, machine_key(m, &sns), mac))
+            holds(m, &mac).then(|| (m, machine_key(m, &sns), mac))
         })
         .collect();
     wanted.sort_by(|a, b| {
@@ -707,6 +720,59 @@ mod tests {
         let p = plan(&s, &ms, &now());
         assert_eq!(table(&p), [("10.0.0.20".into(), "a".into())]);
         assert_eq!(p.released.len(), 2);
+    }
+
+    #[test]
+    fn a_duplicate_boot_mac_never_takes_the_reservation() {
+        let mut s = subnet(("10.0.0.20", "10.0.0.30"), json!([]));
+        s.spec.allowed_namespaces = vec!["tenant-b".into()];
+        let first = machine(
+            "first",
+            "02:00:00:00:00:01",
+            "Available",
+            "2026-01-01T00:00:00Z",
+        );
+        let in_ns = |ns: &str, name: &str, mac: &str, created: &str| {
+            let mut m = machine(name, mac, "Inspecting", created);
+            m.metadata.namespace = Some(ns.into());
+            m.spec.subnet_ref.namespace = Some("default".into());
+            m
+        };
+        // same MAC, later, another (granted) namespace, net-booting: the
+        // first Machine holds the MAC even while it needs no address
+        let thief = in_ns(
+            "tenant-b",
+            "thief",
+            "02-00-00-00-00-01",
+            "2026-01-02T00:00:00Z",
+        );
+        // a namespace the Subnet does not grant
+        let stranger = in_ns(
+            "tenant-c",
+            "stranger",
+            "02:00:00:00:00:05",
+            "2025-01-01T00:00:00Z",
+        );
+        let granted = in_ns(
+            "tenant-b",
+            "granted",
+            "02:00:00:00:00:06",
+            "2026-01-03T00:00:00Z",
+        );
+        let p = plan(&s, &[thief, first.clone(), stranger, granted], &now());
+        assert_eq!(table(&p), [("10.0.0.20".into(), "tenant-b/granted".into())]);
+        assert!(p.waiting.is_empty());
+        // once the first inspects, it gets its address; the thief still none
+        let mut first = first;
+        first.status.as_mut().unwrap().state = Some(MachineState::Inspecting);
+        let thief = in_ns(
+            "tenant-b",
+            "thief",
+            "02:00:00:00:00:01",
+            "2026-01-02T00:00:00Z",
+        );
+        let p = plan(&s, &[thief, first], &now());
+        assert_eq!(table(&p), [("10.0.0.20".into(), "first".into())]);
     }
 
     #[test]

@@ -1,19 +1,23 @@
 //! Admission rules CEL cannot express, reported as condition `Valid` with a
 //! reason: address arithmetic of Subnets, cross-object checks of Sites and
-//! Images. This controller writes only the `Valid` condition (and
-//! `observedGeneration` when absent), under the object's resourceVersion,
-//! so it composes with the controllers that own the other conditions.
+//! Images, the tenancy rules of Machines (the Subnet grants the Machine's
+//! namespace; one boot MAC per Subnet across namespaces). This controller
+//! writes only the `Valid` condition (and `observedGeneration` when
+//! absent), under the object's resourceVersion, so it composes with the
+//! controllers that own the other conditions.
 
 use anneal_api::conditions::reasons;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anneal_api::{Image, PartitionContent, PostHook, Site, Subnet, SubnetSpec};
+use anneal_api::{Image, Machine, PartitionContent, PostHook, Site, Subnet, SubnetSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -210,6 +214,51 @@ async fn image_problem(image: &Image, client: &Client) -> Result<Option<Problem>
     Ok(None)
 }
 
+/// The tenancy rules of a Machine on its Subnet (None: no Subnet to check
+/// against): the Subnet grants the Machine's namespace
+/// (`spec.allowedNamespaces`), and no Machine enrolled the same boot MAC on
+/// it first (from any namespace). `machines`: every Machine the manager
+/// sees.
+pub fn machine_problem<'a>(
+    m: &Machine,
+    subnet: Option<&Subnet>,
+    machines: impl IntoIterator<Item = &'a Machine>,
+) -> Option<Problem> {
+    let subnet = subnet?;
+    let ns = m.namespace().unwrap_or_default();
+    let skey = format!(
+        "{}/{}",
+        subnet.namespace().unwrap_or_default(),
+        subnet.name_any()
+    );
+    if !subnet.grants(&ns) {
+        return Some((
+            reasons::SUBNET_NOT_GRANTED,
+            format!(
+                "spec.subnetRef: Subnet {skey} does not list namespace {ns} in spec.allowedNamespaces; ask the Subnet's owner to add {ns} there, or name a Subnet of namespace {ns}"
+            ),
+        ));
+    }
+    let mac = m
+        .spec
+        .boot_mac_address
+        .as_deref()
+        .and_then(|s| s.parse::<anneal_api::Mac>().ok())?;
+    let holders = anneal_api::tenancy::boot_mac_holders(subnet, machines);
+    let holder = holders.get(&mac)?;
+    let me = anneal_api::tenancy::machine_key(m);
+    let other = anneal_api::tenancy::machine_key(holder);
+    if other == me {
+        return None;
+    }
+    Some((
+        reasons::DUPLICATE_BOOT_MAC,
+        format!(
+            "spec.bootMACAddress {mac} is already enrolled on Subnet {skey} by Machine {other}: this Machine gets no DHCP reservation and no answer from bootd; correct the MAC, or delete Machine {other} if it is the stale one"
+        ),
+    ))
+}
+
 async fn posthook_problem(
     hook: &PostHook,
     client: &Client,
@@ -354,6 +403,83 @@ struct Ctx {
     client: Client,
 }
 
+struct MachineCtx {
+    client: Client,
+    recorder: Recorder,
+    machines: Store<Machine>,
+    subnets: Store<Subnet>,
+}
+
+/// The other Machines whose tenancy verdict a change of `m` can alter:
+/// those with the same boot MAC (a holder gone lets the next one hold it).
+fn same_mac(store: &Store<Machine>, m: &Machine) -> Vec<Machine> {
+    let Some(mac) = m
+        .spec
+        .boot_mac_address
+        .as_deref()
+        .and_then(|s| s.parse::<anneal_api::Mac>().ok())
+    else {
+        return Vec::new();
+    };
+    store
+        .state()
+        .iter()
+        .filter(|o| {
+            o.spec
+                .boot_mac_address
+                .as_deref()
+                .and_then(|s| s.parse::<anneal_api::Mac>().ok())
+                == Some(mac)
+                && (o.namespace(), o.name_any()) != (m.namespace(), m.name_any())
+        })
+        .map(|o| o.as_ref().clone())
+        .collect()
+}
+
+async fn reconcile_machine(m: Arc<Machine>, ctx: Arc<MachineCtx>) -> Result<Action, ValidityError> {
+    // A verdict from a partial cache could name the wrong holder: wait for
+    // both first lists (not awaited here, like the reservations
+    // controller).
+    for ready in [
+        futures::FutureExt::now_or_never(ctx.machines.wait_until_ready()),
+        futures::FutureExt::now_or_never(ctx.subnets.wait_until_ready()),
+    ] {
+        if !matches!(ready, Some(Ok(()))) {
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+    }
+    let ns = m.namespace().ok_or(ValidityError::NoNamespace)?;
+    let r = &m.spec.subnet_ref;
+    let subnet = ctx
+        .subnets
+        .get(&ObjectRef::new(&r.name).within(r.namespace_or(&ns)));
+    let machines = ctx.machines.state();
+    let problem = machine_problem(&m, subnet.as_deref(), machines.iter().map(AsRef::as_ref));
+    let was = m
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Valid"))
+        .map(|c| (c.status.clone(), c.reason.clone()));
+    let warn = problem
+        .as_ref()
+        .filter(|(reason, _)| was != Some(("False".into(), (*reason).to_string())))
+        .cloned();
+    let written = write_valid(m.as_ref(), problem, &ctx.client).await?;
+    if written && let Some((reason, note)) = warn {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Validate".into(),
+            secondary: subnet.map(|s| s.object_ref(&())),
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &m.object_ref(&())).await {
+            tracing::warn!(error = %e, "cannot publish event");
+        }
+    }
+    Ok(done(written, Duration::from_secs(300)))
+}
+
 fn done(written: bool, period: Duration) -> Action {
     if written {
         Action::requeue(period)
@@ -386,12 +512,52 @@ impl ReconcileError for ValidityError {
     }
 }
 
-/// Runs the Subnet, Site, Image and PostHook validity controllers in
-/// `scope` until it is cancelled.
+/// Runs the Subnet, Site, Image, PostHook and Machine validity controllers
+/// in `scope` until it is cancelled.
 pub async fn controller(scope: Scope) {
     let ctx = Arc::new(Ctx {
         client: scope.client.clone(),
     });
+
+    let (subnet_store, subnet_stream) = scope.reflected::<Subnet>();
+    // One Machine watch: each change triggers the Machine and every other
+    // Machine with its boot MAC, read from the store the change was just
+    // applied to (a second watch could deliver a holder's deletion before
+    // the store knew it, leaving the next Machine's verdict stale).
+    let (machine_store, machine_stream) = scope.reflected::<Machine>();
+    let by_subnet = machine_store.clone();
+    let by_mac = machine_store.clone();
+    let machine_stream = futures::TryStreamExt::try_flatten(futures::TryStreamExt::map_ok(
+        machine_stream,
+        move |m: Machine| {
+            let mut touched = same_mac(&by_mac, &m);
+            touched.push(m);
+            futures::stream::iter(touched.into_iter().map(Ok))
+        },
+    ));
+    let machine_ctl = Controller::for_stream(machine_stream, machine_store.clone());
+    let machine_ctx = Arc::new(MachineCtx {
+        client: scope.client.clone(),
+        recorder: scope.recorder.clone(),
+        machines: machine_store,
+        subnets: subnet_store,
+    });
+    let machines = drive(
+        id("validity-machine", "Machine"),
+        &scope,
+        machine_ctl
+            // a Subnet's grants change: its Machines' verdicts
+            .watches_stream(subnet_stream, move |s: Subnet| {
+                by_subnet
+                    .state()
+                    .iter()
+                    .filter(|m| anneal_api::tenancy::targets(m, &s))
+                    .map(|m| ObjectRef::from_obj(m.as_ref()))
+                    .collect::<Vec<_>>()
+            }),
+        reconcile_machine,
+        machine_ctx,
+    );
 
     let subnets = drive(
         id("validity-subnet", "Subnet"),
@@ -456,7 +622,7 @@ pub async fn controller(scope: Scope) {
         },
         ctx.clone(),
     );
-    futures::join!(subnets, sites, images, hooks);
+    futures::join!(subnets, sites, images, hooks, machines);
 }
 
 #[cfg(test)]

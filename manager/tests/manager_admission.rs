@@ -63,6 +63,11 @@ fn valid() -> Vec<(&'static str, Value)> {
             json!({"siteRef": {"name": "s"}, "cidr": "10.79.0.0/24", "seederNetworkRef": {"name": "nad"}}),
         ),
         (
+            "Subnet",
+            json!({"siteRef": {"name": "s"}, "cidr": "10.80.0.0/24", "seederNetworkRef": {"name": "nad"},
+                   "allowedNamespaces": ["tenant-a", "tenant-b"]}),
+        ),
+        (
             "ImageImport",
             json!({
                 "source": {"url": "https://example.org/disk.qcow2", "checksum": format!("sha256:{}", "a".repeat(64)), "format": "qcow2"},
@@ -110,6 +115,10 @@ fn valid() -> Vec<(&'static str, Value)> {
         (
             "PostHook",
             json!({"steps": [{"builtin": "mkswap"}, {"script": {"inline": "echo hi"}}]}),
+        ),
+        (
+            "PostHook",
+            json!({"steps": [{"script": {"secretRef": {"name": "s", "key": "k", "namespace": ""}}}]}),
         ),
         (
             "ReadinessRule",
@@ -298,6 +307,20 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "Machine",
+            machine(
+                json!({"bmc": merged(&bmc, json!({"credentialsSecretRef": {"name": "bmc", "namespace": "tenant-b"}}))}),
+            ),
+            "spec.bmc.credentialsSecretRef.namespace must be empty",
+        ),
+        (
+            "Machine",
+            machine(
+                json!({"bmc": merged(&bmc, json!({"caBundleSecretRef": {"name": "ca", "namespace": "tenant-b"}}))}),
+            ),
+            "spec.bmc.caBundleSecretRef.namespace must be empty",
+        ),
+        (
+            "Machine",
             machine(json!({"bootTimeout": "forever"})),
             "spec.bootTimeout",
         ),
@@ -362,6 +385,22 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
             "exactly one of inline, configMapRef and secretRef",
         ),
         ("PostHook", json!({"steps": []}), "spec.steps"),
+        (
+            "PostHook",
+            json!({"steps": [{"script": {"secretRef": {"name": "s", "key": "k", "namespace": "tenant-b"}}}]}),
+            "spec.steps[0].script.secretRef.namespace",
+        ),
+        (
+            "PostHook",
+            json!({"steps": [{"script": {"configMapRef": {"name": "c", "key": "k", "namespace": "tenant-b"}}}]}),
+            "spec.steps[0].script.configMapRef.namespace",
+        ),
+        (
+            "Subnet",
+            json!({"siteRef": {"name": "s"}, "cidr": "10.81.0.0/24", "seederNetworkRef": {"name": "nad"},
+                   "allowedNamespaces": ["Tenant_A"]}),
+            "spec.allowedNamespaces",
+        ),
         (
             "PostHook",
             json!({"steps": [{"builtin": "reformat-everything"}]}),

@@ -50,6 +50,8 @@ fn replica(cp: &ControlPlane, id: &str) -> ChildGroup {
                 &format!("127.0.0.1:{agent}"),
                 "--manager-namespace",
                 "anneal-system",
+                // the test's BMC speaks plain HTTP (redfish+http://)
+                "--allow-insecure-bmc",
             ])
             .env("KUBECONFIG", cp.kubeconfig_path())
             .env("RUST_LOG", "info")

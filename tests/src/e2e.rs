@@ -189,6 +189,8 @@ impl Lab {
             boot_token_lifetime: Duration::from_secs(600),
             graceful_shutdown_timeout: Duration::from_secs(3),
             bmc_timeout: Duration::from_secs(5),
+            // the BMCs of the tests speak plain HTTP (redfish+http://)
+            allow_insecure_bmc: true,
             ..LifecycleConfig::default()
         };
         if opts.deploy {

@@ -135,6 +135,8 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
         cp.kubeconfig_path(),
         LifecycleConfig {
             boot_token_lifetime: Duration::from_secs(900),
+            // the BMCs of the tests speak plain HTTP (redfish+http://)
+            allow_insecure_bmc: true,
             ..LifecycleConfig::default()
         },
         AgentApiConfig {

@@ -115,3 +115,76 @@ async fn machines_open_and_close_the_gate_and_applied_revision_follows() {
     );
     watcher.stop().await;
 }
+
+/// One Machine per boot MAC on a Subnet, across namespaces: of two Machines
+/// enrolling the same MAC, bootd's table keeps the first enrolled (its
+/// name and boot token), whichever the list returns last; a Machine of a
+/// namespace the Subnet does not grant (`spec.allowedNamespaces`) opens no
+/// gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    // `tenant-b` lists after `default`: a list's later duplicate used to
+    // overwrite the first
+    for ns in ["tenant-b", "tenant-c"] {
+        anneal_tests::lifecycle::create_namespace(&client, ns).await;
+    }
+    let mut subnet = anneal_tests::lab::lease_subnet(None);
+    subnet.spec.allowed_namespaces = vec!["tenant-b".into()];
+    Api::<Subnet>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &subnet)
+        .await
+        .unwrap();
+    const STRANGER: &str = "52:54:00:c0:00:03";
+    for (ns, name, mac) in [
+        ("default", "first", MAC),
+        ("tenant-b", "thief", MAC),
+        ("tenant-c", "stranger", STRANGER),
+    ] {
+        let m: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"subnetRef": {"name": "lab", "namespace": "default"}, "bootMACAddress": mac}
+        }))
+        .unwrap();
+        Api::<Machine>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &m)
+            .await
+            .unwrap();
+        let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{name}-boot-token"), "namespace": ns,
+                         "labels": {"anneal.dev/boot-token-for": name}},
+            "stringData": {"token": format!("token-of-{name}")}
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &token)
+            .await
+            .unwrap();
+    }
+
+    // the table bootd builds at start from these objects
+    let watcher = Watcher::start(&client).await;
+    let snap = watcher.shared.snapshot();
+    let boot = snap.machines.get(&MAC_BYTES).expect("MAC enrolled");
+    assert_eq!(
+        boot.name, "default/first",
+        "the first Machine keeps the MAC"
+    );
+    assert_eq!(
+        boot.token.as_ref().map(|t| t.expose()),
+        Some("token-of-first"),
+        "the MAC boots with the first Machine's token"
+    );
+    let stranger: Mac = STRANGER.parse().unwrap();
+    assert!(
+        !snap.machines.contains_key(&stranger),
+        "a Machine of an ungranted namespace is in the table: {:?}",
+        snap.machines.get(&stranger).map(|b| &b.name)
+    );
+    let d = watcher.answer(stranger);
+    assert!(dropped(&d, DropReason::NotEnrolled), "{d:?}");
+    watcher.stop().await;
+}

@@ -29,6 +29,8 @@ fn configs() -> (LifecycleConfig, AgentApiConfig) {
     let mut lc = LifecycleConfig {
         boot_token_lifetime: Duration::from_secs(300),
         health_interval: Duration::from_secs(600),
+        // the BMCs of the tests speak plain HTTP (redfish+http://)
+        allow_insecure_bmc: true,
         ..LifecycleConfig::default()
     };
     lc.deploy.content_url = Some(CONTENT_URL.into());

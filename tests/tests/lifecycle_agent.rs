@@ -28,6 +28,8 @@ async fn lifecycle_real_agent_client_registers_reports_and_powers_off() {
         LifecycleConfig {
             boot_token_lifetime: Duration::from_secs(120),
             health_interval: Duration::from_secs(5),
+            // the BMCs of the tests speak plain HTTP (redfish+http://)
+            allow_insecure_bmc: true,
             ..LifecycleConfig::default()
         },
         AgentApiConfig {

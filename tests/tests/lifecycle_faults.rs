@@ -39,6 +39,8 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         graceful_shutdown_timeout: Duration::from_secs(2),
         bmc_timeout: Duration::from_secs(2),
         health_interval: Duration::from_secs(3),
+        // the BMCs of the tests speak plain HTTP (redfish+http://)
+        allow_insecure_bmc: true,
         ..LifecycleConfig::default()
     };
     let api_cfg = AgentApiConfig {

@@ -107,6 +107,8 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             bmc_timeout: Duration::from_secs(3),
             health_interval: Duration::from_secs(5),
             dhcp_reservation_timeout: timeout,
+            // the BMCs of the tests speak plain HTTP (redfish+http://)
+            allow_insecure_bmc: true,
             ..LifecycleConfig::default()
         },
         AgentApiConfig {

@@ -27,6 +27,8 @@ fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
             graceful_shutdown_timeout: Duration::from_secs(2),
             bmc_timeout: Duration::from_secs(3),
             health_interval: Duration::from_secs(5),
+            // the BMCs of the tests speak plain HTTP (redfish+http://)
+            allow_insecure_bmc: true,
             ..LifecycleConfig::default()
         },
         AgentApiConfig {

@@ -12,7 +12,7 @@ pub mod types {
     /// MachineClaim, ReadinessRule).
     pub const READY: &str = "Ready";
     /// The spec passes the checks CEL cannot express; `False` with a reason
-    /// naming the rule (Site, Subnet, Image, PostHook, MachineClaim,
+    /// naming the rule (Site, Subnet, Image, PostHook, Machine, MachineClaim,
     /// ReadinessRule).
     pub const VALID: &str = "Valid";
     /// Machine: a state transition is under way.
@@ -20,7 +20,8 @@ pub mod types {
     /// MachineClaim: the claim holds a Machine (`spec.claimRef` written).
     pub const BOUND: &str = "Bound";
     /// Machine: the BMC answers (reasons BMCUnreachable, CredentialsMissing,
-    /// CredentialsRejected, TLSConfigConflict, QueryFailed).
+    /// CredentialsRejected, TLSConfigConflict, QueryFailed,
+    /// CrossNamespaceSecret, InsecureBMCRefused).
     pub const BMC_REACHABLE: &str = "BMCReachable";
     /// Machine: the agent of the current boot registered with its boot token.
     pub const AGENT_REGISTERED: &str = "AgentRegistered";
@@ -103,6 +104,13 @@ pub mod reasons {
     pub const SCRIPT_SOURCE_NOT_FOUND: &str = "ScriptSourceNotFound";
     /// PostHook: a script templates a param `spec.params` does not declare.
     pub const UNDECLARED_PARAM: &str = "UndeclaredParam";
+    /// Machine: another Machine (named in the message as namespace/name)
+    /// enrolled the same `spec.bootMACAddress` on the same Subnet first;
+    /// this one gets no reservation and no answer from bootd.
+    pub const DUPLICATE_BOOT_MAC: &str = "DuplicateBootMAC";
+    /// Machine: `spec.subnetRef` names a Subnet of another namespace that
+    /// does not list the Machine's namespace in `spec.allowedNamespaces`.
+    pub const SUBNET_NOT_GRANTED: &str = "SubnetNotGranted";
     /// MachineClaim: two resolved disks of the claim are the same disk.
     pub const DUPLICATE_DISK_HINTS: &str = "DuplicateDiskHints";
     /// MachineClaim: `spec.imageRef` names an Image that is not bootable.
@@ -153,6 +161,13 @@ pub mod reasons {
     /// Anything else: unexpected answers, TLS verification failures, no
     /// ComputerSystem (exponential 5 s … 30 min).
     pub const QUERY_FAILED: &str = "QueryFailed";
+    /// `spec.bmc.credentialsSecretRef` or `caBundleSecretRef` names another
+    /// namespace than the Machine's: the Secret is never read (retried every
+    /// 5 min; an edit of the Machine retries at once).
+    pub const CROSS_NAMESPACE_SECRET: &str = "CrossNamespaceSecret";
+    /// `spec.bmc.address` is `redfish+http://` (credentials in clear) and the
+    /// manager runs without `--allow-insecure-bmc` (retried every 5 min).
+    pub const INSECURE_BMC_REFUSED: &str = "InsecureBMCRefused";
 
     // --- AgentRegistered / AgentCompatible ---
     /// AgentRegistered=True: the agent registered.
@@ -285,6 +300,8 @@ pub mod reasons {
         CONTENT_DOES_NOT_FIT,
         SCRIPT_SOURCE_NOT_FOUND,
         UNDECLARED_PARAM,
+        DUPLICATE_BOOT_MAC,
+        SUBNET_NOT_GRANTED,
         DUPLICATE_DISK_HINTS,
         IMAGE_NOT_BOOTABLE,
         DATA_IMAGE_BOOTABLE,
@@ -305,6 +322,8 @@ pub mod reasons {
         CREDENTIALS_REJECTED,
         TLS_CONFIG_CONFLICT,
         QUERY_FAILED,
+        CROSS_NAMESPACE_SECRET,
+        INSECURE_BMC_REFUSED,
         REGISTERED,
         WAITING_FOR_AGENT,
         SCHEMA_MATCHES,

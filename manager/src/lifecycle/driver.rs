@@ -448,6 +448,53 @@ async fn commit(m: &Machine, ctx: &Context, mut d: Draft) -> Result<(), Error> {
     Ok(())
 }
 
+/// Refuses, before any Secret is read or any request sent, a BMC access a
+/// tenant must not have: a Secret reference into another namespace than
+/// the Machine's `ns` (admission refuses one today; an object admitted
+/// before still reaches here), and plain HTTP unless the manager runs with
+/// `--allow-insecure-bmc`.
+pub fn refuse_unsafe_access(
+    bmc: &anneal_api::BmcSpec,
+    address: &BmcAddress,
+    ns: &str,
+    allow_insecure: bool,
+) -> Result<(), BmcFailure> {
+    let refs = [
+        (
+            "spec.bmc.credentialsSecretRef",
+            Some(&bmc.credentials_secret_ref),
+        ),
+        (
+            "spec.bmc.caBundleSecretRef",
+            bmc.ca_bundle_secret_ref.as_ref(),
+        ),
+    ];
+    for (field, r) in refs {
+        if let Some(r) = r
+            && r.namespace_or(ns) != ns
+        {
+            return Err(BmcFailure {
+                reason: BmcReason::CrossNamespaceSecret,
+                message: format!(
+                    "{field}.namespace: {other:?} must be the Machine's own namespace ({ns}) or empty; Secret {other}/{name} was not read: remove the namespace and create the Secret in {ns}",
+                    other = r.namespace_or(ns),
+                    name = r.name,
+                ),
+            });
+        }
+    }
+    if address.scheme == crate::redfish::Scheme::Http && !allow_insecure {
+        return Err(BmcFailure {
+            reason: BmcReason::InsecureBmcRefused,
+            message: format!(
+                "spec.bmc.address {:?} is plain HTTP (the credentials would travel in clear): use redfish:// (HTTPS), or start the manager with --allow-insecure-bmc (labs only)",
+                bmc.address
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Reads the BMC access of a machine into a client (None: no BMC).
 async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>, BmcFailure> {
     let Some(bmc) = &m.spec.bmc else {
@@ -455,6 +502,7 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>,
     };
     let ns = m.namespace().unwrap_or_default();
     let address = BmcAddress::parse(&bmc.address)?;
+    refuse_unsafe_access(bmc, &address, &ns, ctx.cfg.allow_insecure_bmc)?;
     let insecure = bmc.insecure_skip_verify.unwrap_or(false);
     if insecure && bmc.ca_bundle_secret_ref.is_some() {
         return Err(BmcFailure {
@@ -475,7 +523,9 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>,
             })
     };
     let cref = &bmc.credentials_secret_ref;
-    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), cref.namespace_or(&ns));
+    // Only ever the Machine's own namespace (refuse_unsafe_access checked
+    // the references name no other).
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
     let missing = |what: String| BmcFailure {
         reason: BmcReason::CredentialsMissing,
         message: what,
@@ -499,7 +549,7 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>,
     let tls = if insecure {
         TlsPolicy::InsecureSkipVerify
     } else if let Some(ca) = &bmc.ca_bundle_secret_ref {
-        let api = Api::<Secret>::namespaced(ctx.client.clone(), ca.namespace_or(&ns));
+        let api = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
         let pem = match api.get_opt(&ca.name).await {
             Ok(Some(s)) => secret_key(&s, "ca.crt"),
             _ => None,
@@ -521,4 +571,62 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>,
         &tls,
         ctx.cfg.bmc_timeout,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn bmc(address: &str, creds_ns: Option<&str>, ca_ns: Option<&str>) -> anneal_api::BmcSpec {
+        serde_json::from_value(json!({
+            "address": address,
+            "credentialsSecretRef": {"name": "bmc", "namespace": creds_ns},
+            "caBundleSecretRef": {"name": "ca", "namespace": ca_ns},
+        }))
+        .unwrap()
+    }
+
+    fn check(b: &anneal_api::BmcSpec, allow_insecure: bool) -> Result<(), BmcFailure> {
+        let address = BmcAddress::parse(&b.address).unwrap();
+        refuse_unsafe_access(b, &address, "tenant-a", allow_insecure)
+    }
+
+    #[test]
+    fn own_namespace_or_empty_only_and_plain_http_only_when_allowed() {
+        let https = "redfish://10.0.0.1";
+        assert_eq!(check(&bmc(https, None, None), false), Ok(()));
+        assert_eq!(
+            check(&bmc(https, Some("tenant-a"), Some("")), false),
+            Ok(())
+        );
+        let f = check(&bmc(https, Some("tenant-b"), None), true).unwrap_err();
+        assert_eq!(f.reason, BmcReason::CrossNamespaceSecret);
+        assert!(
+            f.message.starts_with("spec.bmc.credentialsSecretRef.namespace: \"tenant-b\" must be the Machine's own namespace (tenant-a) or empty"),
+            "{}",
+            f.message
+        );
+        let f = check(&bmc(https, None, Some("tenant-b")), true).unwrap_err();
+        assert_eq!(f.reason, BmcReason::CrossNamespaceSecret);
+        assert!(
+            f.message
+                .starts_with("spec.bmc.caBundleSecretRef.namespace"),
+            "{}",
+            f.message
+        );
+
+        let http = "redfish+http://10.0.0.1:8000";
+        let f = check(&bmc(http, None, None), false).unwrap_err();
+        assert_eq!(f.reason, BmcReason::InsecureBmcRefused);
+        assert!(f.message.contains("--allow-insecure-bmc"), "{}", f.message);
+        assert_eq!(check(&bmc(http, None, None), true), Ok(()));
+        // a foreign Secret stays refused even with plain HTTP allowed
+        assert_eq!(
+            check(&bmc(http, Some("tenant-b"), None), true)
+                .unwrap_err()
+                .reason,
+            BmcReason::CrossNamespaceSecret
+        );
+    }
 }

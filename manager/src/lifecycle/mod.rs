@@ -92,6 +92,10 @@ pub struct LifecycleConfig {
     /// Fast-track window (the agent API's too): an Available machine's
     /// agent keeps running this long after registering; None: off.
     pub fast_track_window: Option<Duration>,
+    /// Accept `redfish+http://` BMC addresses (credentials in clear; labs
+    /// only). Off: such a Machine gets `BMCReachable=False` with reason
+    /// `InsecureBMCRefused` and no request is sent.
+    pub allow_insecure_bmc: bool,
 }
 
 impl Default for LifecycleConfig {
@@ -110,6 +114,7 @@ impl Default for LifecycleConfig {
                 stall_timeout: Some(Duration::from_secs(600)),
             },
             fast_track_window: None,
+            allow_insecure_bmc: false,
         }
     }
 }
@@ -438,6 +443,11 @@ pub struct LifecycleArgs {
     /// deploys without a power cycle; unset: off.
     #[arg(long)]
     pub fast_track_window: Option<String>,
+    /// Accept `redfish+http://` BMC addresses, which send the BMC
+    /// credentials in clear (labs only); without it such a Machine gets
+    /// `BMCReachable=False` (reason `InsecureBMCRefused`).
+    #[arg(long)]
+    pub allow_insecure_bmc: bool,
 }
 
 /// Errors of [`start_from_args`].
@@ -480,6 +490,7 @@ impl LifecycleArgs {
                 stall_timeout: Some(dur(&self.deploy_stall_timeout)?),
             },
             fast_track_window: self.fast_track_window.as_deref().map(dur).transpose()?,
+            allow_insecure_bmc: self.allow_insecure_bmc,
             ..LifecycleConfig::default()
         };
         let api = crate::agentapi::AgentApiConfig {

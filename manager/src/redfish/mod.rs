@@ -37,6 +37,12 @@ pub enum BmcReason {
     /// Anything else: unexpected answers, TLS verification failures, an
     /// unsupported scheme, no ComputerSystem.
     QueryFailed,
+    /// A Secret reference names another namespace than the Machine's: it
+    /// is never read.
+    CrossNamespaceSecret,
+    /// `redfish+http://` while the manager runs without
+    /// `--allow-insecure-bmc`: no request is sent.
+    InsecureBmcRefused,
 }
 
 impl BmcReason {
@@ -48,16 +54,23 @@ impl BmcReason {
             Self::CredentialsRejected => reasons::CREDENTIALS_REJECTED,
             Self::TlsConfigConflict => reasons::TLS_CONFIG_CONFLICT,
             Self::QueryFailed => reasons::QUERY_FAILED,
+            Self::CrossNamespaceSecret => reasons::CROSS_NAMESPACE_SECRET,
+            Self::InsecureBmcRefused => reasons::INSECURE_BMC_REFUSED,
         }
     }
 
     /// When to try again after `attempt` consecutive failures (1-based):
     /// unreachable every 15 s flat; rejected credentials and TLS conflicts
-    /// every 5 min; anything else exponential from 5 s, capped at 30 min.
+    /// every 5 min, like a refused Secret reference or plain HTTP (only an
+    /// edit fixes those, and an edit retries at once); anything else
+    /// exponential from 5 s, capped at 30 min.
     pub fn retry_after(self, attempt: u32) -> Duration {
         match self {
             Self::BmcUnreachable => Duration::from_secs(15),
-            Self::CredentialsRejected | Self::TlsConfigConflict => Duration::from_secs(300),
+            Self::CredentialsRejected
+            | Self::TlsConfigConflict
+            | Self::CrossNamespaceSecret
+            | Self::InsecureBmcRefused => Duration::from_secs(300),
             Self::CredentialsMissing | Self::QueryFailed => {
                 let exp = attempt.saturating_sub(1).min(16);
                 Duration::from_secs(5u64.saturating_mul(1u64 << exp).min(1800))

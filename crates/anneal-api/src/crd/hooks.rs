@@ -112,9 +112,10 @@ pub struct ScriptSource {
     pub secret_ref: Option<KeyRef>,
 }
 
-/// A key of a ConfigMap or Secret.
+/// A key of a ConfigMap or Secret in the PostHook's own namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.namespace) || self.namespace == ''").message("spec.steps[].script: a configMapRef or secretRef namespace must be empty: the script is read only from the PostHook's own namespace; remove the field and create the ConfigMap or Secret there").field_path(".namespace"))]
 pub struct KeyRef {
     /// Object name (same namespace as the PostHook).
     #[schemars(length(min = 1, max = 253))]
@@ -122,6 +123,11 @@ pub struct KeyRef {
     /// Key within the object's data.
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
+    /// Not allowed (refused at admission): only a ConfigMap or Secret in the
+    /// PostHook's own namespace may be referenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub namespace: Option<String>,
 }
 
 /// Observed state of a PostHook.

@@ -92,17 +92,23 @@ pub type ConsoleEntry = String;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!(has(self.insecureSkipVerify) && self.insecureSkipVerify && has(self.caBundleSecretRef))").message("spec.bmc.insecureSkipVerify and spec.bmc.caBundleSecretRef are mutually exclusive").field_path(".insecureSkipVerify"))]
+#[x_kube(validation = Rule::new("!has(self.credentialsSecretRef.namespace) || self.credentialsSecretRef.namespace == ''").message("spec.bmc.credentialsSecretRef.namespace must be empty: the manager reads BMC credentials only from the Machine's own namespace; remove the field and create the Secret there").field_path(".credentialsSecretRef.namespace"))]
+#[x_kube(validation = Rule::new("!has(self.caBundleSecretRef) || !has(self.caBundleSecretRef.namespace) || self.caBundleSecretRef.namespace == ''").message("spec.bmc.caBundleSecretRef.namespace must be empty: the manager reads the CA bundle only from the Machine's own namespace; remove the field and create the Secret there").field_path(".caBundleSecretRef.namespace"))]
 pub struct BmcSpec {
     /// BMC endpoint URL; the scheme picks the driver: `redfish://host[:port]`
-    /// (Redfish over HTTPS), `redfish+http://host[:port]` (labs only) or
+    /// (Redfish over HTTPS), `redfish+http://host[:port]` (labs only: the
+    /// manager refuses it unless started with `--allow-insecure-bmc`) or
     /// `ipmi://host[:port]`.
     #[x_kube(validation = Rule::new("self.matches('^(redfish|redfish\\\\+http|ipmi)://[^/]+')").message("spec.bmc.address must start with redfish://, redfish+http:// or ipmi:// followed by a host"))]
     #[schemars(length(min = 1, max = 2048))]
     pub address: String,
-    /// Secret holding the BMC credentials in keys `username` and `password`.
+    /// Secret holding the BMC credentials in keys `username` and `password`,
+    /// in the Machine's own namespace (a `namespace` is refused at
+    /// admission).
     pub credentials_secret_ref: NameRef,
     /// Secret holding the CA bundle (key `ca.crt`) that verifies the BMC's
-    /// TLS certificate. Mutually exclusive with `insecureSkipVerify`.
+    /// TLS certificate, in the Machine's own namespace (a `namespace` is
+    /// refused at admission). Mutually exclusive with `insecureSkipVerify`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle_secret_ref: Option<NameRef>,
     /// Skip verification of the BMC's TLS certificate (labs only). Mutually

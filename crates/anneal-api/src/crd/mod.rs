@@ -6,6 +6,7 @@ mod content;
 mod hooks;
 mod machine;
 mod network;
+pub mod tenancy;
 
 pub use claim::*;
 pub use common::*;

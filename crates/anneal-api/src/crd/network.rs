@@ -130,6 +130,26 @@ pub struct SubnetSpec {
     /// MACs (inventory labs only).
     #[serde(default)]
     pub answer_all: bool,
+    /// Namespaces other than the Subnet's own whose Machines may name this
+    /// Subnet in `spec.subnetRef`. A Machine of a namespace not listed gets
+    /// `Valid=False` (reason `SubnetNotGranted`), no reservation and no
+    /// answer from bootd. Empty: only the Subnet's own namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))").message("spec.allowedNamespaces must be namespace names (lowercase letters, digits and '-')"))]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
+    pub allowed_namespaces: Vec<NamespaceName>,
+}
+
+/// The name of a namespace.
+pub type NamespaceName = String;
+
+impl Subnet {
+    /// Whether Machines of namespace `ns` may name this Subnet: its own
+    /// namespace, or one listed in `spec.allowedNamespaces`.
+    pub fn grants(&self, ns: &str) -> bool {
+        self.metadata.namespace.as_deref() == Some(ns)
+            || self.spec.allowed_namespaces.iter().any(|a| a == ns)
+    }
 }
 
 /// Who runs bootd for a Subnet.
