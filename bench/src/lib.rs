@@ -78,24 +78,42 @@ where
     }
 }
 
-/// The `anneal-agent` binary under test: `--agent PATH`, else the one built
-/// next to this benchmark (`target/release/anneal-agent` when the bench runs
-/// from `target/release`).
-pub fn agent_bin() -> anyhow::Result<PathBuf> {
-    if let Some(p) = option("--agent") {
+/// A binary under test: the path given with `flag` (`--agent`,
+/// `--bootd`, ...), else `name` built next to this benchmark
+/// (`target/release/NAME` when the bench runs from `target/release`); the
+/// error says how to build it (`cargo build --release -p PACKAGE --bin NAME`).
+pub fn sibling_bin(name: &str, flag: &str, package: &str) -> anyhow::Result<PathBuf> {
+    if let Some(p) = option(flag) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe()?;
     let p = exe
         .parent()
-        .map(|d| d.join("anneal-agent"))
+        .map(|d| d.join(name))
         .ok_or_else(|| anyhow::anyhow!("no directory for {}", exe.display()))?;
     anyhow::ensure!(
         p.is_file(),
-        "{} missing: build it (cargo build --release -p anneal-agent) or pass --agent PATH",
+        "{} is missing: build it with `cargo build --release -p {package} --bin {name}` (or pass {flag} PATH)",
         p.display()
     );
     Ok(p)
+}
+
+/// The `anneal-agent` binary under test (`--agent PATH` or the sibling).
+pub fn agent_bin() -> anyhow::Result<PathBuf> {
+    sibling_bin("anneal-agent", "--agent", "anneal-agent")
+}
+
+/// A process's peak resident set (VmHWM of /proc/PID/status), MiB.
+pub fn peak_rss_mib(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmHWM in /proc/{pid}/status"))?;
+    Ok(kib / 1024.0)
 }
 
 /// A free TCP port on 127.0.0.1 (bound, read, released).

@@ -543,30 +543,16 @@ fn accept_errors_back_off_instead_of_spinning() {
     // the accept error is logged once per attempt: with the back-off ten
     // attempts take at least 9 pauses of 100 ms, spinning takes microseconds
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = Vec::new();
-    while seen.len() < 11 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = bootd
-            .lines
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("bootd logged {} accept failures within 60 s", seen.len()));
-        if line.contains("http accept failed") {
-            assert!(
-                line.contains("Too many open files") || line.contains("os error 24"),
-                "an accept failure other than EMFILE: {line}"
-            );
-            // the time the process logged it (the pipe may deliver lines in bursts)
-            let at: k8s_openapi::jiff::Timestamp = line
-                .split_whitespace()
-                .next()
-                .and_then(|t| t.parse().ok())
-                .unwrap_or_else(|| panic!("no timestamp first in {line:?}"));
-            seen.push(at);
-        }
-    }
-    let span = Duration::from_micros(
-        u64::try_from(seen[10].as_microsecond() - seen[0].as_microsecond()).unwrap_or(0),
-    );
+    let span = anneal_testinfra::accept_failure_span(
+        || {
+            bootd
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .ok()
+        },
+        "http accept failed",
+    )
+    .unwrap();
     assert!(
         span >= Duration::from_millis(900),
         "ten accept retries after EMFILE took {span:?}: the accept loop spins (it must pause \

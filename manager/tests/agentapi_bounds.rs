@@ -608,26 +608,9 @@ async fn agent_api_accept_errors_back_off() {
     for _ in 0..300 {
         held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
     }
-    let mut seen = Vec::new();
-    while seen.len() < 11 {
-        let line = next("11 accept failures");
-        if line.contains("accept failed") {
-            assert!(
-                line.contains("Too many open files") || line.contains("os error 24"),
-                "an accept failure other than EMFILE: {line}"
-            );
-            // the time the process logged it (the pipe may deliver lines in bursts)
-            let at: k8s_openapi::jiff::Timestamp = line
-                .split_whitespace()
-                .next()
-                .and_then(|t| t.parse().ok())
-                .unwrap_or_else(|| panic!("no timestamp first in {line:?}"));
-            seen.push(at);
-        }
-    }
-    let span = Duration::from_micros(
-        u64::try_from(seen[10].as_microsecond() - seen[0].as_microsecond()).unwrap_or(0),
-    );
+    let span =
+        anneal_testinfra::accept_failure_span(|| Some(next("11 accept failures")), "accept failed")
+            .unwrap();
     assert!(
         span >= Duration::from_millis(900),
         "ten accept retries after EMFILE took {span:?}: the accept loop spins (it must pause \

@@ -15,7 +15,6 @@
 //!  cargo run --release -p anneal-bench --bin agentapi-load [-- --connections 1000 --legit 5 --manager PATH]`
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,36 +31,6 @@ use tokio_rustls::TlsConnector;
 
 /// Issue 15's budget for the manager's RSS under this load.
 const BUDGET_MIB: f64 = 150.0;
-
-fn manager_path() -> anyhow::Result<PathBuf> {
-    if let Some(p) = option("--manager") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let p = exe
-        .parent()
-        .context("this program's directory")?
-        .join("manager");
-    if !p.is_file() {
-        bail!(
-            "{} is missing: build it with `cargo build --release -p anneal-manager --bin manager` \
-             (or pass --manager PATH)",
-            p.display()
-        );
-    }
-    Ok(p)
-}
-
-fn peak_rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("VmHWM in /proc/PID/status")?;
-    Ok(kib / 1024.0)
-}
 
 /// The API server's LIST count of Machines.
 async fn machine_lists(client: &kube::Client) -> anyhow::Result<u64> {
@@ -136,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let connections: usize = option("--connections").map_or(Ok(1000), |v| v.parse())?;
     let legit: usize = option("--legit").map_or(Ok(5), |v| v.parse())?;
-    let manager_bin = manager_path()?;
+    let manager_bin = anneal_bench::sibling_bin("manager", "--manager", "anneal-manager")?;
     let cp = ControlPlane::start().await?;
     cp.install_crds(&anneal_api::crds()).await?;
     let client = cp.client();
@@ -300,7 +269,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let flood_secs = start.elapsed().as_secs_f64();
     let lists_after = machine_lists(&client).await?;
-    let rss = peak_rss_mib(manager.pid())?;
+    let rss = anneal_bench::peak_rss_mib(manager.pid())?;
     drop(manager);
     println!(
         "agent api: {connections} concurrent bogus-token connections in {flood_secs:.1} s \

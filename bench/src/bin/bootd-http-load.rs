@@ -11,36 +11,17 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anneal_bench::{ChildGroup, load_average, option, write_json};
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 const MIB: u64 = 1024 * 1024;
 /// Issue 15's budget for bootd's RSS under this load.
 const BUDGET_MIB: f64 = 128.0;
-
-fn bootd_path() -> anyhow::Result<PathBuf> {
-    if let Some(p) = option("--bootd") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let p = exe
-        .parent()
-        .context("this program's directory")?
-        .join("bootd");
-    if !p.is_file() {
-        bail!(
-            "{} is missing: build it with `cargo build --release -p anneal-bootd --bin bootd` \
-             (or pass --bootd PATH)",
-            p.display()
-        );
-    }
-    Ok(p)
-}
 
 /// Deterministic incompressible-looking content (xorshift).
 fn content(len: usize) -> Vec<u8> {
@@ -143,17 +124,6 @@ fn download(addr: SocketAddr, want: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn peak_rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("VmHWM in /proc/PID/status")?;
-    Ok(kib / 1024.0)
-}
-
 fn main() -> anyhow::Result<()> {
     if anneal_bench::flag("--help") {
         println!(
@@ -165,7 +135,7 @@ fn main() -> anyhow::Result<()> {
     }
     let parallel: usize = option("--parallel").map_or(Ok(50), |v| v.parse())?;
     let size_mib: u64 = option("--size-mib").map_or(Ok(64), |v| v.parse())?;
-    let bootd = bootd_path()?;
+    let bootd = anneal_bench::sibling_bin("bootd", "--bootd", "anneal-bootd")?;
     let dir = tempfile::Builder::new()
         .prefix("bootd-http-load-")
         .tempdir()?;
@@ -173,7 +143,7 @@ fn main() -> anyhow::Result<()> {
     let want = Arc::new(content(usize::try_from(size_mib * MIB)?));
     std::fs::write(&file, want.as_slice())?;
     let (child, addr) = start_bootd(&bootd, dir.path(), &file, &dir.path().join("bootd.log"))?;
-    let idle_mib = peak_rss_mib(child.pid())?;
+    let idle_mib = anneal_bench::peak_rss_mib(child.pid())?;
     let start = Instant::now();
     let threads: Vec<_> = (0..parallel)
         .map(|_| {
@@ -190,7 +160,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let rss_mib = peak_rss_mib(child.pid())?;
+    let rss_mib = anneal_bench::peak_rss_mib(child.pid())?;
     drop(child);
     let total_mib = (parallel as u64 * size_mib) as f64;
     println!(

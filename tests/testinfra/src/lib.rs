@@ -18,7 +18,7 @@ pub use controlplane::ControlPlane;
 pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
 pub use netns::{BRIDGE_IP, Netns, TcpForward};
 pub use pki::{TestPki, test_pki};
-pub use procs::{ChildGroup, process_alive};
+pub use procs::{ChildGroup, accept_failure_span, process_alive};
 pub use table::{get_table, table_row, table_row_named};
 pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
 

@@ -89,6 +89,44 @@ pub fn process_alive(pid: u32) -> bool {
     }
 }
 
+/// How long a server took over its first ten retries of a failed accept:
+/// the span between the first and the eleventh log line containing
+/// `marker` (each must name EMFILE; the timestamp the process logged comes
+/// first on the line, as the pipe may deliver lines in bursts). `next`
+/// yields the next log line, `None` when there is none in time. With a
+/// back-off after each failure ten retries take at least nine pauses; a
+/// spinning loop takes microseconds.
+pub fn accept_failure_span(
+    mut next: impl FnMut() -> Option<String>,
+    marker: &str,
+) -> Result<std::time::Duration, String> {
+    let mut seen: Vec<k8s_openapi::jiff::Timestamp> = Vec::new();
+    while seen.len() < 11 {
+        let line = next().ok_or_else(|| {
+            format!(
+                "the server logged {} lines with {marker:?}, not 11",
+                seen.len()
+            )
+        })?;
+        if !line.contains(marker) {
+            continue;
+        }
+        if !(line.contains("Too many open files") || line.contains("os error 24")) {
+            return Err(format!("an accept failure other than EMFILE: {line}"));
+        }
+        let at = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| format!("no timestamp first in {line:?}"))?;
+        seen.push(at);
+    }
+    let micros = seen[10].as_microsecond() - seen[0].as_microsecond();
+    Ok(std::time::Duration::from_micros(
+        u64::try_from(micros).unwrap_or(0),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
