@@ -210,7 +210,20 @@ async fn only_the_leader_calls_the_bmc_and_arms_once() {
     let hash1 = armed(&client, "m1", Duration::from_secs(90)).await;
     let secret1 = secrets.get("m1-boot-token").await.unwrap();
     println!("m1 armed at {:.1} s", t0.elapsed().as_secs_f64());
-    let before = anneal_qemu_bmc::read_request_log(&request_log);
+    // the power-on may follow the status write that shows the arm: wait for
+    // it to reach the BMC's request log (the event itself, bounded)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before = loop {
+        let log = anneal_qemu_bmc::read_request_log(&request_log);
+        if log
+            .iter()
+            .any(|e| e.is_reset() && e.action.as_deref() == Some("On"))
+            || Instant::now() > deadline
+        {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(!before.is_empty(), "the leader never called the BMC");
     for e in &before {
         assert_eq!(
@@ -244,7 +257,31 @@ async fn only_the_leader_calls_the_bmc_and_arms_once() {
     killed.kill();
     assert!(!process_alive(pid));
     let killed_at = Instant::now();
-    let new = lease_held_by(&client, Duration::from_secs(30), |h| h == follower).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let takeover_cond = move |l: Option<&Lease>| {
+        l.and_then(|l| l.spec.as_ref()?.holder_identity.as_deref()) == Some(follower)
+    };
+    if tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(leases.clone(), "anneal-manager", takeover_cond),
+    )
+    .await
+    .is_err()
+    {
+        // what the survivor was doing: is it alive, what did it log
+        let alive = survivor.try_exit().map(|s| s.to_string());
+        let log = std::fs::read_to_string(cp.dir().join(format!("manager-{follower}.log")))
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        let lease = leases.get_opt("anneal-manager").await.ok().flatten();
+        panic!(
+            "{follower} did not take the lease within 30 s of the kill (exit: {alive:?}); \
+             lease: {:?}; its log ends:\n{}",
+            lease.and_then(|l| l.spec),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let new = follower.to_string();
     let takeover = killed_at.elapsed();
     println!(
         "{new} took the lease {:.1} s after the kill",
