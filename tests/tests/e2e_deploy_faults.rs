@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anneal_api::DeployRun;
 use anneal_tests::disks::{ext4_uuids, gpt_partitions};
 use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, NAMESPACE};
+use anneal_tests::wait::eventually;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 
@@ -65,6 +66,28 @@ async fn until_runs(
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// Waits for a Warning Event whose message contains `text` (the lifecycle
+/// pass that records a failed attempt writes it after the run's status).
+async fn warning_event(events: &Api<Event>, text: &str) {
+    eventually(
+        &format!("a Warning Event naming {text:?}"),
+        Duration::from_secs(120),
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .any(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.message.as_deref().is_some_and(|n| n.contains(text))
+                })
+        },
+    )
+    .await;
 }
 
 /// Whether the Machine is held (`RetryHeld=True`).
@@ -249,26 +272,25 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
     ] {
         assert!(failed.contains(want), "run status names {want:?}: {failed}");
     }
+    // The agent API writes the run's Failed status; the Machine's next
+    // lifecycle pass records the failed attempt (its error and a Warning
+    // Event) after it: wait for that pass, not for the run alone.
     let machines: Api<anneal_api::Machine> = Api::namespaced(lab.cp.client(), NAMESPACE);
-    let m = serde_json::to_string(&machines.get(MACHINE).await.unwrap().status).unwrap();
-    assert!(
-        m.contains("site-check") && m.contains("exited with code 3"),
-        "Machine status names the hook and the exit code: {m}"
-    );
+    eventually(
+        "the Machine's status to name the hook and the exit code",
+        Duration::from_secs(120),
+        || async {
+            let m = serde_json::to_string(&machines.get(MACHINE).await.unwrap().status).unwrap();
+            if m.contains("site-check") && m.contains("exited with code 3") {
+                Ok(())
+            } else {
+                Err(m)
+            }
+        },
+    )
+    .await;
     let events: Api<Event> = Api::namespaced(lab.cp.client(), NAMESPACE);
-    let warning = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|e| {
-            e.type_.as_deref() == Some("Warning")
-                && e.message
-                    .as_deref()
-                    .is_some_and(|n| n.contains("exited with code 3"))
-        });
-    assert!(warning.is_some(), "a Warning Event names the exit code");
+    warning_event(&events, "exited with code 3").await;
     lab.wait_console("script exited with code 3", 1, Duration::from_secs(60))
         .await
         .unwrap();
@@ -315,16 +337,7 @@ async fn power_loss_mid_write_data_disk_and_a_failing_hook() {
     ] {
         assert!(failed.contains(want), "run status names {want:?}: {failed}");
     }
-    let events_now = events.list(&ListParams::default()).await.unwrap().items;
-    assert!(
-        events_now.iter().any(|e| {
-            e.type_.as_deref() == Some("Warning")
-                && e.message
-                    .as_deref()
-                    .is_some_and(|n| n.contains("exceeded its timeout of 5 s"))
-        }),
-        "a Warning Event names the timeout"
-    );
+    warning_event(&events, "exceeded its timeout of 5 s").await;
     lab.wait_console("exceeded its timeout of 5 s", 1, Duration::from_secs(60))
         .await
         .unwrap();

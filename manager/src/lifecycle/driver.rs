@@ -231,16 +231,22 @@ async fn carry_out(
         }
     }
     set_warned(ctx, &key, decision.dhcp_warned);
-    // The token is minted right before the power-on it is for (after a
-    // reboot reset that may fail), or before the write without a BMC.
+    let mut base = std::borrow::Cow::Borrowed(m);
     let mut minted = false;
+    if decision.token == TokenOp::Mint && client.is_some() && !decision.actions.is_empty() {
+        // An arm is recorded before the BMC is called: the status write
+        // carries the resourceVersion read as its precondition, so a pass
+        // that loses a race with another writer (409) has sent nothing to
+        // the BMC, and the next pass sees the arm and does not power-cycle
+        // the machine a second time. If a call then fails, the fallback is
+        // written over this record (no token hash: the next pass mints).
+        mint(m, ctx, &mut decision).await?;
+        minted = true;
+        base = std::borrow::Cow::Owned(write_status(m, ctx, &decision.draft.status).await?);
+    }
     let mut i = 0;
     while let (Some(c), Some(planned)) = (client, decision.actions.get(i)) {
         let action = planned.action;
-        if decision.token == TokenOp::Mint && matches!(action, BmcAction::BootOnce { .. }) {
-            mint(m, ctx, &mut decision).await?;
-            minted = true;
-        }
         match run_action(c, action, ctx).await {
             Ok(Some(event)) => decision.draft.events.push(event),
             Ok(None) => {}
@@ -259,8 +265,8 @@ async fn carry_out(
     if decision.token == TokenOp::Delete {
         delete_boot_token(m, ctx).await?;
     }
-    if decision.commit {
-        commit(m, ctx, decision.draft).await?;
+    if decision.commit || minted {
+        commit(&base, ctx, decision.draft).await?;
     }
     Ok(decision.outcome)
 }
@@ -402,26 +408,45 @@ async fn delete_boot_token(m: &Machine, ctx: &Context) -> Result<(), Error> {
 
 /// Writes the status difference (with the resourceVersion read as a
 /// precondition), drops consumed annotations, publishes Events.
-async fn commit(m: &Machine, ctx: &Context, mut d: Draft) -> Result<(), Error> {
+/// Writes `status` over `m`'s as a merge patch of the difference, with
+/// `m`'s resourceVersion as the precondition; returns the Machine written
+/// (`m` itself when nothing differs).
+async fn write_status(
+    m: &Machine,
+    ctx: &Context,
+    status: &anneal_api::MachineStatus,
+) -> Result<Machine, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
-    let name = m.name_any();
     let api = Api::<Machine>::namespaced(ctx.client.clone(), &ns);
-    d.status.observed_generation = m.metadata.generation;
+    let mut status = status.clone();
+    status.observed_generation = m.metadata.generation;
     let old = serde_json::to_value(m.status.clone().unwrap_or_default()).unwrap_or_default();
-    let new = serde_json::to_value(&d.status).unwrap_or_default();
+    let new = serde_json::to_value(&status).unwrap_or_default();
+    let Some(diff) = merge_diff(&old, &new) else {
+        return Ok(m.clone());
+    };
     let pp = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
-    if let Some(diff) = merge_diff(&old, &new) {
-        let patch = json!({
-            "metadata": {"resourceVersion": m.resource_version()},
-            "status": diff,
-        });
-        api.patch_status(&name, &pp, &Patch::Merge(&patch))
-            .await
-            .map_err(Error::kube("writing machine status"))?;
-    }
+    let patch = json!({
+        "metadata": {"resourceVersion": m.resource_version()},
+        "status": diff,
+    });
+    api.patch_status(&m.name_any(), &pp, &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube("writing machine status"))
+}
+
+async fn commit(m: &Machine, ctx: &Context, d: Draft) -> Result<(), Error> {
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    let name = m.name_any();
+    let api = Api::<Machine>::namespaced(ctx.client.clone(), &ns);
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    write_status(m, ctx, &d.status).await?;
     if !d.drop_annotations.is_empty() {
         let mut anns = serde_json::Map::new();
         for a in &d.drop_annotations {
