@@ -1,4 +1,5 @@
-//! DHCPv4 server core for network boot: pure decode-and-decide, PXE and iPXE options.
+//! DHCPv4 and DHCPv6 ([`v6`]) server cores for network boot: pure decode-and-decide, PXE,
+//! UEFI HTTP boot and iPXE options.
 //!
 //! Nothing here touches a socket or a clock: the shell hands in the bytes of a
 //! datagram, the port it arrived on, the boot table, the lease view and the
@@ -14,6 +15,7 @@ mod decide;
 mod lease;
 pub mod options;
 mod table;
+pub mod v6;
 mod wire;
 
 /// The MAC type is anneal-api's (one type for the agent, bootd and the manager).
