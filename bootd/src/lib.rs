@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod dhcp;
+pub mod dhcp6;
 pub mod durable;
 pub mod http;
 pub mod leasefile;
@@ -64,6 +65,12 @@ pub enum ServerError {
     },
     #[error("server thread ended before it started")]
     ThreadGone,
+    #[error(
+        "dhcpv6 needs the serving interface (--interface): its multicast group is joined there"
+    )]
+    Dhcp6NeedsInterface,
+    #[error("dhcpv6 on {iface}: cannot read the interface's MAC for the server DUID")]
+    Dhcp6NoMac { iface: String },
 }
 
 /// Where and how to listen.
@@ -86,6 +93,9 @@ pub struct ServerOptions {
     pub tftp_limits: tftp::TftpLimits,
     /// Connection cap and deadlines of HTTP.
     pub http_limits: http::HttpLimits,
+    /// DHCPv6 on `interface` (TFTP and HTTP then also listen on its
+    /// IPv6 address); `None`: IPv4 only.
+    pub dhcp6: Option<dhcp6::Dhcp6Options>,
 }
 
 impl Default for ServerOptions {
@@ -101,6 +111,7 @@ impl Default for ServerOptions {
             template: None,
             tftp_limits: tftp::TftpLimits::default(),
             http_limits: http::HttpLimits::default(),
+            dhcp6: None,
         }
     }
 }
@@ -256,6 +267,54 @@ impl Server {
             opts.http_limits,
             cancel.clone(),
         ));
+        if let Some(o6) = &opts.dhcp6 {
+            let iface = opts
+                .interface
+                .as_deref()
+                .ok_or(ServerError::Dhcp6NeedsInterface)?;
+            let mac = dhcp6::interface_mac(iface).ok_or_else(|| ServerError::Dhcp6NoMac {
+                iface: iface.to_owned(),
+            })?;
+            let a6 = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 547);
+            let s = dhcp6::udp_socket6(547, iface)
+                .and_then(tokio::net::UdpSocket::from_std)
+                .map_err(bind_err("dhcpv6", a6))?;
+            tasks.spawn(dhcp6::serve(
+                shared.clone(),
+                s,
+                o6.clone(),
+                mac,
+                http_addr.port(),
+                cancel.clone(),
+            ));
+            if opts.tftp_port != 0 {
+                let a = SocketAddr::new(o6.server_ip.into(), opts.tftp_port);
+                let s = std::net::UdpSocket::bind(a).map_err(bind_err("tftp (ipv6)", a))?;
+                let srv = tftp::server(shared.clone(), s)
+                    .await?
+                    .with_limits(opts.tftp_limits);
+                let c = cancel.clone();
+                tasks.spawn(async move {
+                    tokio::select! {
+                        () = c.cancelled() => {}
+                        r = srv.serve() => if let Err(e) = r {
+                            tracing::error!(error = %error_chain(&e), "tftp (ipv6) server stopped");
+                        },
+                    }
+                });
+            }
+            let ha6 = SocketAddr::new(o6.server_ip.into(), http_addr.port());
+            let l6 = tokio::net::TcpListener::bind(ha6)
+                .await
+                .map_err(bind_err("http (ipv6)", ha6))?;
+            tasks.spawn(http::serve(
+                shared.clone(),
+                l6,
+                opts.http_limits,
+                cancel.clone(),
+            ));
+            tracing::info!(server_ip = %o6.server_ip, prefix = %o6.prefix, "dhcpv6 serving");
+        }
         tasks.spawn(collect_leases(shared.clone(), cancel.clone()));
         if shared.lease_log.is_some() {
             tasks.spawn(persist_leases(shared.clone(), cancel.clone()));

@@ -62,6 +62,20 @@ struct Cli {
     /// files and the API URL.
     #[arg(long, env = "BOOTD_SUBNET")]
     subnet: Option<String>,
+    /// Serve DHCPv6 on --interface with this address of bootd's (TFTP and
+    /// HTTP also listen on it; the boot URLs name it).
+    #[arg(long, requires_all = ["interface", "dhcp6_prefix"])]
+    dhcp6_server_ip: Option<std::net::Ipv6Addr>,
+    /// The segment's on-link IPv6 prefix, e.g. `2001:db8:77::/64`.
+    #[arg(long, requires = "dhcp6_server_ip")]
+    dhcp6_prefix: Option<anneal_dhcp::v6::Cidr6>,
+    /// IPv6 addresses for machines without an IPv6 reservation,
+    /// `FIRST-LAST` (inclusive).
+    #[arg(long, requires = "dhcp6_server_ip", value_parser = parse_range6)]
+    dhcp6_range: Option<(std::net::Ipv6Addr, std::net::Ipv6Addr)>,
+    /// DNS servers handed out over DHCPv6 (repeat the flag).
+    #[arg(long, requires = "dhcp6_server_ip")]
+    dhcp6_dns: Vec<std::net::Ipv6Addr>,
 }
 
 fn load(cli: &Cli) -> anyhow::Result<anneal_bootd::Snapshot> {
@@ -123,6 +137,17 @@ async fn main() -> anyhow::Result<()> {
             header_timeout: std::time::Duration::from_secs(cli.http_header_timeout_secs),
             stall_timeout: std::time::Duration::from_secs(cli.http_stall_timeout_secs),
         },
+        dhcp6: match (cli.dhcp6_server_ip, cli.dhcp6_prefix) {
+            (Some(server_ip), Some(prefix)) => Some(anneal_bootd::dhcp6::Dhcp6Options {
+                server_ip,
+                prefix,
+                range: cli.dhcp6_range,
+                dns: cli.dhcp6_dns.clone(),
+                preferred_lifetime: 1800,
+                valid_lifetime: 3600,
+            }),
+            _ => None,
+        },
     };
     let server = Server::start(opts, snap).await.context("starting bootd")?;
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -152,6 +177,21 @@ async fn main() -> anyhow::Result<()> {
     cancel.cancel();
     server.shutdown().await;
     Ok(())
+}
+
+/// `--dhcp6-range FIRST-LAST`.
+fn parse_range6(s: &str) -> Result<(std::net::Ipv6Addr, std::net::Ipv6Addr), String> {
+    let bad =
+        || format!("{s:?} is not FIRST-LAST (two IPv6 addresses, the first not above the last)");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let (a, b): (std::net::Ipv6Addr, std::net::Ipv6Addr) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if u128::from(a) > u128::from(b) {
+        return Err(bad());
+    }
+    Ok((a, b))
 }
 
 /// `--tftp-per-source`, `--http-max-connections`: at least 1 (0 would

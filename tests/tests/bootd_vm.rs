@@ -29,6 +29,9 @@ struct Case {
     chain_undionly: bool,
     topology: Topology,
     mac: &'static str,
+    /// The firmware boots over IPv6 (IPv4 PXE off): bootd's DHCPv6 hands
+    /// it `tftp://[fd77::1]/…`; iPXE then runs on the dual-stack segment.
+    ipv6: bool,
 }
 
 const FILES: &str = "files: {snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib/ipxe/ipxe.efi, undionly.kpxe: /usr/lib/ipxe/undionly.kpxe}";
@@ -86,6 +89,14 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
             ServerOptions {
                 interface: Some("br0".into()),
                 lease_file: Some(dir.join("leases.json")),
+                dhcp6: case.ipv6.then(|| anneal_bootd::dhcp6::Dhcp6Options {
+                    server_ip: "fd77::1".parse().unwrap(),
+                    prefix: "fd77::/64".parse().unwrap(),
+                    range: Some(("fd77::100".parse().unwrap(), "fd77::1ff".parse().unwrap())),
+                    dns: vec![],
+                    preferred_lifetime: 600,
+                    valid_lifetime: 900,
+                }),
                 ..ServerOptions::default()
             },
             snap,
@@ -171,6 +182,10 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
             extra.push(format!("name=opt/org.tianocore/{v},string=n"));
         }
     }
+    if case.ipv6 {
+        extra.push("-fw_cfg".to_string());
+        extra.push("name=opt/org.tianocore/IPv4PXESupport,string=n".to_string());
+    }
     let vm_cfg = VmConfig {
         firmware: case.firmware,
         memory_mib: 1024,
@@ -207,6 +222,15 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
         anyhow::ensure!(tftp >= 1, "no first stage over TFTP, {ctx}");
     } else {
         anyhow::ensure!(tftp == 0, "iPXE ROM fetched a first stage, {ctx}");
+    }
+    if case.ipv6 {
+        // the firmware's exchange was DHCPv6 (IPv4 PXE is off), and the
+        // first stage it fetched came from the URL it was handed there
+        anyhow::ensure!(
+            metric(&metrics, "msg_type=\"v6_solicit\",outcome=\"advertise\"") >= 1
+                && metric(&metrics, "msg_type=\"v6_request\",outcome=\"reply\"") >= 1,
+            "no DHCPv6 exchange with the firmware, {ctx}"
+        );
     }
     if case.chain_undionly {
         anyhow::ensure!(
@@ -255,6 +279,7 @@ const UEFI_PXE_LEASE: Case = Case {
     chain_undionly: false,
     topology: Topology::Lease,
     mac: "52:54:00:b0:00:01",
+    ipv6: false,
 };
 
 const fn case(name: &'static str, firmware: Firmware, mac: &'static str) -> Case {
@@ -266,6 +291,7 @@ const fn case(name: &'static str, firmware: Firmware, mac: &'static str) -> Case
         chain_undionly: false,
         topology: Topology::Lease,
         mac,
+        ipv6: false,
     }
 }
 
@@ -285,6 +311,11 @@ const UEFI_PXE_PROXY: Case = Case {
     topology: Topology::ProxyBesideDnsmasq,
     ..case("uefi-pxe-proxy", Firmware::Ovmf, "52:54:00:b0:00:06")
 };
+const UEFI_PXE6: Case = Case {
+    option_rom: false,
+    ipv6: true,
+    ..case("uefi-pxe6", Firmware::Ovmf, "52:54:00:b0:00:08")
+};
 const SEABIOS_RELAYED: Case = Case {
     topology: Topology::Relayed,
     ..case("seabios-relayed", Firmware::SeaBios, "52:54:00:b0:00:07")
@@ -300,7 +331,18 @@ async fn firmware_matrix() {
         SEABIOS_UNDIONLY,
         UEFI_PXE_PROXY,
         SEABIOS_RELAYED,
+        UEFI_PXE6,
     ];
+    // ANNEAL_BOOTD_CASES=name,name runs only those (debugging one case)
+    let only = std::env::var("ANNEAL_BOOTD_CASES").ok();
+    let cases: Vec<Case> = cases
+        .into_iter()
+        .filter(|c| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|n| n == c.name))
+        })
+        .collect();
+    assert!(!cases.is_empty(), "ANNEAL_BOOTD_CASES names no case");
     let t0 = Instant::now();
     let handles: Vec<_> = cases.iter().map(|c| tokio::spawn(run_case(*c))).collect();
     let mut failures = Vec::new();

@@ -39,6 +39,33 @@ impl Cidr6 {
     }
 }
 
+/// A prefix string that does not parse (`2001:db8::/64`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid ipv6 prefix {input:?} (write it like 2001:db8:77::/64)")]
+pub struct Cidr6ParseError {
+    input: String,
+}
+
+impl std::str::FromStr for Cidr6 {
+    type Err = Cidr6ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || Cidr6ParseError { input: s.into() };
+        let (a, p) = s.split_once('/').ok_or_else(err)?;
+        let addr: Ipv6Addr = a.parse().map_err(|_| err())?;
+        let prefix: u8 = p.parse().map_err(|_| err())?;
+        if prefix > 128 {
+            return Err(err());
+        }
+        Ok(Cidr6 { addr, prefix })
+    }
+}
+
+impl fmt::Display for Cidr6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
 /// One enrolled machine of the Subnet, as DHCPv6 sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineEntry6 {
@@ -63,7 +90,8 @@ pub struct BootTable6 {
     pub preferred_lifetime: u32,
     /// Seconds.
     pub valid_lifetime: u32,
-    /// Dynamic range for `answer_all` in lease mode (inclusive).
+    /// Dynamic range (inclusive) for machines without an IPv6 reservation
+    /// and, with `answer_all`, for anyone.
     pub lease_range: Option<(Ipv6Addr, Ipv6Addr)>,
     /// Disables the MAC gate.
     pub answer_all: bool,
@@ -292,7 +320,8 @@ pub enum DropReason6 {
     UnsupportedArch,
     /// A relay's link address is outside the Subnet's prefix.
     ForeignRelay,
-    /// Lease mode: the machine has no IPv6 reservation.
+    /// Lease mode: the machine has no IPv6 reservation and the Subnet no
+    /// IPv6 range.
     NoReservation,
     /// A Confirm or Decline naming no address.
     NoAddress,
@@ -525,7 +554,9 @@ fn fnv(mac: Mac) -> u128 {
 }
 
 /// The address lease mode gives `mac`: its reservation, else its binding
-/// in the range, else a free address of the range picked from its MAC.
+/// in the range, else a free address of the range picked from its MAC (an
+/// enrolled machine without an IPv6 reservation gets one from the range
+/// too); no reservation and no range: [`DropReason6::NoReservation`].
 fn address_for(
     mac: Mac,
     entry: Option<&MachineEntry6>,
@@ -539,9 +570,6 @@ fn address_for(
             Some(None) => None,
             _ => Some(a),
         });
-    }
-    if !t.answer_all {
-        return Err(DropReason6::NoReservation);
     }
     if let Some(a) = leases.of(mac, now) {
         return Ok(Some(a));

@@ -13,8 +13,8 @@ mod decide;
 mod wire;
 
 pub use decide::{
-    BootTable6, Cidr6, ClientKind6, Decision6, DropReason6, IaNa, Ingress6, LeaseEffect6, Leases6,
-    MachineEntry6, Reply6, Request6, decide6, handle6, status,
+    BootTable6, Cidr6, Cidr6ParseError, ClientKind6, Decision6, DropReason6, IaNa, Ingress6,
+    LeaseEffect6, Leases6, MachineEntry6, Reply6, Request6, decide6, handle6, status,
 };
 pub use wire::{
     Duid, HOP_COUNT_LIMIT, MAX_OPTIONS, MAX_PACKET6, Malformed6, Message6, MsgType, Options,
