@@ -157,6 +157,7 @@ fn hardware(memory: u64) -> Value {
         cpu: anneal_api::agent::Cpu {
             count: 1,
             model: None,
+            architecture: None,
         },
         firmware: anneal_api::agent::Firmware {
             mode: anneal_api::agent::FirmwareMode::Uefi,

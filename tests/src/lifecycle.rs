@@ -272,6 +272,7 @@ pub fn sample_hardware() -> serde_json::Value {
         cpu: anneal_api::agent::Cpu {
             count: 1,
             model: Some("QEMU TCG".into()),
+            architecture: Some("x86_64".into()),
         },
         firmware: anneal_api::agent::Firmware {
             mode: anneal_api::agent::FirmwareMode::Uefi,

@@ -162,6 +162,7 @@ async fn agent_boots_registers_and_reports() {
     assert!(hw.nics[0].link);
     assert_eq!(hw.memory_bytes, 1024 << 20, "memory exactly as configured");
     assert_eq!(hw.cpu.count, 2);
+    assert_eq!(hw.cpu.architecture.as_deref(), Some("x86_64"));
     assert_eq!(hw.firmware.mode, FirmwareMode::Uefi);
     assert!(!hw.firmware.secure_boot);
     let events = std::fs::read_to_string(out.join("events.log")).unwrap();

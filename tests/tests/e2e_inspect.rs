@@ -146,6 +146,11 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
         hw.spec.cpu.as_ref().map(|c| c.count),
         Some(i32::try_from(CPUS).unwrap())
     );
+    assert_eq!(
+        hw.spec.cpu.as_ref().and_then(|c| c.architecture),
+        Some(anneal_api::Architecture::X86_64),
+        "the inventory reports the architecture"
+    );
 
     // The goal on a quiet machine is under 60 s (printed); the bound that can
     // fail is `wait_available`'s deadline above, generous for a loaded host.

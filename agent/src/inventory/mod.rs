@@ -92,7 +92,13 @@ impl Root {
                 .map(|s| count_cpu_list(&s))
                 .unwrap_or(0);
         }
-        Cpu { count, model }
+        Cpu {
+            count,
+            model,
+            // the agent is a native static binary: its architecture is the
+            // machine's
+            architecture: Some(std::env::consts::ARCH.to_string()),
+        }
     }
 
     /// Installed memory: the sum of the DMI memory devices (type 17), which is

@@ -260,6 +260,9 @@ pub struct Cpu {
     /// Model name of the first CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Machine architecture as the kernel names it (`x86_64`, `aarch64`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
 }
 
 /// How the machine booted.

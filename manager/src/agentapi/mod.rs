@@ -1247,6 +1247,11 @@ pub fn hardware_spec(r: &HardwareReport) -> MachineHardwareSpec {
         cpu: Some(HardwareCpu {
             count: clamp_i32(r.cpu.count),
             model: r.cpu.model.clone(),
+            architecture: match r.cpu.architecture.as_deref() {
+                Some("x86_64") => Some(anneal_api::Architecture::X86_64),
+                Some("aarch64") => Some(anneal_api::Architecture::Aarch64),
+                _ => None,
+            },
         }),
         firmware: Some(HardwareFirmware {
             mode: match r.firmware.mode {

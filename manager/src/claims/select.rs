@@ -313,6 +313,38 @@ mod tests {
     }
 
     #[test]
+    fn a_selector_can_ask_for_an_architecture() {
+        let m = machine(json!({"subnetRef": {"name": "s"}}), "Available", json!({}));
+        let arm = claim(json!({"selector": {"hardware": {"architecture": "aarch64"}}}));
+        let with_arch = |arch: Option<&str>| {
+            let mut h = hw(4, 2000, json!([]));
+            if let Some(c) = h.spec.cpu.as_mut() {
+                c.architecture = arch.map(|a| serde_json::from_value(json!(a)).unwrap());
+            }
+            h
+        };
+        assert_eq!(
+            check_selected(&m, Some(&with_arch(Some("aarch64"))), &arm),
+            Ok(())
+        );
+        assert_eq!(
+            check_selected(&m, Some(&with_arch(Some("x86_64"))), &arm),
+            Err(Skip::HardwareBelowFloor)
+        );
+        // an inventory without the architecture does not match a claim asking for one
+        assert_eq!(
+            check_selected(&m, Some(&with_arch(None)), &arm),
+            Err(Skip::HardwareBelowFloor)
+        );
+        // a claim that does not ask takes either
+        let any = claim(json!({"selector": {"hardware": {"minCPUs": 1}}}));
+        assert_eq!(
+            check_selected(&m, Some(&with_arch(Some("x86_64"))), &any),
+            Ok(())
+        );
+    }
+
+    #[test]
     fn rotation_is_stable_and_spreads() {
         let mut a: Vec<u32> = (0..10).collect();
         let mut b = a.clone();

@@ -117,6 +117,9 @@ pub struct HardwareFloor {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub disks: Vec<DiskHints>,
+    /// The architecture the inventory reported (`x86_64`, `aarch64`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<crate::crd::machine::Architecture>,
 }
 
 /// A data image and the disk it goes to.
@@ -344,6 +347,10 @@ pub struct HardwareCpu {
     /// Model name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Machine architecture the agent ran on (absent when the agent did not
+    /// report it, or reported one anneal does not know).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<crate::crd::machine::Architecture>,
 }
 
 /// Firmware kind.
@@ -401,6 +408,11 @@ impl MachineHardwareSpec {
         }
         if let Some(min) = floor.min_memory_bytes
             && self.memory_bytes.is_none_or(|m| m < min)
+        {
+            return false;
+        }
+        if let Some(arch) = floor.architecture
+            && self.cpu.as_ref().and_then(|c| c.architecture) != Some(arch)
         {
             return false;
         }
