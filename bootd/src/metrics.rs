@@ -133,3 +133,39 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    /// Every metric bootd renders (`# TYPE NAME TYPE`) has a row in
+    /// docs/metrics.md with that type (a counter as `NAME_total`).
+    #[test]
+    fn every_metric_is_in_docs_metrics_md_with_its_type() {
+        let page = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"),
+        )
+        .unwrap();
+        let text = Metrics::default().render();
+        let mut seen = 0;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, kind) = rest.split_once(' ').unwrap();
+            let queried = if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            let row = format!("| `{queried}` | {kind} |");
+            assert!(
+                page.lines().any(|l| l.starts_with(&row)),
+                "docs/metrics.md has no row starting {row:?}"
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, 14, "{text}");
+    }
+}

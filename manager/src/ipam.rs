@@ -17,6 +17,9 @@
 //! live, then writes `appliedRevision`). `DHCPPoolExhausted` is True, naming
 //! the Subnet and how many Machines wait, while a qualifying Machine has no
 //! address; False otherwise (always False in proxy mode).
+//! For the printer columns (issue 18) it also writes, in lease mode,
+//! `status.reservationCount` and `status.bootdReady` ([`bootd_ready`]);
+//! both are removed in proxy mode.
 //!
 //! Status writes are merge patches guarded by the Subnet's resourceVersion;
 //! a conflict requeues.
@@ -303,6 +306,12 @@ pub const ID: Identity = Identity {
     field_manager: FIELD_MANAGER,
 };
 
+/// Whether bootd has made the table of `revision` live: it writes
+/// `appliedRevision` only after installing that table.
+pub fn bootd_ready(applied: Option<&str>, revision: &str) -> bool {
+    applied == Some(revision)
+}
+
 /// Runs the controller until `shutdown` resolves. `namespace` limits the
 /// Subnets and Machines watched. (The manager runs it through its runtime;
 /// this entry point is for tests that run it alone.)
@@ -430,10 +439,25 @@ async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Ipa
                 json!({"reservations": p.reservations, "revision": revision}),
             );
         }
+        let count = i32::try_from(p.reservations.len()).unwrap_or(i32::MAX);
+        if status.reservation_count != Some(count) {
+            patch_status.insert("reservationCount".into(), json!(count));
+        }
+        let ready = bootd_ready(old_dhcp.applied_revision.as_deref(), &revision);
+        if status.bootd_ready != Some(ready) {
+            patch_status.insert("bootdReady".into(), json!(ready));
+        }
         let (st, reason, message) = pool_condition(&subnet, &p);
         changed_cond = conditions::set(&mut conds, POOL_EXHAUSTED, st, reason, message, generation);
         planned = Some(p);
     } else {
+        // proxy mode: no table, and bootd reports nothing
+        if status.reservation_count.is_some() {
+            patch_status.insert("reservationCount".into(), serde_json::Value::Null);
+        }
+        if status.bootd_ready.is_some() {
+            patch_status.insert("bootdReady".into(), serde_json::Value::Null);
+        }
         changed_cond = conditions::set(
             &mut conds,
             POOL_EXHAUSTED,
@@ -773,6 +797,13 @@ mod tests {
         );
         let p = plan(&s, &[thief, first], &now());
         assert_eq!(table(&p), [("10.0.0.20".into(), "first".into())]);
+    }
+
+    #[test]
+    fn bootd_is_ready_once_it_applied_the_current_revision() {
+        assert!(!bootd_ready(None, "r2"));
+        assert!(!bootd_ready(Some("r1"), "r2"));
+        assert!(bootd_ready(Some("r2"), "r2"));
     }
 
     #[test]

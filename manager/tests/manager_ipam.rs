@@ -3,7 +3,8 @@
 //! bootd's server IP and the gateway skipped, only net-booting or deployed
 //! Machines), the revision, `DHCPPoolExhausted` with the waiting count, the
 //! Events, stability across a manager restart (no write at all), release on
-//! delete and on leaving the Subnet, proxy mode.
+//! delete and on leaving the Subnet, proxy mode; `reservationCount` and
+//! `bootdReady` (issue 18).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
@@ -243,6 +244,31 @@ async fn reservations_allocate_stay_release_and_exhaust() {
     assert!(reservations(&p).is_empty());
     assert_eq!(exhausted(&p).unwrap().0, "False");
     assert_eq!(exhausted(&p).unwrap().1, "ProxyMode");
+    let ps = p.status.clone().unwrap();
+    assert_eq!(
+        (ps.reservation_count, ps.bootd_ready),
+        (None, None),
+        "proxy mode: no count, and bootd reports nothing"
+    );
+    // The printer columns' fields (issue 18): the count, and bootd not
+    // ready until it has applied the current revision (bootd's write is
+    // played here: it patches appliedRevision once the table is live).
+    let st = s.status.clone().unwrap();
+    assert_eq!(st.reservation_count, Some(2));
+    assert_eq!(st.bootd_ready, Some(false), "no bootd has applied anything");
+    let rev = st.dhcp.unwrap().revision.unwrap();
+    subnets
+        .patch_status(
+            "lab",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"dhcp": {"appliedRevision": rev}}})),
+        )
+        .await
+        .unwrap();
+    until(&client, "lab", "bootdReady=true", |s| {
+        s.status.as_ref().and_then(|s| s.bootd_ready) == Some(true)
+    })
+    .await;
 
     // 2. Exhaustion: a third net-booting Machine waits.
     set_state(&client, "idle", "Inspecting").await;
@@ -349,6 +375,13 @@ async fn reservations_allocate_stay_release_and_exhaust() {
         table(s).is_empty() && revision_matches(s)
     })
     .await;
+    let st = s.status.clone().unwrap();
+    assert_eq!(st.reservation_count, Some(0));
+    assert_eq!(
+        st.bootd_ready,
+        Some(false),
+        "the new revision is not applied: bootd is not ready for it"
+    );
     let rev_empty = s
         .status
         .as_ref()

@@ -2,13 +2,15 @@
 //! real kube-apiserver renders them (`kubectl get` asks for
 //! `application/json;as=Table;v=v1;g=meta.k8s.io`): Machine (state,
 //! operational status, claim, image, deploy %, age), DeployRun (machine,
-//! phase, %, rate, age), Subnet (DHCP mode, pool exhausted, applied
-//! revision), and every kind is in the category `anneal` with a short name.
+//! phase, %, rate, age), Subnet (DHCP mode, reservations, bootd ready,
+//! pool exhausted, applied revision), PartitionContent (state, file system,
+//! used), Image (state, slots, size), and every kind is in the category
+//! `anneal` with a short name.
 //! (A JSONPath column shows only the first match of `[*]`: counts such as
 //! an Image's slots or a Subnet's reservations need a status field.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use anneal_api::{DeployRun, Machine, Subnet};
+use anneal_api::{DeployRun, Image, Machine, PartitionContent, Subnet};
 use anneal_testinfra::ControlPlane;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -170,4 +172,76 @@ async fn tables_show_the_first_question_of_each_kind() {
     assert_eq!(cell(&names, &values, "DHCP"), "lease");
     assert_eq!(cell(&names, &values, "Pool Exhausted"), "False");
     assert_eq!(cell(&names, &values, "Applied"), "r1");
+    // Issue 18: the count and bootd's readiness (status fields the IPAM
+    // controller writes; manager_ipam.rs tests that it does).
+    assert_eq!(cell(&names, &values, "Reservations"), 1, "{t}");
+    assert_eq!(cell(&names, &values, "Bootd Ready"), true, "{t}");
+    let (names, _) = columns(&t, false);
+    assert_eq!(
+        names,
+        [
+            "Name",
+            "Site",
+            "CIDR",
+            "Bootd",
+            "DHCP",
+            "Reservations",
+            "Bootd Ready",
+            "Pool Exhausted",
+            "Age"
+        ],
+        "{t}"
+    );
+
+    // PartitionContent: state, file system, used bytes.
+    let contents: Api<PartitionContent> = Api::namespaced(cp.client(), ns);
+    create(
+        &contents,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "PartitionContent",
+               "metadata": {"name": "ubuntu-p2"},
+               "spec": {"fsType": "ext4", "usedBytes": 1_500_000_000_i64,
+                        "sizeBytes": 4_294_967_296_i64, "lastExtentEnd": 4_000_000_000_i64,
+                        "blockSize": 4096, "pieceLength": 4_194_304}}),
+        Some(json!({"state": "Ready"})),
+    )
+    .await;
+    let t = table(&cp, ns, "partitioncontents").await;
+    let (names, values) = columns(&t, false);
+    assert_eq!(
+        names,
+        ["Name", "State", "FS", "Used", "Size", "Age"],
+        "{t}"
+    );
+    assert_eq!(cell(&names, &values, "State"), "Ready");
+    assert_eq!(cell(&names, &values, "FS"), "ext4");
+    assert_eq!(cell(&names, &values, "Used"), 1_500_000_000_i64);
+    assert_eq!(cell(&names, &values, "Size"), 4_294_967_296_i64);
+
+    // Image: state, slots, size (status fields the Image controller
+    // writes; its `sizes` is unit-tested in content/images.rs).
+    let images: Api<Image> = Api::namespaced(cp.client(), ns);
+    create(
+        &images,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Image",
+               "metadata": {"name": "ubuntu"},
+               "spec": {"bootable": true, "layout": {"partitionTable": "gpt", "slots": [
+                   {"number": 1, "role": "esp", "sizeBytes": 536_870_912},
+                   {"number": 2, "role": "data", "contentRef": {"name": "ubuntu-p2"}}]}}}),
+        Some(json!({"state": "Ready", "slots": 2, "sizeBytes": 4_831_838_208_i64,
+                    "usedBytes": 1_500_000_000_i64})),
+    )
+    .await;
+    let t = table(&cp, ns, "images").await;
+    let (names, values) = columns(&t, false);
+    assert_eq!(
+        names,
+        ["Name", "State", "OS", "Bootable", "Slots", "Size", "Age"],
+        "{t}"
+    );
+    assert_eq!(cell(&names, &values, "State"), "Ready");
+    assert_eq!(cell(&names, &values, "Slots"), 2);
+    assert_eq!(cell(&names, &values, "Size"), 4_831_838_208_i64);
+    let (wide, wvalues) = columns(&t, true);
+    assert_eq!(cell(&wide, &wvalues, "Used"), 1_500_000_000_i64);
+    assert_eq!(cell(&wide, &wvalues, "Table"), "gpt");
 }

@@ -2,6 +2,8 @@
 //! (the `Valid` condition is the validity controller's). Ready when every
 //! slot's content exists and is Ready; Failed when one failed or the Image
 //! is invalid for a reason a new content cannot fix; Pending otherwise.
+//! Also writes what the printer columns show (issue 18): `status.slots`,
+//! `status.sizeBytes` and `status.usedBytes` ([`sizes`]).
 
 use std::sync::Arc;
 
@@ -117,9 +119,43 @@ pub fn readiness(
     }
 }
 
+/// What an Image's printer columns show: the number of slots, the disk
+/// space the layout takes (each slot's `sizeBytes`, else its content's
+/// `spec.sizeBytes`; `None` while a slot's size is unknown) and the bytes
+/// a deploy writes (the contents' `spec.usedBytes`; `None` while a content
+/// does not exist).
+pub fn sizes(
+    image: &Image,
+    content: impl Fn(&str, &str) -> Option<Arc<PartitionContent>>,
+) -> (i32, Option<i64>, Option<i64>) {
+    let ns = image.namespace().unwrap_or_default();
+    let slots = &image.spec.layout.slots;
+    let mut size = Some(0i64);
+    let mut used = Some(0i64);
+    for slot in slots {
+        let pc = slot
+            .content_ref
+            .as_ref()
+            .map(|r| content(r.namespace_or(&ns), &r.name));
+        let slot_size = slot
+            .size_bytes
+            .or_else(|| pc.as_ref().and_then(|p| p.as_ref().map(|p| p.spec.size_bytes)));
+        size = size.zip(slot_size).map(|(a, b)| a.saturating_add(b));
+        match pc {
+            None => {}
+            Some(Some(p)) => used = used.map(|u| u.saturating_add(p.spec.used_bytes)),
+            Some(None) => used = None,
+        }
+    }
+    (i32::try_from(slots.len()).unwrap_or(i32::MAX), size, used)
+}
+
 async fn reconcile(image: Arc<Image>, ctx: Arc<Ctx>) -> Result<Action, ImageError> {
     let ns = image.namespace().unwrap_or_default();
     let (state, ready, reason, message) = readiness(&image, |ns, name| {
+        ctx.contents.get(&ObjectRef::new(name).within(ns))
+    });
+    let (slots, size_bytes, used_bytes) = sizes(&image, |ns, name| {
         ctx.contents.get(&ObjectRef::new(name).within(ns))
     });
     let mut status = image.status.clone().unwrap_or_default();
@@ -132,7 +168,12 @@ async fn reconcile(image: Arc<Image>, ctx: Arc<Ctx>) -> Result<Action, ImageErro
         &message,
         generation,
     );
-    if !changed && status.state == Some(state) {
+    if !changed
+        && status.state == Some(state)
+        && status.slots == Some(slots)
+        && status.size_bytes == size_bytes
+        && status.used_bytes == used_bytes
+    {
         return Ok(Action::await_change());
     }
     status.state = Some(state);
@@ -153,7 +194,8 @@ async fn reconcile(image: Arc<Image>, ctx: Arc<Ctx>) -> Result<Action, ImageErro
     let api: Api<Image> = Api::namespaced(ctx.client.clone(), &ns);
     let patch = json!({
         "metadata": {"resourceVersion": image.resource_version()},
-        "status": {"state": state, "conditions": all},
+        "status": {"state": state, "conditions": all, "slots": slots,
+                   "sizeBytes": size_bytes, "usedBytes": used_bytes},
     });
     api.patch_status(
         &image.name_any(),
@@ -194,4 +236,71 @@ pub async fn controller(scope: Scope) {
         contents,
     });
     drive(ID, &scope, controller, reconcile, ctx).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn image(slots: serde_json::Value) -> Image {
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Image",
+            "metadata": {"name": "ubuntu", "namespace": "lab"},
+            "spec": {"layout": {"partitionTable": "gpt", "slots": slots}},
+        }))
+        .unwrap()
+    }
+
+    fn content(name: &str, used: i64, size: i64) -> Arc<PartitionContent> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "PartitionContent",
+                "metadata": {"name": name, "namespace": "lab"},
+                "spec": {"usedBytes": used, "sizeBytes": size, "lastExtentEnd": used,
+                         "blockSize": 4096, "pieceLength": 262144},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn lookup(have: &[Arc<PartitionContent>]) -> impl Fn(&str, &str) -> Option<Arc<PartitionContent>> {
+        let have = have.to_vec();
+        move |ns, name| {
+            have.iter()
+                .find(|c| c.namespace().as_deref() == Some(ns) && c.name_any() == name)
+                .cloned()
+        }
+    }
+
+    #[test]
+    fn sizes_sum_slot_sizes_and_content_used_bytes() {
+        let img = image(json!([
+            {"number": 1, "role": "esp", "contentRef": {"name": "u-p1"}, "sizeBytes": 536_870_912},
+            {"number": 2, "role": "data", "contentRef": {"name": "u-p2"}, "grow": true},
+            {"number": 3, "role": "swap", "sizeBytes": 1_073_741_824},
+        ]));
+        let have = [content("u-p1", 6_291_456, 536_870_912), content("u-p2", 1_500_000_000, 4_294_967_296)];
+        assert_eq!(
+            sizes(&img, lookup(&have)),
+            (3, Some(536_870_912 + 4_294_967_296 + 1_073_741_824), Some(6_291_456 + 1_500_000_000))
+        );
+    }
+
+    #[test]
+    fn unknown_sizes_stay_absent() {
+        // u-p2 does not exist yet: neither its size nor its used bytes are known.
+        let img = image(json!([
+            {"number": 1, "role": "esp", "contentRef": {"name": "u-p1"}, "sizeBytes": 1000},
+            {"number": 2, "role": "data", "contentRef": {"name": "u-p2"}},
+        ]));
+        let have = [content("u-p1", 10, 1000)];
+        assert_eq!(sizes(&img, lookup(&have)), (2, None, None));
+        // A blank slot without sizeBytes: the size is unknown, the used bytes are not.
+        let img = image(json!([
+            {"number": 1, "role": "esp", "contentRef": {"name": "u-p1"}},
+            {"number": 2, "role": "data", "fsType": "ext4", "grow": true},
+        ]));
+        assert_eq!(sizes(&img, lookup(&have)), (2, None, Some(10)));
+    }
 }

@@ -334,7 +334,10 @@ pub struct PartitionContentStatus {
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"OS","type":"string","jsonPath":".spec.osFamily"}"#,
     printcolumn = r#"{"name":"Bootable","type":"boolean","jsonPath":".spec.bootable"}"#,
-    printcolumn = r#"{"name":"Table","type":"string","jsonPath":".spec.layout.partitionTable"}"#,
+    printcolumn = r#"{"name":"Slots","type":"integer","jsonPath":".status.slots","description":"Partitions in the layout"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.sizeBytes","description":"Disk space the layout takes, in bytes"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.usedBytes","priority":1,"description":"Bytes a deploy writes"}"#,
+    printcolumn = r#"{"name":"Table","type":"string","jsonPath":".spec.layout.partitionTable","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -463,6 +466,21 @@ pub struct ImageStatus {
     /// Pending, Ready or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<ImageState>,
+    /// Number of slots in `spec.layout.slots` (issue 18: a printer column
+    /// cannot count a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<i32>,
+    /// Disk space the layout takes, in bytes: the sum over slots of
+    /// `sizeBytes`, or of the content's `spec.sizeBytes` for a content slot
+    /// without one (a growing slot counts at that size). Absent while a
+    /// slot's size is unknown (a blank slot without `sizeBytes`, or a
+    /// content that does not exist yet). Issue 18.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// Bytes a deploy writes: the sum of the contents' `spec.usedBytes`.
+    /// Absent while a content does not exist yet. Issue 18.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<i64>,
     /// Conditions: Ready, Valid, SeederDegraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

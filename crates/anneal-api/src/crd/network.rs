@@ -100,6 +100,8 @@ pub struct SiteStatus {
     printcolumn = r#"{"name":"Bootd","type":"string","jsonPath":".spec.bootd.mode","description":"Managed or External boot half"}"#,
     printcolumn = r#"{"name":"DHCP","type":"string","jsonPath":".spec.dhcp.mode","description":"proxy or lease"}"#,
     printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.bootd.serverIP","priority":1}"#,
+    printcolumn = r#"{"name":"Reservations","type":"integer","jsonPath":".status.reservationCount","description":"Lease-mode addresses reserved for net-booting or deployed Machines"}"#,
+    printcolumn = r#"{"name":"Bootd Ready","type":"boolean","jsonPath":".status.bootdReady","description":"bootd has made the current reservation table live (lease mode)"}"#,
     printcolumn = r#"{"name":"Pool Exhausted","type":"string","jsonPath":".status.conditions[?(@.type==\"DHCPPoolExhausted\")].status","description":"Machines wait for an address of the lease range"}"#,
     printcolumn = r#"{"name":"Applied","type":"string","jsonPath":".status.dhcp.appliedRevision","priority":1,"description":"DHCP table revision bootd has made live"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -319,6 +321,16 @@ pub struct SubnetStatus {
     /// Lease-mode reservation table and its revisions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhcp: Option<SubnetDhcpStatus>,
+    /// Number of entries in `dhcp.reservations` (lease mode; absent in
+    /// proxy mode). Issue 18: a printer column cannot count a list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_count: Option<i32>,
+    /// Lease mode: true when bootd has made the current reservation table
+    /// live (`dhcp.appliedRevision` equals `dhcp.revision`), false while it
+    /// has not (no bootd running for the Subnet, or it is catching up).
+    /// Absent in proxy mode, where bootd reports nothing. Issue 18.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootd_ready: Option<bool>,
     /// Conditions: Valid, Ready, DHCPPoolExhausted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
