@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use anneal_dhcp::{BootFiles, BootTable, Cidr, Mac, MachineEntry, Mode};
+use anneal_dhcp::{BootFiles, BootTable, Cidr, Loader, Mac, MachineEntry, Mode};
 
 use crate::state::{MachineBoot, Snapshot, Token};
 
@@ -94,6 +94,9 @@ pub struct StaticMachine {
     /// Chain `undionly.kpxe` from a NIC ROM iPXE before booting (legacy BIOS).
     #[serde(default)]
     pub chain_undionly: bool,
+    /// `ipxe` (default) or `shim` (Machine `spec.bootLoader`).
+    #[serde(default)]
+    pub boot_loader: Loader,
     #[serde(default)]
     pub debug_shell: bool,
 }
@@ -268,6 +271,7 @@ impl StaticConfig {
             let entry = MachineEntry {
                 name: m.name.clone(),
                 address: m.address,
+                loader: m.boot_loader,
             };
             if entries.insert(m.mac, entry).is_some() {
                 return Err(invalid(format!("mac {} listed twice", m.mac)));

@@ -14,6 +14,15 @@ pub const BOOT_TEMPLATE: &str = include_str!("../../ipxe/boot.ipxe.tmpl");
 pub const UNKNOWN_TEMPLATE: &str = include_str!("../../ipxe/unknown.ipxe.tmpl");
 /// Prelude that chains `undionly.kpxe` from a NIC ROM iPXE.
 pub const UNDIONLY_PRELUDE: &str = include_str!("../../ipxe/undionly-chain.ipxe.tmpl");
+/// The TFTP `grub/grub.cfg` for network GRUB (loaded by the signed shim).
+pub const GRUB_CFG_TEMPLATE: &str = include_str!("../../grub/grub.cfg.tmpl");
+/// The per-machine GRUB config.
+pub const GRUB_BOOT_TEMPLATE: &str = include_str!("../../grub/boot.grub.tmpl");
+/// The GRUB config for a MAC no Machine enrolls.
+pub const GRUB_UNKNOWN_TEMPLATE: &str = include_str!("../../grub/unknown.grub.tmpl");
+/// Where network GRUB looks for its first config over TFTP (its prefix is
+/// `/grub`).
+pub const GRUB_CFG_PATH: &str = "grub/grub.cfg";
 
 /// Errors of rendering a script.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -110,6 +119,58 @@ pub fn boot_script(
     render(template, &v)
 }
 
+/// The TFTP `grub/grub.cfg`: the same for every machine, it loads the
+/// machine's own config, `grub/<mac>`, over TFTP too (Debian's signed network
+/// GRUB has no http module, and under Secure Boot it loads none).
+pub fn grub_cfg() -> Result<String, ScriptError> {
+    render(GRUB_CFG_TEMPLATE, &BTreeMap::new())
+}
+
+/// The TFTP path of a machine's GRUB config, `grub/<mac>` (GRUB's
+/// `${net_default_mac}`, colon-separated), parsed.
+pub fn grub_config_mac(path: &str) -> Option<Mac> {
+    path.strip_prefix("grub/")?.parse().ok()
+}
+
+/// The TFTP paths of the kernel and the initramfs for network GRUB.
+pub const GRUB_KERNEL_PATH: &str = "boot/kernel";
+/// See [`GRUB_KERNEL_PATH`].
+pub const GRUB_INITRD_PATH: &str = "boot/initrd";
+
+/// A machine's GRUB config, `grub/<mac>` over TFTP: for an enrolled machine
+/// the kernel and command line of the iPXE script, then the initramfs and
+/// `extra_initrds` (TFTP paths, concatenated after it); for any other MAC a
+/// config that says why and exits.
+pub fn grub_config(
+    snap: &Snapshot,
+    mac: Mac,
+    extra_initrds: &[String],
+) -> Result<String, ScriptError> {
+    let enrolled = snap.table.machines.contains_key(&mac);
+    let Some(m) = snap.machines.get(&mac).filter(|_| enrolled) else {
+        let mut v = BTreeMap::new();
+        v.insert("mac", mac.to_string());
+        return render(GRUB_UNKNOWN_TEMPLATE, &v);
+    };
+    if snap.artifacts.is_none() {
+        return Err(ScriptError::NoArtifacts);
+    }
+    let mut initrds = vec![format!("/{GRUB_INITRD_PATH}")];
+    initrds.extend(
+        extra_initrds
+            .iter()
+            .map(|p| format!("/{}", p.trim_start_matches('/'))),
+    );
+    let mut v = BTreeMap::new();
+    v.insert("machine", m.name.clone());
+    v.insert("mac", mac.to_string());
+    v.insert("server", snap.table.server_ip.to_string());
+    v.insert("kernel_url", format!("/{GRUB_KERNEL_PATH}"));
+    v.insert("initrd_urls", initrds.join(" "));
+    v.insert("cmdline", cmdline(snap, mac, m)?);
+    render(GRUB_BOOT_TEMPLATE, &v)
+}
+
 /// The script for an unknown MAC: says why on the console, then `exit`s.
 pub fn unknown_script(mac: Mac) -> Result<String, ScriptError> {
     let mut v = BTreeMap::new();
@@ -162,6 +223,46 @@ mod tests {
             "initrd=initrd.img anneal.machine=lab/m1 BOOTIF=01-52-54-00-00-00-01 console=ttyS0"
         ));
         assert!(s.contains("chain tftp://10.77.0.1/undionly.kpxe"));
+    }
+
+    #[test]
+    fn grub_configs_render_completely() {
+        let cfg = crate::StaticConfig::from_yaml(
+            "serverIP: 10.77.0.1\ncidr: 10.77.0.0/24\ndhcp: {mode: proxy}\n\
+             artifacts: {kernel: /k, initrd: /i}\n\
+             machines: [{name: lab/m1, mac: \"52:54:00:00:00:01\", console: [ttyS0], bootLoader: shim}]\n",
+        )
+        .unwrap();
+        let snap = cfg.snapshot(8080, "r".into()).unwrap();
+        let first = grub_cfg().unwrap();
+        assert!(!first.contains("{{"), "{first}");
+        assert!(
+            first.contains("\nconfigfile $prefix/${net_default_mac}\n"),
+            "{first}"
+        );
+        // GRUB's ${net_default_mac} names the file
+        let mac = grub_config_mac("grub/52:54:00:00:00:01").unwrap();
+        assert_eq!(mac, Mac([0x52, 0x54, 0, 0, 0, 1]));
+        assert_eq!(grub_config_mac("grub/grub.cfg"), None);
+        assert_eq!(grub_config_mac("grub/x86_64-efi/command.lst"), None);
+        let s = grub_config(&snap, mac, &["token/52-54-00-00-00-01".into()]).unwrap();
+        assert!(!s.contains("{{"), "{s}");
+        assert!(
+            s.contains(
+                "if linux /boot/kernel anneal.machine=lab/m1 BOOTIF=01-52-54-00-00-00-01 console=ttyS0; then"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("initrd /boot/initrd /token/52-54-00-00-00-01; then"),
+            "{s}"
+        );
+        let stranger = grub_config(&snap, Mac([0x52, 0x54, 0, 0, 0, 9]), &[]).unwrap();
+        assert!(
+            stranger.contains("52:54:00:00:00:09 is not enrolled"),
+            "{stranger}"
+        );
+        assert!(!stranger.contains("linux"), "{stranger}");
     }
 
     #[test]

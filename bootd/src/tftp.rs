@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use anneal_api::error_chain;
 
 use crate::metrics::ReasonLabels;
+use crate::script;
 use crate::state::Shared;
 
 /// Largest `blksize` granted (fits a 1500-byte Ethernet MTU).
@@ -545,7 +546,31 @@ fn transfer(
 ) {
     let name = req.filename.trim_start_matches('/');
     let snap = shared.snapshot();
-    let Some(path) = snap.files.get(name) else {
+    // network GRUB (machines booting through the signed shim) fetches its
+    // configs, the kernel and the initramfs over TFTP: rendered or mapped,
+    // not configured files
+    let read = if name == script::GRUB_CFG_PATH {
+        script::grub_cfg()
+            .map(|s| Arc::new(s.into_bytes()))
+            .map_err(|e| e.to_string())
+    } else if let Some(mac) = script::grub_config_mac(name) {
+        let r = script::grub_config(&snap, mac, &[])
+            .map(|s| Arc::new(s.into_bytes()))
+            .map_err(|e| e.to_string());
+        if r.is_ok() {
+            tracing::info!(client = %peer, %mac, "served GRUB config");
+        }
+        r
+    } else if name == script::GRUB_KERNEL_PATH || name == script::GRUB_INITRD_PATH {
+        match &snap.artifacts {
+            Some(a) if name == script::GRUB_KERNEL_PATH => cache.get(&a.kernel),
+            Some(a) => cache.get(&a.initrd),
+            None => Err(std::io::Error::other("no kernel and initrd are configured")),
+        }
+        .map_err(|e| error_chain(&e))
+    } else if let Some(path) = snap.files.get(name) {
+        cache.get(path).map_err(|e| error_chain(&e))
+    } else {
         let why = if name.contains("..") {
             "path traversal refused"
         } else {
@@ -557,11 +582,11 @@ fn transfer(
         let _ = sock.send(&error_packet(1, "File not found"));
         return;
     };
-    let data = match cache.get(path) {
+    let data = match read {
         Ok(d) => d,
         Err(e) => {
             count(shared, "error");
-            tracing::warn!(client = %peer, file = %name, error = %error_chain(&e), "tftp file unreadable");
+            tracing::warn!(client = %peer, file = %name, error = %e, "tftp file unreadable");
             drop(guard);
             let _ = sock.send(&error_packet(1, "File not found"));
             return;

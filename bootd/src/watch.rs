@@ -140,6 +140,7 @@ pub async fn build(
             MachineEntry {
                 name: full.clone(),
                 address: reserved.get(&mac).copied(),
+                loader: m.spec.boot_loader,
             },
         );
         boots.insert(

@@ -207,11 +207,7 @@ async fn tables_show_the_first_question_of_each_kind() {
     .await;
     let t = table(&cp, ns, "partitioncontents").await;
     let (names, values) = columns(&t, false);
-    assert_eq!(
-        names,
-        ["Name", "State", "FS", "Used", "Size", "Age"],
-        "{t}"
-    );
+    assert_eq!(names, ["Name", "State", "FS", "Used", "Size", "Age"], "{t}");
     assert_eq!(cell(&names, &values, "State"), "Ready");
     assert_eq!(cell(&names, &values, "FS"), "ext4");
     assert_eq!(cell(&names, &values, "Used"), 1_500_000_000_i64);
@@ -227,8 +223,10 @@ async fn tables_show_the_first_question_of_each_kind() {
                "spec": {"bootable": true, "layout": {"partitionTable": "gpt", "slots": [
                    {"number": 1, "role": "esp", "sizeBytes": 536_870_912},
                    {"number": 2, "role": "data", "contentRef": {"name": "ubuntu-p2"}}]}}}),
-        Some(json!({"state": "Ready", "slots": 2, "sizeBytes": 4_831_838_208_i64,
-                    "usedBytes": 1_500_000_000_i64})),
+        Some(
+            json!({"state": "Ready", "slots": 2, "sizeBytes": 4_831_838_208_i64,
+                    "usedBytes": 1_500_000_000_i64}),
+        ),
     )
     .await;
     let t = table(&cp, ns, "images").await;

@@ -32,11 +32,89 @@ struct Case {
     /// The firmware boots over IPv6 (IPv4 PXE off): bootd's DHCPv6 hands
     /// it `tftp://[fd77::1]/…`; iPXE then runs on the dual-stack segment.
     ipv6: bool,
+    secure: Secure,
+}
+
+/// The Secure Boot chain of a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Secure {
+    /// No Secure Boot chain (the firmware may still be a Secure Boot one).
+    Off,
+    /// The machine's `bootLoader: shim`: Debian's signed shim, signed
+    /// network GRUB and signed kernel under the Microsoft keys.
+    MicrosoftShim,
+    /// A site key: iPXE and the kernel signed with Debian's snakeoil key,
+    /// the only db key of the firmware's variable store.
+    SiteKey,
+}
+
+/// Debian's signed shim and network GRUB (tests/setup.d/secureboot.sh).
+fn secureboot_dir() -> std::path::PathBuf {
+    Path::new(&std::env::var("ANNEAL_CACHE").unwrap_or_else(|_| "/var/cache/anneal".into()))
+        .join("secureboot")
+}
+
+/// `src` signed with the snakeoil key into `dest` (sbsign, package
+/// sbsigntool). The key ships encrypted (pass phrase `snakeoil`, see the ovmf
+/// package's README.Debian): it is decrypted next to `dest` first.
+fn sign_snakeoil(src: &Path, dest: &Path) -> anyhow::Result<()> {
+    let key = dest.with_extension("key");
+    let out = std::process::Command::new("openssl")
+        .args(["pkey", "-passin", "pass:snakeoil", "-in"])
+        .arg(anneal_testinfra::SNAKEOIL_KEY)
+        .arg("-out")
+        .arg(&key)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "openssl pkey {}: {}",
+        anneal_testinfra::SNAKEOIL_KEY,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new("sbsign")
+        .arg("--key")
+        .arg(&key)
+        .arg("--cert")
+        .arg(anneal_testinfra::SNAKEOIL_CERT)
+        .arg("--output")
+        .arg(dest)
+        .arg(src)
+        .output()
+        .map_err(|e| {
+            anyhow::anyhow!("sbsign (package sbsigntool, tests/setup.d/secureboot.sh): {e}")
+        })?;
+    anyhow::ensure!(
+        out.status.success(),
+        "sbsign {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 const FILES: &str = "files: {snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib/ipxe/ipxe.efi, undionly.kpxe: /usr/lib/ipxe/undionly.kpxe}";
 
 fn config(case: &Case, dir: &Path, kernel: &Path) -> String {
+    let files = match case.secure {
+        Secure::Off => FILES.to_string(),
+        Secure::MicrosoftShim => {
+            let sb = secureboot_dir();
+            format!(
+                "files: {{snponly.efi: /usr/lib/ipxe/snponly.efi, shimx64.efi: {}, grubx64.efi: {}}}",
+                sb.join("shimx64.efi").display(),
+                sb.join("grubx64.efi").display()
+            )
+        }
+        Secure::SiteKey => format!(
+            "files: {{snponly.efi: {}/snponly.signed.efi}}",
+            dir.display()
+        ),
+    };
+    let loader = if case.secure == Secure::MicrosoftShim {
+        "shim"
+    } else {
+        "ipxe"
+    };
     let (server, cidr, dhcp) = match case.topology {
         Topology::Lease => (
             "10.77.0.1",
@@ -56,9 +134,9 @@ fn config(case: &Case, dir: &Path, kernel: &Path) -> String {
         "\n    address: 10.77.0.50".into()
     };
     format!(
-        "serverIP: {server}\ncidr: {cidr}\n{dhcp}\n{FILES}\n\
+        "serverIP: {server}\ncidr: {cidr}\n{dhcp}\n{files}\n\
          artifacts: {{kernel: {kernel}, initrd: {dir}/initrd.cpio}}\n\
-         machines:\n  - name: lab/{name}\n    mac: \"{mac}\"{address}\n    console: [ttyS0]\n    chainUndionly: {chain}\n",
+         machines:\n  - name: lab/{name}\n    mac: \"{mac}\"{address}\n    console: [ttyS0]\n    chainUndionly: {chain}\n    bootLoader: {loader}\n",
         kernel = kernel.display(),
         dir = dir.display(),
         name = case.name,
@@ -73,11 +151,26 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     ns.start_router_advertisements()?;
     let dir = ns.dir();
     let marker = format!("ANNEAL-BOOTD-MARKER-{}", case.name);
+    // the kernel logs whether the firmware enforced Secure Boot
     std::fs::write(
         dir.join("initrd.cpio"),
-        smoke_initramfs(&format!("echo {marker} ok\npoweroff -f"))?,
+        smoke_initramfs(&format!(
+            "if dmesg | grep -q 'Secure boot enabled'; then sb=1; else sb=0; fi\n\
+             echo {marker} ok secureboot=$sb\npoweroff -f"
+        ))?,
     )?;
-    let cfg = config(&case, &dir, &kernel.vmlinuz);
+    let kernel_path = if case.secure == Secure::SiteKey {
+        let signed = dir.join("vmlinuz.signed");
+        sign_snakeoil(&kernel.vmlinuz, &signed)?;
+        sign_snakeoil(
+            Path::new("/usr/lib/ipxe/snponly.efi"),
+            &dir.join("snponly.signed.efi"),
+        )?;
+        signed
+    } else {
+        kernel.vmlinuz.clone()
+    };
+    let cfg = config(&case, &dir, &kernel_path);
     let snap = StaticConfig::from_yaml(&cfg)?.snapshot(8080, "r1".into())?;
 
     // Namespaces that must outlive the VM.
@@ -196,9 +289,19 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     };
     let started = Instant::now();
     let mut vm = Vm::launch(&vm_cfg, Some(&ns))?;
+    // our boot scripts say so when they give up: fail at once
     let res = vm
-        .wait_for_line(&format!("^{marker} ok"), Duration::from_secs(330))
-        .await;
+        .wait_for_line(
+            &format!("^{marker} ok|anneal: .*exiting to the next boot device"),
+            Duration::from_secs(330),
+        )
+        .await
+        .and_then(|line| {
+            anyhow::ensure!(line.contains(&marker), "the boot gave up: {line}");
+            Ok(line)
+        });
+    let serial = vm.serial_text();
+    let enforced = serial.contains(&format!("{marker} ok secureboot=1"));
     let secs = started.elapsed().as_secs_f64();
     vm.kill();
     for mut c in children {
@@ -208,14 +311,46 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     let metrics = server.shared().metrics.render();
     server.stop();
     drop(keep);
-    res.map_err(|e| anyhow::anyhow!("case {}: {e:#}\nbootd metrics:\n{metrics}", case.name))?;
+    res.map_err(|e| {
+        let lines: Vec<&str> = serial.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        anyhow::anyhow!(
+            "case {}: {e:#}\nserial (last 60 lines):\n{tail}\nbootd metrics:\n{metrics}",
+            case.name
+        )
+    })?;
     println!("{}: marker after {secs:.1} s", case.name);
+    let secure_firmware = matches!(
+        case.firmware,
+        Firmware::OvmfSecureBootMs | Firmware::OvmfSecureBootSnakeoil
+    );
+    anyhow::ensure!(
+        enforced == secure_firmware,
+        "case {}: the kernel saw Secure Boot {} (expected {})",
+        case.name,
+        if enforced { "enforced" } else { "off" },
+        if secure_firmware { "enforced" } else { "off" }
+    );
+
     // The path each case claims is the path it took.
     let tftp = metric(&metrics, "bootd_tftp_requests_total{reason=\"served\"}");
     let scripts = metric(&metrics, "kind=\"script\",code=\"200\"");
     let files = metric(&metrics, "kind=\"file\",code=\"200\"");
     let ctx = format!("case {}:\n{metrics}", case.name);
-    anyhow::ensure!(scripts >= 1, "no script served, {ctx}");
+    anyhow::ensure!(
+        scripts >= 1 || case.secure == Secure::MicrosoftShim,
+        "no script served, {ctx}"
+    );
+    if case.secure == Secure::MicrosoftShim {
+        // over TFTP: shim, GRUB, grub/grub.cfg, grub/<mac>, the kernel and
+        // the initramfs; GRUB ran both configs
+        anyhow::ensure!(
+            tftp >= 6
+                && serial.contains("anneal: GRUB on ")
+                && serial.contains("anneal: booting lab/"),
+            "not the shim → GRUB chain, {ctx}\nserial:\n{serial}"
+        );
+    }
     if case.http_boot {
         anyhow::ensure!(files >= 1 && tftp == 0, "not an HTTP boot, {ctx}");
     } else if !case.option_rom || case.chain_undionly {
@@ -280,6 +415,7 @@ const UEFI_PXE_LEASE: Case = Case {
     topology: Topology::Lease,
     mac: "52:54:00:b0:00:01",
     ipv6: false,
+    secure: Secure::Off,
 };
 
 const fn case(name: &'static str, firmware: Firmware, mac: &'static str) -> Case {
@@ -292,6 +428,7 @@ const fn case(name: &'static str, firmware: Firmware, mac: &'static str) -> Case
         topology: Topology::Lease,
         mac,
         ipv6: false,
+        secure: Secure::Off,
     }
 }
 
@@ -316,6 +453,24 @@ const UEFI_PXE6: Case = Case {
     ipv6: true,
     ..case("uefi-pxe6", Firmware::Ovmf, "52:54:00:b0:00:08")
 };
+const SECURE_MS_SHIM: Case = Case {
+    option_rom: false,
+    secure: Secure::MicrosoftShim,
+    ..case(
+        "secureboot-ms-shim",
+        Firmware::OvmfSecureBootMs,
+        "52:54:00:b0:00:09",
+    )
+};
+const SECURE_SITE_KEY: Case = Case {
+    option_rom: false,
+    secure: Secure::SiteKey,
+    ..case(
+        "secureboot-site-key",
+        Firmware::OvmfSecureBootSnakeoil,
+        "52:54:00:b0:00:0a",
+    )
+};
 const SEABIOS_RELAYED: Case = Case {
     topology: Topology::Relayed,
     ..case("seabios-relayed", Firmware::SeaBios, "52:54:00:b0:00:07")
@@ -332,6 +487,8 @@ async fn firmware_matrix() {
         UEFI_PXE_PROXY,
         SEABIOS_RELAYED,
         UEFI_PXE6,
+        SECURE_MS_SHIM,
+        SECURE_SITE_KEY,
     ];
     // ANNEAL_BOOTD_CASES=name,name runs only those (debugging one case)
     let only = std::env::var("ANNEAL_BOOTD_CASES").ok();

@@ -12,7 +12,7 @@ use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use crate::Mac;
 use crate::lease::{Lease, LeaseEffect, Leases};
 use crate::options::{IpxeOptions, PXE_BOOT_ITEM, PxeVendorOptions, parse_suboptions};
-use crate::table::{Arch, BootTable, Mode};
+use crate::table::{Arch, BootTable, Loader, Mode};
 use crate::wire::{ClientKind, Malformed, Request, ServerPort};
 
 /// Replies are padded to the BOOTP minimum some firmware insists on.
@@ -179,12 +179,21 @@ fn boot_target(req: &Request, table: &BootTable) -> Result<Option<BootTarget>, D
         },
         ClientKind::Pxe | ClientKind::Http => {
             let f = &table.boot_files;
+            let shim = table
+                .machines
+                .get(&req.mac)
+                .is_some_and(|m| m.loader == Loader::Shim);
+            let (x64, arm64) = if shim {
+                (&f.uefi_x64_shim, &f.uefi_arm64_shim)
+            } else {
+                (&f.uefi_x64, &f.uefi_arm64)
+            };
             let (file, http) = match Arch::from_option(req.arch()) {
                 Arch::Bios => (f.bios.clone(), false),
-                Arch::UefiX64 => (f.uefi_x64.clone(), false),
-                Arch::UefiArm64 => (f.uefi_arm64.clone(), false),
-                Arch::HttpX64 => (table.file_url(&f.uefi_x64), true),
-                Arch::HttpArm64 => (table.file_url(&f.uefi_arm64), true),
+                Arch::UefiX64 => (x64.clone(), false),
+                Arch::UefiArm64 => (arm64.clone(), false),
+                Arch::HttpX64 => (table.file_url(x64), true),
+                Arch::HttpArm64 => (table.file_url(arm64), true),
                 Arch::Other(_) => return Err(DropReason::UnsupportedArch),
             };
             BootTarget {

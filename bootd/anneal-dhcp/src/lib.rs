@@ -22,7 +22,7 @@ mod wire;
 pub use anneal_api::mac::{Mac, MacParseError};
 pub use decide::{Decision, Dest, DropReason, Reply, decide};
 pub use lease::{Lease, LeaseEffect, Leases};
-pub use table::{Arch, BootFiles, BootTable, Cidr, CidrParseError, MachineEntry, Mode};
+pub use table::{Arch, BootFiles, BootTable, Cidr, CidrParseError, Loader, MachineEntry, Mode};
 pub use wire::{ClientKind, IP_UDP_HEADERS, Ingress, MAX_PACKET, Malformed, Request, ServerPort};
 
 /// Version of the wire contract (options 43/175 layout, boot file selection).

@@ -139,6 +139,11 @@ pub struct BootFiles {
     pub bios: String,
     pub uefi_x64: String,
     pub uefi_arm64: String,
+    /// The signed shim for machines whose loader is [`Loader::Shim`] (it
+    /// loads `grubx64.efi` from the same directory).
+    pub uefi_x64_shim: String,
+    /// See [`BootFiles::uefi_x64_shim`] (it loads `grubaa64.efi`).
+    pub uefi_arm64_shim: String,
 }
 
 impl Default for BootFiles {
@@ -147,9 +152,16 @@ impl Default for BootFiles {
             bios: "undionly.kpxe".into(),
             uefi_x64: "snponly.efi".into(),
             uefi_arm64: "snponly-arm64.efi".into(),
+            uefi_x64_shim: "shimx64.efi".into(),
+            uefi_arm64_shim: "shimaa64.efi".into(),
         }
     }
 }
+
+/// The boot chain of one machine (Machine `spec.bootLoader`): `Shim` means
+/// a signed shim, network GRUB, then the signed kernel (Secure Boot with the
+/// Microsoft UEFI CA); UEFI only, BIOS clients still get iPXE.
+pub use anneal_api::boot::BootLoader as Loader;
 
 /// One enrolled machine of this Subnet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +170,7 @@ pub struct MachineEntry {
     pub name: String,
     /// Reserved address (lease mode; from `status.dhcp.reservations`).
     pub address: Option<Ipv4Addr>,
+    pub loader: Loader,
 }
 
 /// Everything one Subnet's DHCP answers depend on.

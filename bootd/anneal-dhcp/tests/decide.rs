@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 
 use anneal_dhcp::{
-    BootFiles, BootTable, Decision, Dest, DropReason, Ingress, LeaseEffect, Leases, Mac,
+    BootFiles, BootTable, Decision, Dest, DropReason, Ingress, LeaseEffect, Leases, Loader, Mac,
     MachineEntry, Malformed, Mode, Reply, Request, ServerPort, decide,
 };
 use dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode, UnknownOption};
@@ -26,6 +26,7 @@ fn table(mode: Mode) -> BootTable {
         MachineEntry {
             name: "lab/m1".into(),
             address: Some(M1_ADDR),
+            loader: Loader::Ipxe,
         },
     );
     machines.insert(
@@ -33,6 +34,7 @@ fn table(mode: Mode) -> BootTable {
         MachineEntry {
             name: "lab/m2".into(),
             address: None,
+            loader: Loader::Ipxe,
         },
     );
     BootTable {
@@ -447,6 +449,52 @@ fn arch_selects_first_stage() {
         dropped(decide(&odd.req67(), &t, &Leases::default(), NOW)),
         DropReason::UnsupportedArch
     );
+}
+
+#[test]
+fn a_shim_machine_gets_the_signed_shim_on_uefi_and_ipxe_on_bios() {
+    let mut t = table(Mode::Lease);
+    if let Some(m) = t.machines.get_mut(&M1) {
+        m.loader = Loader::Shim;
+    }
+    let r = reply(decide(&uefi_pxe().req67(), &t, &Leases::default(), NOW));
+    assert_eq!(file(&r), "shimx64.efi");
+    assert_eq!(yiaddr(&r), M1_ADDR);
+    let http = Pkt {
+        arch: Some(16),
+        vc: Some(b"HTTPClient:Arch:00016:UNDI:003001"),
+        ..Default::default()
+    };
+    let r = reply(decide(&http.req67(), &t, &Leases::default(), NOW));
+    assert_eq!(file(&r), "http://10.77.0.2:8080/files/shimx64.efi");
+    let arm = Pkt {
+        arch: Some(11),
+        vc: Some(b"PXEClient:Arch:00011:UNDI:003000"),
+        ..Default::default()
+    };
+    let r = reply(decide(&arm.req67(), &t, &Leases::default(), NOW));
+    assert_eq!(file(&r), "shimaa64.efi");
+    let bios = Pkt {
+        arch: Some(0),
+        vc: Some(b"PXEClient:Arch:00000:UNDI:002001"),
+        ..Default::default()
+    };
+    let r = reply(decide(&bios.req67(), &t, &Leases::default(), NOW));
+    assert_eq!(file(&r), "undionly.kpxe");
+    // another machine of the table keeps iPXE (proxy mode: m2 has no
+    // reservation, the segment's server gives it an address)
+    let mut proxy = table(Mode::Proxy);
+    if let Some(m) = proxy.machines.get_mut(&M1) {
+        m.loader = Loader::Shim;
+    }
+    let m2 = Pkt {
+        mac: Some(M2),
+        ..uefi_pxe()
+    };
+    let r = reply(decide(&m2.req67(), &proxy, &Leases::default(), NOW));
+    assert_eq!(file(&r), "snponly.efi");
+    let r = reply(decide(&uefi_pxe().req67(), &proxy, &Leases::default(), NOW));
+    assert_eq!(file(&r), "shimx64.efi");
 }
 
 #[test]

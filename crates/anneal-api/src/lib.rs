@@ -7,6 +7,7 @@
 //! `manager/crds/`.
 
 pub mod agent;
+pub mod boot;
 pub mod conditions;
 mod error;
 pub mod mac;

@@ -26,7 +26,8 @@ fn read(rel: &str) -> String {
 /// The metrics of the page: the first cell of every table row that is a
 /// code span naming a metric, as queried (counters with `_total`).
 fn documented() -> BTreeSet<String> {
-    let row = Regex::new(r"^\| `((?:anneal_manager|bootd|anneal)_[a-z0-9_]+)` \|").expect("pattern");
+    let row =
+        Regex::new(r"^\| `((?:anneal_manager|bootd|anneal)_[a-z0-9_]+)` \|").expect("pattern");
     read("docs/metrics.md")
         .lines()
         .filter_map(|l| row.captures(l).map(|c| c[1].to_string()))
@@ -152,7 +153,10 @@ fn the_grafana_dashboard_queries_only_documented_metrics() {
         }
     }
     // Both components are on the dashboard.
-    assert!(used.iter().any(|n| n.starts_with("anneal_manager_")), "{used:?}");
+    assert!(
+        used.iter().any(|n| n.starts_with("anneal_manager_")),
+        "{used:?}"
+    );
     assert!(used.iter().any(|n| n.starts_with("bootd_")), "{used:?}");
 }
 

@@ -137,9 +137,10 @@ pub fn sizes(
             .content_ref
             .as_ref()
             .map(|r| content(r.namespace_or(&ns), &r.name));
-        let slot_size = slot
-            .size_bytes
-            .or_else(|| pc.as_ref().and_then(|p| p.as_ref().map(|p| p.spec.size_bytes)));
+        let slot_size = slot.size_bytes.or_else(|| {
+            pc.as_ref()
+                .and_then(|p| p.as_ref().map(|p| p.spec.size_bytes))
+        });
         size = size.zip(slot_size).map(|(a, b)| a.saturating_add(b));
         match pc {
             None => {}
@@ -264,7 +265,9 @@ mod tests {
         )
     }
 
-    fn lookup(have: &[Arc<PartitionContent>]) -> impl Fn(&str, &str) -> Option<Arc<PartitionContent>> {
+    fn lookup(
+        have: &[Arc<PartitionContent>],
+    ) -> impl Fn(&str, &str) -> Option<Arc<PartitionContent>> {
         let have = have.to_vec();
         move |ns, name| {
             have.iter()
@@ -280,10 +283,17 @@ mod tests {
             {"number": 2, "role": "data", "contentRef": {"name": "u-p2"}, "grow": true},
             {"number": 3, "role": "swap", "sizeBytes": 1_073_741_824},
         ]));
-        let have = [content("u-p1", 6_291_456, 536_870_912), content("u-p2", 1_500_000_000, 4_294_967_296)];
+        let have = [
+            content("u-p1", 6_291_456, 536_870_912),
+            content("u-p2", 1_500_000_000, 4_294_967_296),
+        ];
         assert_eq!(
             sizes(&img, lookup(&have)),
-            (3, Some(536_870_912 + 4_294_967_296 + 1_073_741_824), Some(6_291_456 + 1_500_000_000))
+            (
+                3,
+                Some(536_870_912 + 4_294_967_296 + 1_073_741_824),
+                Some(6_291_456 + 1_500_000_000)
+            )
         );
     }
 

@@ -20,7 +20,7 @@ pub use netns::{BRIDGE_IP, Netns, TcpForward};
 pub use pki::{TestPki, test_pki};
 pub use procs::{ChildGroup, accept_failure_span, process_alive};
 pub use table::{get_table, table_row, table_row_named};
-pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
+pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, SNAKEOIL_CERT, SNAKEOIL_KEY, Vm, VmConfig};
 
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -22,6 +22,42 @@ pub enum Firmware {
     Ovmf,
     /// Legacy BIOS (SeaBIOS, QEMU's default).
     SeaBios,
+    /// UEFI with Secure Boot enforced (OVMF's `secboot` code, SMM) and the
+    /// Microsoft keys enrolled (`OVMF_VARS_4M.ms.fd`): Microsoft-signed
+    /// shims boot.
+    OvmfSecureBootMs,
+    /// UEFI with Secure Boot enforced and Debian's snakeoil key as the only
+    /// db key (`OVMF_VARS_4M.snakeoil.fd`, key pair in
+    /// `/usr/share/ovmf/PkKek-1-snakeoil.{key,pem}`): a site's own key.
+    OvmfSecureBootSnakeoil,
+}
+
+/// OVMF's Secure Boot code (needs SMM and a secure pflash).
+pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
+/// OVMF variables with the Microsoft keys enrolled.
+pub const OVMF_VARS_MS: &str = "/usr/share/OVMF/OVMF_VARS_4M.ms.fd";
+/// OVMF variables with Debian's snakeoil key enrolled.
+pub const OVMF_VARS_SNAKEOIL: &str = "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd";
+/// The snakeoil signing key and certificate.
+pub const SNAKEOIL_KEY: &str = "/usr/share/ovmf/PkKek-1-snakeoil.key";
+/// See [`SNAKEOIL_KEY`].
+pub const SNAKEOIL_CERT: &str = "/usr/share/ovmf/PkKek-1-snakeoil.pem";
+
+impl Firmware {
+    /// True for the OVMF variants.
+    pub fn is_uefi(self) -> bool {
+        self != Firmware::SeaBios
+    }
+
+    /// The code and variables files (UEFI only).
+    fn files(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Firmware::Ovmf => Some((OVMF_CODE, OVMF_VARS)),
+            Firmware::OvmfSecureBootMs => Some((OVMF_CODE_SECBOOT, OVMF_VARS_MS)),
+            Firmware::OvmfSecureBootSnakeoil => Some((OVMF_CODE_SECBOOT, OVMF_VARS_SNAKEOIL)),
+            Firmware::SeaBios => None,
+        }
+    }
 }
 
 /// A NIC attached to a tap of the VM's namespace.
@@ -142,9 +178,17 @@ impl Vm {
         let dir = tempfile::Builder::new().prefix("anneal-vm-").tempdir()?;
         let serial = dir.path().join("serial.log");
         let qmp = dir.path().join("qmp.sock");
+        let secure = matches!(
+            cfg.firmware,
+            Firmware::OvmfSecureBootMs | Firmware::OvmfSecureBootSnakeoil
+        );
         let mut args: Vec<String> = vec![
             "-machine".into(),
-            "q35,accel=tcg".into(),
+            if secure {
+                "q35,accel=tcg,smm=on".into()
+            } else {
+                "q35,accel=tcg".into()
+            },
             "-cpu".into(),
             "max".into(),
             "-smp".into(),
@@ -175,13 +219,17 @@ impl Vm {
         if cfg.no_reboot {
             args.push("-no-reboot".into());
         }
-        if cfg.firmware == Firmware::Ovmf {
+        if let Some((code, vars_src)) = cfg.firmware.files() {
             let vars = dir.path().join("OVMF_VARS.fd");
-            std::fs::copy(OVMF_VARS, &vars)
-                .map_err(|e| anyhow::anyhow!("{OVMF_VARS} (package ovmf): {e}"))?;
+            std::fs::copy(vars_src, &vars)
+                .map_err(|e| anyhow::anyhow!("{vars_src} (package ovmf): {e}"))?;
+            if secure {
+                args.push("-global".into());
+                args.push("driver=cfi.pflash01,property=secure,value=on".into());
+            }
             args.push("-drive".into());
             args.push(format!(
-                "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
+                "if=pflash,format=raw,unit=0,readonly=on,file={code}"
             ));
             args.push("-drive".into());
             args.push(format!(

@@ -65,6 +65,15 @@ pub struct MachineSpec {
     /// fallback path. `x86_64` (default) or `aarch64`.
     #[serde(default)]
     pub architecture: Architecture,
+    /// The network boot chain bootd serves this machine. `ipxe` (default):
+    /// iPXE (`snponly.efi`, `undionly.kpxe`), then the agent. `shim`:
+    /// Debian's signed shim and network GRUB (`shimx64.efi` loads
+    /// `grubx64.efi`), then the signed kernel: for UEFI firmware that
+    /// enforces Secure Boot with the Microsoft UEFI CA in db. Sites with
+    /// their own db key keep `ipxe` and sign iPXE and the kernel
+    /// (docs/bootd.md, "Secure Boot").
+    #[serde(default)]
+    pub boot_loader: BootLoader,
     /// Cordon: when true, no new claim binds this machine. An already bound
     /// claim stays bound.
     #[serde(default)]
@@ -130,6 +139,8 @@ pub enum Architecture {
     #[serde(rename = "aarch64")]
     Aarch64,
 }
+
+pub use crate::boot::BootLoader;
 
 /// What happens to a machine when its bound claim is deleted.
 #[derive(
