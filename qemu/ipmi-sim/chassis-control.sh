@@ -9,7 +9,7 @@
 # pxe, default, cdrom, bios) or identify. The state lives in STATE_DIR:
 # `power` (0/1), `boot` (the device ipmi_sim passed), and `calls`, one line
 # per set (e.g. "set power 1"), which the tests read. When STATE_DIR holds
-# an executable `hook`, each set also runs `hook PARM VALUE` (the lifecycle
+# an executable `hook`, each set also runs `hook STATE_DIR PARM VALUE` (the lifecycle
 # test drives its QEMU VM through it) and fails when the hook fails.
 dir=$1
 op=$2
@@ -44,7 +44,7 @@ set)
         *) echo "invalid parameter $parm"; exit 1 ;;
         esac
         if [ -x "$dir/hook" ]; then
-            "$dir/hook" "$parm" "$val" || { echo "hook failed for $parm $val"; exit 1; }
+            "$dir/hook" "$dir" "$parm" "$val" || { echo "hook failed for $parm $val"; exit 1; }
         fi
     done
     ;;

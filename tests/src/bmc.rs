@@ -194,3 +194,97 @@ pub fn now_ms() -> u64 {
     )
     .unwrap()
 }
+
+/// A VM that starts powered off behind Debian's ipmi_sim (issue 16): its
+/// chassis control drives the VM over QMP (qemu/ipmi-sim/qmp-hook.py).
+#[derive(Debug)]
+pub struct IpmiVm {
+    pub vm: Vm,
+    pub dir: tempfile::TempDir,
+    pub sim: anneal_qemu_bmc::ipmi_sim::RunningIpmiSim,
+    pub addr: SocketAddr,
+}
+
+impl IpmiVm {
+    /// Launches an OVMF VM (NIC on a tap of `ns`, one blank disk), paused,
+    /// and ipmi_sim on a free loopback UDP port, answering once this
+    /// returns.
+    pub async fn launch(ns: &Netns, mac: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("anneal-ipmivm-")
+            .tempdir()
+            .unwrap();
+        let disk = dir.path().join("disk.img");
+        std::fs::File::create(&disk)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let tap = ns.add_tap().unwrap();
+        let cfg = VmConfig {
+            memory_mib: 512,
+            cpus: 1,
+            nics: vec![NicConfig::virtio(&tap, mac)],
+            disks: vec![DiskConfig {
+                path: disk,
+                format: "raw".into(),
+                bus: DiskBus::VirtioBlk,
+                serial: "IPMIDISK01".into(),
+            }],
+            extra_args: vec!["-S".into(), "-no-shutdown".into()],
+            no_reboot: false,
+            ..VmConfig::default()
+        };
+        let vm = Vm::launch(&cfg, Some(ns)).unwrap();
+        crate::eventually(
+            "the QMP socket of the IPMI VM",
+            Duration::from_secs(30),
+            || async { vm.qmp_path().exists() },
+        )
+        .await;
+        let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let sim = anneal_qemu_bmc::ipmi_sim::start(&anneal_qemu_bmc::ipmi_sim::IpmiSimConfig {
+            listen: addr,
+            username: BMC_USER.into(),
+            password: BMC_PASSWORD.into(),
+            dir: dir.path().join("sim"),
+            qmp: Some(vm.qmp_path().to_path_buf()),
+        })
+        .unwrap();
+        let me = Self { vm, dir, sim, addr };
+        let c = me.client(BMC_PASSWORD);
+        crate::eventually(
+            &format!("ipmi_sim answering on {addr}"),
+            Duration::from_secs(30),
+            || async { c.power_state().await.ok() },
+        )
+        .await;
+        me
+    }
+
+    /// `ipmi://127.0.0.1:PORT`.
+    pub fn address(&self) -> String {
+        format!("ipmi://{}", self.addr)
+    }
+
+    /// An IPMI client of the simulator.
+    pub fn client(&self, password: &str) -> anneal_manager::ipmi::IpmiClient {
+        anneal_manager::ipmi::IpmiClient::new(
+            &self.addr.ip().to_string(),
+            self.addr.port(),
+            BMC_USER,
+            anneal_api::agent::Token::new(password.to_string()),
+            Duration::from_secs(3),
+        )
+    }
+
+    /// Whether the VM's CPUs run (QMP).
+    pub async fn running(&self) -> bool {
+        let mut q = anneal_qemu_bmc::qmp::Qmp::connect(self.vm.qmp_path())
+            .await
+            .unwrap();
+        q.running().await.unwrap()
+    }
+}
