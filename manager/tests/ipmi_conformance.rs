@@ -150,7 +150,10 @@ async fn ipmi_driver_against_ipmi_sim() {
             .unwrap(),
         ShutdownOutcome::Graceful
     );
-    assert_eq!(sim.calls().last().map(String::as_str), Some("set shutdown 1"));
+    assert_eq!(
+        sim.calls().last().map(String::as_str),
+        Some("set shutdown 1")
+    );
     // Disk once.
     c.set_boot_once(BootTarget::Hdd).await.unwrap();
     let param5 = ipmitool(addr, &["chassis", "bootparam", "get", "5"]);

@@ -242,8 +242,7 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
     // nothing answers on 127.0.0.1:623: every send within the BMC timeout
     let m = eventually("ipmi BMCUnreachable", Duration::from_secs(60), || async {
         let m = machine_json(&machines, "ipmi").await;
-        (cond(&m, "BMCReachable") == Some(("False".into(), "BMCUnreachable".into())))
-            .then_some(m)
+        (cond(&m, "BMCReachable") == Some(("False".into(), "BMCUnreachable".into()))).then_some(m)
     })
     .await;
     assert!(

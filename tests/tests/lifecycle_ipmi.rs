@@ -93,11 +93,15 @@ async fn lifecycle_walk_over_ipmi() {
     assert_eq!(ipmi.power_state().await.unwrap(), PowerState::On);
 
     // The other two: classified, naming their BMC, nothing switched.
-    let m = eventually("ipmi-w CredentialsRejected", Duration::from_secs(60), || async {
-        let m = machine_json(&machines, "ipmi-w").await;
-        (cond(&m, "BMCReachable") == Some(("False".into(), "CredentialsRejected".into())))
-            .then_some(m)
-    })
+    let m = eventually(
+        "ipmi-w CredentialsRejected",
+        Duration::from_secs(60),
+        || async {
+            let m = machine_json(&machines, "ipmi-w").await;
+            (cond(&m, "BMCReachable") == Some(("False".into(), "CredentialsRejected".into())))
+                .then_some(m)
+        },
+    )
     .await;
     let msg = bmc_message(&m);
     assert!(
@@ -106,8 +110,7 @@ async fn lifecycle_walk_over_ipmi() {
     );
     let m = eventually("ipmi-u BMCUnreachable", Duration::from_secs(60), || async {
         let m = machine_json(&machines, "ipmi-u").await;
-        (cond(&m, "BMCReachable") == Some(("False".into(), "BMCUnreachable".into())))
-            .then_some(m)
+        (cond(&m, "BMCReachable") == Some(("False".into(), "BMCUnreachable".into()))).then_some(m)
     })
     .await;
     let msg = bmc_message(&m);
@@ -132,7 +135,10 @@ async fn lifecycle_walk_over_ipmi() {
         .await;
     assert_eq!(code, 204);
     let hw: Api<MachineHardware> = Api::namespaced(client.clone(), "default");
-    assert_eq!(hw.get("ipmi-a").await.unwrap().owner_references()[0].name, "ipmi-a");
+    assert_eq!(
+        hw.get("ipmi-a").await.unwrap().owner_references()[0].name,
+        "ipmi-a"
+    );
     eventually("ipmi-a Available", Duration::from_secs(60), || async {
         (machine_json(&machines, "ipmi-a").await["status"]["state"] == "Available").then_some(())
     })

@@ -59,7 +59,9 @@ pub enum IpmiError {
     },
     /// The BMC's RAKP 2 code does not verify with the password: wrong
     /// password (or user).
-    #[error("bmc {bmc}: rakp 2 does not verify with the password of user {user:?}: the password is wrong")]
+    #[error(
+        "bmc {bmc}: rakp 2 does not verify with the password of user {user:?}: the password is wrong"
+    )]
     WrongPassword {
         /// host:port
         bmc: String,
@@ -73,7 +75,9 @@ pub enum IpmiError {
         bmc: String,
     },
     /// The BMC does not offer cipher suite 3.
-    #[error("bmc {bmc}: the session was opened with algorithms {algorithms:02x?}, not cipher suite 3")]
+    #[error(
+        "bmc {bmc}: the session was opened with algorithms {algorithms:02x?}, not cipher suite 3"
+    )]
     CipherSuite {
         /// host:port
         bmc: String,
@@ -197,7 +201,9 @@ impl IpmiClient {
     ) -> Result<T, IpmiError> {
         let mut buf = vec![0u8; 1024];
         for _ in 0..ATTEMPTS {
-            sock.send(packet).await.map_err(|source| self.socket(source))?;
+            sock.send(packet)
+                .await
+                .map_err(|source| self.socket(source))?;
             let deadline = tokio::time::Instant::now() + self.attempt_timeout();
             loop {
                 match tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
@@ -440,7 +446,13 @@ impl IpmiClient {
     async fn close(&self, mut s: Session) {
         let sid = s.bmc_sid.to_le_bytes();
         if let Err(e) = self
-            .command(&mut s, "close session", netfn::APP, cmd::CLOSE_SESSION, &sid)
+            .command(
+                &mut s,
+                "close session",
+                netfn::APP,
+                cmd::CLOSE_SESSION,
+                &sid,
+            )
             .await
         {
             tracing::debug!(bmc = %self.bmc(), error = %e, "closing the ipmi session failed");

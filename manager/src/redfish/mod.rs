@@ -84,9 +84,7 @@ impl BmcReason {
 #[derive(Debug, thiserror::Error)]
 pub enum RedfishError {
     /// A scheme with no driver.
-    #[error(
-        "bmc scheme {0:?} is not supported (use redfish://, redfish+http:// or ipmi://)"
-    )]
+    #[error("bmc scheme {0:?} is not supported (use redfish://, redfish+http:// or ipmi://)")]
     UnsupportedScheme(String),
     /// The address does not parse.
     #[error("invalid bmc address: {0}")]
@@ -726,7 +724,10 @@ mod tests {
         assert_eq!(a.host, "fd00::1");
         assert_eq!(a.system_path.as_deref(), Some("/redfish/v1/Systems/1"));
         let a = BmcAddress::parse("ipmi://10.0.0.5").unwrap();
-        assert_eq!((a.scheme, a.host.as_str(), a.port), (Scheme::Ipmi, "10.0.0.5", 623));
+        assert_eq!(
+            (a.scheme, a.host.as_str(), a.port),
+            (Scheme::Ipmi, "10.0.0.5", 623)
+        );
         let a = BmcAddress::parse("ipmi://[::1]:6230").unwrap();
         assert_eq!((a.host.as_str(), a.port), ("::1", 6230));
         assert!(BmcAddress::parse("ipmi://host/redfish/v1/Systems/1").is_err());
