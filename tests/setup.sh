@@ -27,7 +27,6 @@ PKGS=(
   build-essential pkg-config git kmod
   systemd-boot-efi binutils efibootmgr
   aria2
-  openipmi ipmitool python3
 )
 missing=()
 for p in "${PKGS[@]}"; do
