@@ -288,3 +288,118 @@ impl IpmiVm {
         q.running().await.unwrap()
     }
 }
+
+/// A UDP address standing in for an IPMI BMC (issue 16) that records every
+/// datagram it receives with its arrival time: silent, or relaying each
+/// datagram to `upstream` (an ipmi_sim) and the answers back to the last
+/// sender. The task ends when the tap drops.
+#[derive(Debug)]
+pub struct UdpTap {
+    pub addr: SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Vec<u8>)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UdpTap {
+    pub async fn start(upstream: Option<SocketAddr>) -> Self {
+        let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        if let Some(up) = upstream {
+            back.connect(up).await.unwrap();
+        }
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (vec![0u8; 2048], vec![0u8; 2048]);
+            let mut peer = None;
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut a) => {
+                        let Ok((n, from)) = r else { continue };
+                        log.lock().unwrap().push((std::time::Instant::now(), a[..n].to_vec()));
+                        if upstream.is_some() {
+                            peer = Some(from);
+                            let _ = back.send(&a[..n]).await;
+                        }
+                    }
+                    r = back.recv(&mut b), if upstream.is_some() => {
+                        if let (Ok(n), Some(p)) = (r, peer) {
+                            let _ = front.send_to(&b[..n], p).await;
+                        }
+                    }
+                }
+            }
+        });
+        Self { addr, seen, task }
+    }
+
+    /// `ipmi://127.0.0.1:PORT`.
+    pub fn address(&self) -> String {
+        format!("ipmi://{}", self.addr)
+    }
+
+    /// Arrival times of the RMCP+ Open Session Requests so far (each opens
+    /// one session attempt of the driver).
+    pub fn open_session_requests(&self) -> Vec<std::time::Instant> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, d)| d.len() > 5 && d[4] == 0x06 && d[5] & 0x3f == 0x10)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+impl Drop for UdpTap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Groups arrival times into bursts: a gap longer than `quiet` starts a new
+/// one.
+pub fn bursts(times: &[std::time::Instant], quiet: Duration) -> Vec<Vec<std::time::Instant>> {
+    let mut out: Vec<Vec<std::time::Instant>> = Vec::new();
+    for t in times {
+        match out.last_mut() {
+            Some(b) if *t - *b.last().unwrap() <= quiet => b.push(*t),
+            _ => out.push(vec![*t]),
+        }
+    }
+    out
+}
+
+/// An ipmi_sim with no VM behind it (its chassis is the state directory
+/// under `dir`) on a free loopback UDP port, answering once this returns.
+pub async fn ipmi_sim_alone(
+    dir: &std::path::Path,
+) -> (anneal_qemu_bmc::ipmi_sim::RunningIpmiSim, SocketAddr) {
+    let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let sim = anneal_qemu_bmc::ipmi_sim::start(&anneal_qemu_bmc::ipmi_sim::IpmiSimConfig {
+        listen: addr,
+        username: BMC_USER.into(),
+        password: BMC_PASSWORD.into(),
+        dir: dir.to_path_buf(),
+        qmp: None,
+    })
+    .unwrap();
+    let c = anneal_manager::ipmi::IpmiClient::new(
+        &addr.ip().to_string(),
+        addr.port(),
+        BMC_USER,
+        anneal_api::agent::Token::new(BMC_PASSWORD.to_string()),
+        Duration::from_secs(1),
+    );
+    crate::eventually(
+        &format!("ipmi_sim answering on {addr}"),
+        Duration::from_secs(30),
+        || async { c.power_state().await.map_err(|e| e.to_string()) },
+    )
+    .await;
+    (sim, addr)
+}
