@@ -4,7 +4,7 @@
 //! failures the lifecycle classifies (wrong password, unknown user, no
 //! BMC listening). ipmi_sim's chassis is the state directory of
 //! qemu/ipmi-sim/chassis-control.sh.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -289,6 +289,9 @@ impl IpmiVm {
     }
 }
 
+/// Datagrams a [`UdpTap`] received, with their arrival times.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Vec<u8>)>>>;
+
 /// A UDP address standing in for an IPMI BMC (issue 16) that records every
 /// datagram it receives with its arrival time: silent, or relaying each
 /// datagram to `upstream` (an ipmi_sim) and the answers back to the last
@@ -296,7 +299,7 @@ impl IpmiVm {
 #[derive(Debug)]
 pub struct UdpTap {
     pub addr: SocketAddr,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Vec<u8>)>>>,
+    seen: Received,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -308,7 +311,7 @@ impl UdpTap {
         if let Some(up) = upstream {
             back.connect(up).await.unwrap();
         }
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Received::default();
         let log = seen.clone();
         let task = tokio::spawn(async move {
             let (mut a, mut b) = (vec![0u8; 2048], vec![0u8; 2048]);

@@ -129,9 +129,10 @@ impl IpmiError {
         match self {
             Self::Socket { .. } | Self::Timeout { .. } => BmcReason::BmcUnreachable,
             Self::WrongPassword { .. } => BmcReason::CredentialsRejected,
-            Self::Refused { code, .. } if matches!(code, 0x0a | 0x0d | 0x0f) => {
-                BmcReason::CredentialsRejected
-            }
+            Self::Refused {
+                code: 0x0a | 0x0d | 0x0f,
+                ..
+            } => BmcReason::CredentialsRejected,
             _ => BmcReason::QueryFailed,
         }
     }

@@ -490,7 +490,7 @@ fn encrypt(k2: &[u8; 20], iv: &[u8; 16], plain: &[u8]) -> Vec<u8> {
 
 /// Decrypts an AES-CBC-128 payload (IV first) and strips its padding.
 pub fn decrypt(k2: &[u8; 20], payload: &[u8]) -> Result<Vec<u8>, WireError> {
-    if payload.len() < 32 || payload.len() % 16 != 0 {
+    if payload.len() < 32 || !payload.len().is_multiple_of(16) {
         return Err(WireError::Padding);
     }
     let cipher = Aes128::new(GenericArray::from_slice(&k2[..16]));
@@ -918,6 +918,75 @@ mod tests {
         assert!(parse_rakp2(&[0, 0, 0]).is_err());
         assert_eq!(parse_rakp2(&[7, 0x0d]).unwrap().status, 0x0d);
         assert!(decrypt(&keys.k2, &[0; 17]).is_err());
+    }
+
+    /// The session keys of the capture, derived from its handshake.
+    fn golden_keys(user: &str, password: &str, packets: &[(bool, Vec<u8>)]) -> Keys {
+        let req = first(packets, PayloadType::OpenSessionRequest);
+        let resp =
+            parse_open_session_response(first(packets, PayloadType::OpenSessionResponse).payload)
+                .unwrap();
+        let r1 = first(packets, PayloadType::Rakp1).payload;
+        let r2 = parse_rakp2(first(packets, PayloadType::Rakp2).payload).unwrap();
+        let mut console_random = [0u8; 16];
+        console_random.copy_from_slice(&r1[8..24]);
+        Handshake {
+            console_sid: le32(&req.payload[4..8]),
+            bmc_sid: resp.bmc_sid,
+            console_random,
+            bmc_random: r2.bmc_random,
+            bmc_guid: r2.bmc_guid,
+            role: r1[24],
+            user: user.as_bytes(),
+            password: password.as_bytes(),
+        }
+        .keys()
+    }
+
+    /// Hostile variants of every datagram of the capture: each truncation
+    /// and each single-byte flip of a session packet is refused (never a
+    /// panic, never a message); the pre-session parsers never panic.
+    #[test]
+    fn truncated_and_flipped_capture_packets_are_refused() {
+        let (user, password, packets) = golden();
+        let keys = golden_keys(&user, &password, &packets);
+        let open = |b: &[u8]| split(b).and_then(|p| open_session_packet(&keys, &p));
+        let mut checked = 0;
+        for (_, raw) in &packets {
+            let Ok(p) = split(raw) else { continue };
+            if p.sid == 0 {
+                for n in 0..raw.len() {
+                    if let Ok(q) = split(&raw[..n]) {
+                        let _ = parse_open_session_response(q.payload);
+                        let _ = parse_rakp2(q.payload);
+                        let _ = parse_rakp4(q.payload);
+                    }
+                }
+                continue;
+            }
+            let msg = open(raw).unwrap();
+            let _ = parse_response(&msg);
+            for n in 0..raw.len() {
+                assert!(open(&raw[..n]).is_err(), "prefix of {n} bytes accepted");
+            }
+            for i in 0..raw.len() {
+                let mut bad = raw.clone();
+                bad[i] ^= 0x01;
+                assert!(open(&bad).is_err(), "flip of byte {i} accepted");
+            }
+            // the decryption alone (behind the integrity check) on damage
+            for i in 0..p.payload.len() {
+                let mut bad = p.payload.to_vec();
+                bad[i] ^= 0x80;
+                let _ = decrypt(&keys.k2, &bad);
+                let _ = decrypt(&keys.k2, &bad[..i]);
+            }
+            for n in 0..msg.len() {
+                let _ = parse_response(&msg[..n]);
+            }
+            checked += 1;
+        }
+        assert!(checked >= 4, "{checked} session packets");
     }
 
     #[test]
