@@ -3,6 +3,7 @@
 //! behind leader election, the agent API, and the CRD YAML generator.
 
 pub mod agentapi;
+pub mod bmc;
 pub mod claims;
 pub mod conditions;
 pub mod content;
@@ -10,6 +11,7 @@ pub mod controller;
 pub mod crdgen;
 pub mod deploy;
 pub mod ipam;
+pub mod ipmi;
 pub mod leader;
 pub mod metrics;
 pub mod patch;

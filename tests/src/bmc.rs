@@ -194,3 +194,215 @@ pub fn now_ms() -> u64 {
     )
     .unwrap()
 }
+
+/// A VM that starts powered off behind Debian's ipmi_sim (issue 16): its
+/// chassis control drives the VM over QMP (qemu/ipmi-sim/qmp-hook.py).
+#[derive(Debug)]
+pub struct IpmiVm {
+    pub vm: Vm,
+    pub dir: tempfile::TempDir,
+    pub sim: anneal_qemu_bmc::ipmi_sim::RunningIpmiSim,
+    pub addr: SocketAddr,
+}
+
+impl IpmiVm {
+    /// Launches an OVMF VM (NIC on a tap of `ns`, one blank disk), paused,
+    /// and ipmi_sim on a free loopback UDP port, answering once this
+    /// returns.
+    pub async fn launch(ns: &Netns, mac: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("anneal-ipmivm-")
+            .tempdir()
+            .unwrap();
+        let disk = dir.path().join("disk.img");
+        std::fs::File::create(&disk)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        let tap = ns.add_tap().unwrap();
+        let cfg = VmConfig {
+            memory_mib: 512,
+            cpus: 1,
+            nics: vec![NicConfig::virtio(&tap, mac)],
+            disks: vec![DiskConfig {
+                path: disk,
+                format: "raw".into(),
+                bus: DiskBus::VirtioBlk,
+                serial: "IPMIDISK01".into(),
+            }],
+            extra_args: vec!["-S".into(), "-no-shutdown".into()],
+            no_reboot: false,
+            ..VmConfig::default()
+        };
+        let vm = Vm::launch(&cfg, Some(ns)).unwrap();
+        crate::eventually(
+            "the QMP socket of the IPMI VM",
+            Duration::from_secs(30),
+            || async { vm.qmp_path().exists() },
+        )
+        .await;
+        let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let sim = anneal_qemu_bmc::ipmi_sim::start(&anneal_qemu_bmc::ipmi_sim::IpmiSimConfig {
+            listen: addr,
+            username: BMC_USER.into(),
+            password: BMC_PASSWORD.into(),
+            dir: dir.path().join("sim"),
+            qmp: Some(vm.qmp_path().to_path_buf()),
+        })
+        .unwrap();
+        let me = Self { vm, dir, sim, addr };
+        let c = me.client(BMC_PASSWORD);
+        crate::eventually(
+            &format!("ipmi_sim answering on {addr}"),
+            Duration::from_secs(30),
+            || async { c.power_state().await.ok() },
+        )
+        .await;
+        me
+    }
+
+    /// `ipmi://127.0.0.1:PORT`.
+    pub fn address(&self) -> String {
+        format!("ipmi://{}", self.addr)
+    }
+
+    /// An IPMI client of the simulator.
+    pub fn client(&self, password: &str) -> anneal_manager::ipmi::IpmiClient {
+        anneal_manager::ipmi::IpmiClient::new(
+            &self.addr.ip().to_string(),
+            self.addr.port(),
+            BMC_USER,
+            anneal_api::agent::Token::new(password.to_string()),
+            Duration::from_secs(3),
+        )
+    }
+
+    /// Whether the VM's CPUs run (QMP).
+    pub async fn running(&self) -> bool {
+        let mut q = anneal_qemu_bmc::qmp::Qmp::connect(self.vm.qmp_path())
+            .await
+            .unwrap();
+        q.running().await.unwrap()
+    }
+}
+
+/// Datagrams a [`UdpTap`] received, with their arrival times.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Vec<u8>)>>>;
+
+/// A UDP address standing in for an IPMI BMC (issue 16) that records every
+/// datagram it receives with its arrival time: silent, or relaying each
+/// datagram to `upstream` (an ipmi_sim) and the answers back to the last
+/// sender. The task ends when the tap drops.
+#[derive(Debug)]
+pub struct UdpTap {
+    pub addr: SocketAddr,
+    seen: Received,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UdpTap {
+    pub async fn start(upstream: Option<SocketAddr>) -> Self {
+        let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        if let Some(up) = upstream {
+            back.connect(up).await.unwrap();
+        }
+        let seen = Received::default();
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (vec![0u8; 2048], vec![0u8; 2048]);
+            let mut peer = None;
+            loop {
+                tokio::select! {
+                    r = front.recv_from(&mut a) => {
+                        let Ok((n, from)) = r else { continue };
+                        log.lock().unwrap().push((std::time::Instant::now(), a[..n].to_vec()));
+                        if upstream.is_some() {
+                            peer = Some(from);
+                            let _ = back.send(&a[..n]).await;
+                        }
+                    }
+                    r = back.recv(&mut b), if upstream.is_some() => {
+                        if let (Ok(n), Some(p)) = (r, peer) {
+                            let _ = front.send_to(&b[..n], p).await;
+                        }
+                    }
+                }
+            }
+        });
+        Self { addr, seen, task }
+    }
+
+    /// `ipmi://127.0.0.1:PORT`.
+    pub fn address(&self) -> String {
+        format!("ipmi://{}", self.addr)
+    }
+
+    /// Arrival times of the RMCP+ Open Session Requests so far (each opens
+    /// one session attempt of the driver).
+    pub fn open_session_requests(&self) -> Vec<std::time::Instant> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, d)| d.len() > 5 && d[4] == 0x06 && d[5] & 0x3f == 0x10)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+impl Drop for UdpTap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Groups arrival times into bursts: a gap longer than `quiet` starts a new
+/// one.
+pub fn bursts(times: &[std::time::Instant], quiet: Duration) -> Vec<Vec<std::time::Instant>> {
+    let mut out: Vec<Vec<std::time::Instant>> = Vec::new();
+    for t in times {
+        match out.last_mut() {
+            Some(b) if *t - *b.last().unwrap() <= quiet => b.push(*t),
+            _ => out.push(vec![*t]),
+        }
+    }
+    out
+}
+
+/// An ipmi_sim with no VM behind it (its chassis is the state directory
+/// under `dir`) on a free loopback UDP port, answering once this returns.
+pub async fn ipmi_sim_alone(
+    dir: &std::path::Path,
+) -> (anneal_qemu_bmc::ipmi_sim::RunningIpmiSim, SocketAddr) {
+    let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let sim = anneal_qemu_bmc::ipmi_sim::start(&anneal_qemu_bmc::ipmi_sim::IpmiSimConfig {
+        listen: addr,
+        username: BMC_USER.into(),
+        password: BMC_PASSWORD.into(),
+        dir: dir.to_path_buf(),
+        qmp: None,
+    })
+    .unwrap();
+    let c = anneal_manager::ipmi::IpmiClient::new(
+        &addr.ip().to_string(),
+        addr.port(),
+        BMC_USER,
+        anneal_api::agent::Token::new(BMC_PASSWORD.to_string()),
+        Duration::from_secs(1),
+    );
+    crate::eventually(
+        &format!("ipmi_sim answering on {addr}"),
+        Duration::from_secs(30),
+        || async { c.power_state().await.map_err(|e| e.to_string()) },
+    )
+    .await;
+    (sim, addr)
+}

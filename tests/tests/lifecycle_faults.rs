@@ -7,7 +7,8 @@
 //! - BMC faults: the BMC stopped → BMCReachable=False/BMCUnreachable,
 //!   retried every 15 s, recovers by itself when the BMC returns; a wrong
 //!   password → CredentialsRejected, recovered at once by a Secret edit;
-//!   a missing Secret → CredentialsMissing; `ipmi://` refused clearly.
+//!   a missing Secret → CredentialsMissing; an `ipmi://` BMC that does not
+//!   answer → BMCUnreachable naming its address (issue 16).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -231,17 +232,23 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         "clear-error consumed"
     );
 
-    // --- credentials missing, ipmi refused ---------------------------------
+    // --- credentials missing, ipmi not answering -----------------------------
     let m = machine_json(&machines, "nocreds").await;
     assert_eq!(
         cond(&m, "BMCReachable"),
         Some(("False".into(), "CredentialsMissing".into())),
         "{m}"
     );
-    let m = machine_json(&machines, "ipmi").await;
-    assert_eq!(cond(&m, "BMCReachable").unwrap().1, "QueryFailed", "{m}");
+    // nothing answers on 127.0.0.1:623: every send within the BMC timeout
+    let m = eventually("ipmi BMCUnreachable", Duration::from_secs(60), || async {
+        let m = machine_json(&machines, "ipmi").await;
+        (cond(&m, "BMCReachable") == Some(("False".into(), "BMCUnreachable".into()))).then_some(m)
+    })
+    .await;
     assert!(
-        m["status"]["conditions"].to_string().contains("ipmi://"),
+        m["status"]["conditions"]
+            .to_string()
+            .contains("bmc 127.0.0.1:623: no answer"),
         "{m}"
     );
 

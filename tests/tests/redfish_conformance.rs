@@ -1,7 +1,8 @@
 //! The Redfish driver against two servers: anneal-qemu-bmc driving a real
 //! QEMU VM over QMP, and sushy-tools' emulator (`--fake`), so the client is
 //! not only tested against our own server. Plus failure classification
-//! (wrong password, closed port, TLS trust, ipmi://) and BMC persistence.
+//! (wrong password, closed port, TLS trust, unknown schemes) and BMC
+//! persistence. (`ipmi://` has its own driver: manager/tests/ipmi_conformance.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -151,8 +152,9 @@ async fn redfish_client_conforms_on_qemu_bmc_and_sushy() {
         closed.system().await.unwrap_err().reason(),
         BmcReason::BmcUnreachable
     );
-    let ipmi = BmcAddress::parse("ipmi://127.0.0.1:623").unwrap_err();
-    assert!(ipmi.to_string().contains("ipmi://"), "{ipmi}");
+    let unknown = BmcAddress::parse("snmp://127.0.0.1:161").unwrap_err();
+    assert!(unknown.to_string().contains("ipmi://"), "{unknown}");
+    assert_eq!(unknown.reason(), BmcReason::QueryFailed);
     drop(sushy);
 }
 

@@ -29,8 +29,10 @@ use super::{
     BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, Backoff, Context, Error, FIELD_MANAGER, dhcp_gate,
     fingerprint,
 };
+use crate::bmc::BmcClient;
+use crate::ipmi::IpmiClient;
 use crate::patch::merge_diff;
-use crate::redfish::{BmcAddress, BmcReason, Credentials, RedfishClient, TlsPolicy};
+use crate::redfish::{BmcAddress, BmcReason, Credentials, RedfishClient, Scheme, TlsPolicy};
 
 /// Name of the boot-token Secret of a machine.
 pub fn boot_token_secret_name(machine: &str) -> String {
@@ -142,8 +144,8 @@ pub(super) async fn apply(m: &Machine, ctx: &Context) -> Result<Action, Error> {
             Ok(Some(c)) => match c.system().await {
                 Ok(sys) => {
                     snap.bmc = Bmc::Answer {
-                        powered_on: sys.power_state.is_on(),
-                        offers_http_boot: sys.offers_http_boot(),
+                        powered_on: sys.powered_on,
+                        offers_http_boot: sys.offers_http_boot,
                     };
                     client = Some(c);
                 }
@@ -207,7 +209,7 @@ async fn carry_out(
     ctx: &Context,
     snap: &Snapshot<'_>,
     mut decision: Decision,
-    client: Option<&RedfishClient>,
+    client: Option<&BmcClient>,
 ) -> Result<Outcome, Error> {
     let m = snap.machine;
     let key = key_of(m)?;
@@ -322,7 +324,7 @@ fn log(m: &Machine, decision: &Decision) {
 
 /// One BMC call; an Event to add on success.
 async fn run_action(
-    c: &RedfishClient,
+    c: &BmcClient,
     action: BmcAction,
     ctx: &Context,
 ) -> Result<Option<Event>, BmcFailure> {
@@ -508,7 +510,7 @@ pub fn refuse_unsafe_access(
             });
         }
     }
-    if address.scheme == crate::redfish::Scheme::Http && !allow_insecure {
+    if address.scheme == Scheme::Http && !allow_insecure {
         return Err(BmcFailure {
             reason: BmcReason::InsecureBmcRefused,
             message: format!(
@@ -521,7 +523,7 @@ pub fn refuse_unsafe_access(
 }
 
 /// Reads the BMC access of a machine into a client (None: no BMC).
-async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>, BmcFailure> {
+async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, BmcFailure> {
     let Some(bmc) = &m.spec.bmc else {
         return Ok(None);
     };
@@ -571,6 +573,17 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>,
     let password = secret_key(&secret, "password")
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or_else(|| missing(format!("secret {} lacks password", cref.name)))?;
+    if address.scheme == Scheme::Ipmi {
+        // caBundleSecretRef and insecureSkipVerify do not apply: RMCP+
+        // authenticates both ends with the password (RAKP).
+        return Ok(Some(BmcClient::Ipmi(IpmiClient::new(
+            &address.host,
+            address.port,
+            &username,
+            Token::new(password),
+            ctx.cfg.bmc_timeout,
+        ))));
+    }
     let tls = if insecure {
         TlsPolicy::InsecureSkipVerify
     } else if let Some(ca) = &bmc.ca_bundle_secret_ref {
@@ -590,12 +603,12 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<RedfishClient>,
         username,
         password: Token::new(password),
     };
-    Ok(Some(RedfishClient::new(
+    Ok(Some(BmcClient::Redfish(RedfishClient::new(
         &address,
         &creds,
         &tls,
         ctx.cfg.bmc_timeout,
-    )?))
+    )?)))
 }
 
 #[cfg(test)]

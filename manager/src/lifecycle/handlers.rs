@@ -48,6 +48,15 @@ impl From<crate::redfish::RedfishError> for BmcFailure {
     }
 }
 
+impl From<crate::bmc::BmcError> for BmcFailure {
+    fn from(e: crate::bmc::BmcError) -> Self {
+        Self {
+            reason: e.reason(),
+            message: anneal_api::error_chain(&e),
+        }
+    }
+}
+
 /// What the driver learnt from the BMC before deciding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Bmc {

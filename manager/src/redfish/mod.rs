@@ -6,7 +6,8 @@
 //! Transport is hyper 1 over rustls 0.23 with ring, one connection per
 //! request. `redfish://` is HTTPS (verified against the system roots or a
 //! CA bundle, or not at all with insecure-skip-verify), `redfish+http://` is
-//! plain HTTP for labs, `ipmi://` is refused until an IPMI driver exists.
+//! plain HTTP for labs. `ipmi://` addresses parse here too (one address
+//! grammar); their driver is [`crate::ipmi`].
 
 pub mod http;
 
@@ -82,10 +83,8 @@ impl BmcReason {
 /// Errors of the Redfish driver.
 #[derive(Debug, thiserror::Error)]
 pub enum RedfishError {
-    /// `ipmi://` (or another scheme) has no driver.
-    #[error(
-        "bmc scheme {0:?} is not supported (ipmi:// has no driver yet; use redfish:// or redfish+http://)"
-    )]
+    /// A scheme with no driver.
+    #[error("bmc scheme {0:?} is not supported (use redfish://, redfish+http:// or ipmi://)")]
     UnsupportedScheme(String),
     /// The address does not parse.
     #[error("invalid bmc address: {0}")]
@@ -172,6 +171,8 @@ pub enum Scheme {
     Https,
     /// `redfish+http://`: plain HTTP (labs).
     Http,
+    /// `ipmi://`: IPMI 2.0 RMCP+ over UDP (issue 16).
+    Ipmi,
 }
 
 /// A parsed `spec.bmc.address`.
@@ -181,7 +182,7 @@ pub struct BmcAddress {
     pub scheme: Scheme,
     /// Host (no brackets).
     pub host: String,
-    /// Port (443/80 by default).
+    /// Port (443/80/623 by default).
     pub port: u16,
     /// A ComputerSystem path given in the address
     /// (`redfish://bmc/redfish/v1/Systems/1`), else discovered.
@@ -189,8 +190,8 @@ pub struct BmcAddress {
 }
 
 impl BmcAddress {
-    /// Parses `redfish://host[:port][/redfish/v1/Systems/ID]` or
-    /// `redfish+http://…`; refuses `ipmi://` clearly.
+    /// Parses `redfish://host[:port][/redfish/v1/Systems/ID]`,
+    /// `redfish+http://…` or `ipmi://host[:port]` (no path).
     pub fn parse(address: &str) -> Result<Self, RedfishError> {
         let (scheme, rest) = address
             .split_once("://")
@@ -198,6 +199,7 @@ impl BmcAddress {
         let scheme = match scheme {
             "redfish" | "redfish+https" => Scheme::Https,
             "redfish+http" => Scheme::Http,
+            "ipmi" => Scheme::Ipmi,
             other => return Err(RedfishError::UnsupportedScheme(other.to_string())),
         };
         let (authority, path) = match rest.find('/') {
@@ -212,6 +214,7 @@ impl BmcAddress {
         let default_port = match scheme {
             Scheme::Https => 443,
             Scheme::Http => 80,
+            Scheme::Ipmi => crate::ipmi::DEFAULT_PORT,
         };
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let (h, after) = v6
@@ -230,6 +233,11 @@ impl BmcAddress {
             }
         };
         let path = path.trim_end_matches('/');
+        if scheme == Scheme::Ipmi && !path.is_empty() {
+            return Err(RedfishError::InvalidAddress(format!(
+                "ipmi:// takes no path (got {path:?}): use ipmi://host[:port]"
+            )));
+        }
         let system_path = if path.is_empty() || path == "/redfish/v1" {
             None
         } else if path.starts_with("/redfish/v1/Systems/") {
@@ -496,7 +504,7 @@ impl RedfishClient {
         timeout: Duration,
     ) -> Result<Self, RedfishError> {
         let tls = match address.scheme {
-            Scheme::Http => None,
+            Scheme::Http | Scheme::Ipmi => None,
             Scheme::Https => Some(tls_config(tls)?),
         };
         Ok(Self {
@@ -701,7 +709,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_parse_and_ipmi_is_refused() {
+    fn addresses_parse() {
         let a = BmcAddress::parse("redfish://10.0.0.5").unwrap();
         assert_eq!(
             (a.scheme, a.host.as_str(), a.port),
@@ -715,9 +723,17 @@ mod tests {
         let a = BmcAddress::parse("redfish://[fd00::1]:8443/redfish/v1/Systems/1").unwrap();
         assert_eq!(a.host, "fd00::1");
         assert_eq!(a.system_path.as_deref(), Some("/redfish/v1/Systems/1"));
-        let e = BmcAddress::parse("ipmi://10.0.0.5").unwrap_err();
+        let a = BmcAddress::parse("ipmi://10.0.0.5").unwrap();
+        assert_eq!(
+            (a.scheme, a.host.as_str(), a.port),
+            (Scheme::Ipmi, "10.0.0.5", 623)
+        );
+        let a = BmcAddress::parse("ipmi://[::1]:6230").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("::1", 6230));
+        assert!(BmcAddress::parse("ipmi://host/redfish/v1/Systems/1").is_err());
+        let e = BmcAddress::parse("snmp://10.0.0.5").unwrap_err();
         assert!(matches!(e, RedfishError::UnsupportedScheme(_)));
-        assert!(e.to_string().contains("ipmi"), "{e}");
+        assert!(e.to_string().contains("ipmi://"), "{e}");
         assert_eq!(e.reason(), BmcReason::QueryFailed);
         assert!(BmcAddress::parse("redfish://user:pw@host").is_err());
         assert!(BmcAddress::parse("redfish://host/other").is_err());

@@ -16,6 +16,7 @@
 //! - HTTP Basic authentication on everything but the service root; optional
 //!   TLS.
 
+pub mod ipmi_sim;
 pub mod qmp;
 
 use std::convert::Infallible;
