@@ -120,7 +120,9 @@ pub enum Error {
         detail: String,
     },
     /// The CA is not usable PEM.
-    #[error("the upload CA holds no usable PEM certificate (check --upload-ca or Secret anneal-agent-api-ca key ca.crt)")]
+    #[error(
+        "the upload CA holds no usable PEM certificate (check --upload-ca or Secret anneal-agent-api-ca key ca.crt)"
+    )]
     BadCa,
     /// A local file cannot be read.
     #[error("cannot read {path} (check the path and its permissions)")]
@@ -200,7 +202,9 @@ pub enum Error {
         message: String,
     },
     /// The imported Image failed.
-    #[error("image {namespace}/{name} Failed ({reason}): {message} (kubectl describe image {name} -n {namespace})")]
+    #[error(
+        "image {namespace}/{name} Failed ({reason}): {message} (kubectl describe image {name} -n {namespace})"
+    )]
     ImageFailed {
         /// The namespace.
         namespace: String,
@@ -235,7 +239,9 @@ pub enum Error {
         name: String,
     },
     /// `watch -l` matched no machine.
-    #[error("no machine in namespace {namespace} matches {selector} (kubectl get machines -n {namespace} --show-labels)")]
+    #[error(
+        "no machine in namespace {namespace} matches {selector} (kubectl get machines -n {namespace} --show-labels)"
+    )]
     NoMachines {
         /// The namespace.
         namespace: String,
@@ -243,7 +249,9 @@ pub enum Error {
         selector: String,
     },
     /// Watched runs failed.
-    #[error("deploy runs failed in {namespace}: {runs} (kubectl anneal logs MACHINE --run RUN -n {namespace})")]
+    #[error(
+        "deploy runs failed in {namespace}: {runs} (kubectl anneal logs MACHINE --run RUN -n {namespace})"
+    )]
     RunsFailed {
         /// The namespace.
         namespace: String,

@@ -85,7 +85,10 @@ pub async fn run(
         let path = PathBuf::from(&req.source);
         let endpoint = endpoint(client, &req, kube_token).await?;
         let sha = upload(&endpoint, namespace, &req.name, &path, tty, out).await?;
-        (format!("staged://{}", req.name), Some(format!("sha256:{sha}")))
+        (
+            format!("staged://{}", req.name),
+            Some(format!("sha256:{sha}")),
+        )
     };
 
     let mut source = serde_json::json!({ "url": url });
@@ -190,7 +193,9 @@ async fn endpoint(
     kube_token: Option<String>,
 ) -> Result<Endpoint, Error> {
     let url = req.upload_url.clone().ok_or(Error::NoUploadUrl)?;
-    let uri: hyper::Uri = url.parse().map_err(|_| Error::BadUploadUrl { url: url.clone() })?;
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|_| Error::BadUploadUrl { url: url.clone() })?;
     if uri.scheme_str() != Some("https") {
         return Err(Error::BadUploadUrl { url });
     }
@@ -277,7 +282,10 @@ async fn upload(
     };
     let mut file = tokio::fs::File::open(path).await.map_err(read_err)?;
     let total = file.metadata().await.map_err(read_err)?.len();
-    let target = format!("{}/v1/staged/{namespace}/{name}", ep.url.trim_end_matches('/'));
+    let target = format!(
+        "{}/v1/staged/{namespace}/{name}",
+        ep.url.trim_end_matches('/')
+    );
     let unreachable = |source| Error::UploadUnreachable {
         url: target.clone(),
         source,
@@ -285,8 +293,11 @@ async fn upload(
     let tcp = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port))
         .await
         .map_err(unreachable)?;
-    let server_name = rustls::pki_types::ServerName::try_from(ep.host.clone())
-        .map_err(|_| Error::BadUploadUrl { url: ep.url.clone() })?;
+    let server_name = rustls::pki_types::ServerName::try_from(ep.host.clone()).map_err(|_| {
+        Error::BadUploadUrl {
+            url: ep.url.clone(),
+        }
+    })?;
     let tls = ep
         .tls
         .connect(server_name, tcp)
@@ -334,7 +345,9 @@ async fn upload(
             progress::eta(done, total, start.elapsed()),
         );
         if tty {
-            board.draw(out, &[format!("{} {line}", progress::bar(pct))], last)
+            board
+                .draw(out, &[format!("{} {line}", progress::bar(pct))], last)
+                .map(drop)
         } else if pct >= next_line || last {
             // One line per 10 % step (and the last), so a log stays short.
             next_line = (pct / 10 + 1) * 10;
@@ -469,16 +482,36 @@ async fn follow_import(
     let mut events = watcher(api, cfg).applied_objects().boxed();
     let mut board = Board::default();
     let mut last = String::new();
+    let mut shown: Option<(u64, String)> = None;
     let start = Instant::now();
-    while let Some(i) = events.try_next().await.map_err(|source| Error::Watch {
-        kind: "imageimport",
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-        source: Box::new(source),
-    })? {
+    // On a terminal the elapsed time ticks and a redraw the throttle
+    // refused is made on the next tick.
+    let mut tick = tokio::time::interval(progress::REDRAW * 5);
+    loop {
+        let next = tokio::select! {
+            ev = events.try_next() => ev,
+            _ = tick.tick() => {
+                if let (true, Some((pct, line))) = (tty, &shown) {
+                    let elapsed = progress::duration(start.elapsed());
+                    board.draw(out, &[format!("{} {line} {elapsed}", progress::bar(*pct))], true)?;
+                }
+                continue;
+            }
+        };
+        let Some(i) = next.map_err(|source| Error::Watch {
+            kind: "imageimport",
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source: Box::new(source),
+        })?
+        else {
+            break;
+        };
         let state = import_state(&i);
         let p = i.status.as_ref().and_then(|s| s.progress.clone());
-        let pct = p.as_ref().map_or(0, |p| u64::try_from(p.percent).unwrap_or(0));
+        let pct = p
+            .as_ref()
+            .map_or(0, |p| u64::try_from(p.percent).unwrap_or(0));
         let detail = p
             .as_ref()
             .map(|p| {
@@ -499,7 +532,12 @@ async fn follow_import(
         );
         if tty {
             let elapsed = progress::duration(start.elapsed());
-            board.draw(out, &[format!("{} {line} {elapsed}", progress::bar(pct))], finished)?;
+            board.draw(
+                out,
+                &[format!("{} {line} {elapsed}", progress::bar(pct))],
+                finished,
+            )?;
+            shown = Some((pct, line.clone()));
         } else if line != last {
             writeln!(out, "{line}")?;
             out.flush()?;
@@ -507,7 +545,13 @@ async fn follow_import(
         last = line;
         match i.status.as_ref().and_then(|s| s.state) {
             Some(ImportState::Succeeded) => {
-                let msg = condition(&i.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default(), "Succeeded");
+                let msg = condition(
+                    &i.status
+                        .as_ref()
+                        .map(|s| s.conditions.clone())
+                        .unwrap_or_default(),
+                    "Succeeded",
+                );
                 writeln!(
                     out,
                     "imageimport {namespace}/{name} Succeeded in {}{}",
@@ -518,7 +562,10 @@ async fn follow_import(
             }
             Some(ImportState::Failed) => {
                 let (reason, message) = condition(
-                    &i.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default(),
+                    &i.status
+                        .as_ref()
+                        .map(|s| s.conditions.clone())
+                        .unwrap_or_default(),
                     "Succeeded",
                 )
                 .unwrap_or_else(|| ("-".into(), "-".into()));

@@ -279,7 +279,10 @@ pub async fn run_on(cli: Cli, out: &mut dyn Write, tty: bool) -> Result<(), Erro
             };
             import::run(&client, &ns, req, token, tty, out).await
         }
-        Command::Watch { machine: m, selector } => {
+        Command::Watch {
+            machine: m,
+            selector,
+        } => {
             let scope = match (m, selector) {
                 (Some(m), _) => watch::Scope::Machine(m),
                 (None, Some(s)) => watch::Scope::Selector(s),

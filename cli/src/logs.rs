@@ -4,9 +4,9 @@
 use std::io::Write;
 
 use anneal_api::DeployRun;
-use k8s_openapi::api::core::v1::ConfigMap;
 use anneal_api::RunPhase;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
@@ -236,11 +236,12 @@ async fn follow_run(
     // The agent's last lines reach the ConfigMap before the run's end is
     // written (the manager appends them while answering the progress report
     // that precedes the result), so one read now has them all.
-    if let Some(cm) = cms
-        .get_opt(&cm_name)
-        .await
-        .map_err(Error::api("reading", "configmap", namespace, &cm_name))?
-    {
+    if let Some(cm) = cms.get_opt(&cm_name).await.map_err(Error::api(
+        "reading",
+        "configmap",
+        namespace,
+        &cm_name,
+    ))? {
         out.write_all(seen.advance(log_of(&cm)).as_bytes())?;
     }
     if !seen.text.is_empty() && !seen.text.ends_with('\n') {

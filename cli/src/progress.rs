@@ -94,10 +94,16 @@ pub struct Board {
 
 impl Board {
     /// Redraws `lines` over what was drawn before, unless the last redraw
-    /// is younger than [`REDRAW`] and `force` is false.
-    pub fn draw(&mut self, out: &mut dyn Write, lines: &[String], force: bool) -> std::io::Result<()> {
+    /// is younger than [`REDRAW`] and `force` is false; returns whether it
+    /// drew (a caller that was refused draws again on its next tick).
+    pub fn draw(
+        &mut self,
+        out: &mut dyn Write,
+        lines: &[String],
+        force: bool,
+    ) -> std::io::Result<bool> {
         if !force && self.last.is_some_and(|t| t.elapsed() < REDRAW) {
-            return Ok(());
+            return Ok(false);
         }
         self.last = Some(Instant::now());
         if self.drawn > 0 {
@@ -115,7 +121,13 @@ impl Board {
             write!(out, "\x1b[{extra}A")?;
         }
         self.drawn = lines.len();
-        out.flush()
+        out.flush()?;
+        Ok(true)
+    }
+
+    /// When the board was last drawn.
+    pub fn last_drawn(&self) -> Option<Instant> {
+        self.last
     }
 }
 

@@ -50,14 +50,16 @@ struct Row {
 impl Row {
     fn of(r: &DeployRun, first_seen: Instant) -> Self {
         let st = r.status.clone().unwrap_or_default();
-        let start = st.phase_timings.iter().filter_map(|t| t.start.as_ref()).min();
+        let start = st
+            .phase_timings
+            .iter()
+            .filter_map(|t| t.start.as_ref())
+            .min();
         let end = st.phase_timings.iter().filter_map(|t| t.end.as_ref()).max();
         let took = match (start, end) {
-            (Some(a), Some(b)) => {
-                Some(Duration::from_millis(
-                    u64::try_from(b.0.duration_since(a.0).as_millis()).unwrap_or(0),
-                ))
-            }
+            (Some(a), Some(b)) => Some(Duration::from_millis(
+                u64::try_from(b.0.duration_since(a.0).as_millis()).unwrap_or(0),
+            )),
             _ => None,
         };
         let message = st
@@ -86,7 +88,8 @@ impl Row {
         if self.deleted {
             return "Deleted".into();
         }
-        self.phase.map_or_else(|| "Pending".into(), |p| format!("{p:?}"))
+        self.phase
+            .map_or_else(|| "Pending".into(), |p| format!("{p:?}"))
     }
 
     fn mib_text(&self) -> String {
@@ -156,10 +159,7 @@ pub async fn run(
                     selector: sel.clone(),
                 });
             }
-            format!(
-                "{} machines of {namespace} matching {sel}",
-                machines.len()
-            )
+            format!("{} machines of {namespace} matching {sel}", machines.len())
         }
     };
     let runs: Api<DeployRun> = Api::namespaced(client.clone(), namespace);
@@ -168,8 +168,25 @@ pub async fn run(
     let mut printed: BTreeMap<String, String> = BTreeMap::new();
     let mut board = Board::default();
     let mut waiting_said = false;
+    // On a terminal the elapsed times tick and a redraw the throttle
+    // refused is made on the next tick.
+    let mut tick = tokio::time::interval(progress::REDRAW * 2);
+    let mut dirty = false;
     loop {
-        let Some(ev) = events.next().await else {
+        let next = tokio::select! {
+            ev = events.next() => ev,
+            _ = tick.tick() => {
+                let stale = board
+                    .last_drawn()
+                    .is_some_and(|t| t.elapsed() >= Duration::from_secs(1));
+                if tty && !rows.is_empty() && (dirty || stale) {
+                    board.draw(out, &board_lines(&what, &rows), true)?;
+                    dirty = false;
+                }
+                continue;
+            }
+        };
+        let Some(ev) = next else {
             return Err(Error::WatchEnded {
                 kind: "deployrun",
                 namespace: namespace.to_string(),
@@ -221,15 +238,7 @@ pub async fn run(
         }
         let done = rows.values().all(Row::finished);
         if tty {
-            let mw = rows.values().map(|r| r.machine.len()).max().unwrap_or(0).max(7);
-            let rw = rows.keys().map(String::len).max().unwrap_or(0).max(3);
-            let running = rows.values().filter(|r| !r.finished()).count();
-            let mut lines = vec![format!(
-                "Deploy runs of {what}: {running} running, {} finished",
-                rows.len() - running
-            )];
-            lines.extend(rows.iter().map(|(n, r)| r.bar_line(n, mw, rw)));
-            board.draw(out, &lines, done)?;
+            dirty = !board.draw(out, &board_lines(&what, &rows), done)?;
         } else {
             for (name, row) in &rows {
                 let line = row.plain(name);
@@ -258,6 +267,24 @@ pub async fn run(
             runs: failed.join(", "),
         })
     }
+}
+
+/// The terminal's block: a header and a bar per run.
+fn board_lines(what: &str, rows: &BTreeMap<String, Row>) -> Vec<String> {
+    let mw = rows
+        .values()
+        .map(|r| r.machine.len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    let rw = rows.keys().map(String::len).max().unwrap_or(0).max(3);
+    let running = rows.values().filter(|r| !r.finished()).count();
+    let mut lines = vec![format!(
+        "Deploy runs of {what}: {running} running, {} finished",
+        rows.len() - running
+    )];
+    lines.extend(rows.iter().map(|(n, r)| r.bar_line(n, mw, rw)));
+    lines
 }
 
 /// The table printed when every watched run has finished.

@@ -45,7 +45,9 @@ async fn machine(cp: &ControlPlane, name: &str, mac: &str, run: &str) {
     api.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(&json!({"status": {"state": "Provisioning", "currentRunRef": {"name": run}}})),
+        &Patch::Merge(
+            &json!({"status": {"state": "Provisioning", "currentRunRef": {"name": run}}}),
+        ),
     )
     .await
     .unwrap();
@@ -128,7 +130,9 @@ impl Follow {
         loop {
             let line = tokio::time::timeout_at(deadline.into(), self.lines.next_line())
                 .await
-                .unwrap_or_else(|_| panic!("no line {want:?} within {WAIT:?}; seen {:?}", self.seen))
+                .unwrap_or_else(|_| {
+                    panic!("no line {want:?} within {WAIT:?}; seen {:?}", self.seen)
+                })
                 .unwrap()
                 .unwrap_or_else(|| panic!("stdout ended before {want:?}; seen {:?}", self.seen));
             println!("| {line}");
@@ -167,7 +171,13 @@ async fn logs_follow_prints_appended_lines_until_the_run_ends() {
     let cp = setup().await;
     let kc = cp.kubeconfig_path().to_path_buf();
     machine(&cp, "m1", "52:54:00:00:00:01", "m1-run-1").await;
-    deploy_run(&cp, "m1-run-1", "m1", json!({"phase": "WritingContent", "percent": 5})).await;
+    deploy_run(
+        &cp,
+        "m1-run-1",
+        "m1",
+        json!({"phase": "WritingContent", "percent": 5}),
+    )
+    .await;
     set_log(&cp, "m1-run-1", "agent: partitioned\n").await;
 
     let mut f = Follow::start(&kc, &["-n", NS, "logs", "m1", "-f"]);
@@ -178,8 +188,18 @@ async fn logs_follow_prints_appended_lines_until_the_run_ends() {
     set_log(&cp, "m1-run-1", "agent: p2 42%\nagent: p2 100%\n").await;
     f.until("agent: p2 100%").await;
     // A last line, then the run's end: the line is printed, the command ends.
-    set_log(&cp, "m1-run-1", "agent: p2 42%\nagent: p2 100%\nagent: rebooting\n").await;
-    run_status(&cp, "m1-run-1", json!({"phase": "Succeeded", "percent": 100})).await;
+    set_log(
+        &cp,
+        "m1-run-1",
+        "agent: p2 42%\nagent: p2 100%\nagent: rebooting\n",
+    )
+    .await;
+    run_status(
+        &cp,
+        "m1-run-1",
+        json!({"phase": "Succeeded", "percent": 100}),
+    )
+    .await;
     let (code, rest, stderr) = f.finish().await;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
@@ -220,13 +240,27 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     let work = tempfile::tempdir().unwrap();
     machine(&cp, "m1", "52:54:00:00:00:01", "m1-run-1").await;
     machine(&cp, "m2", "52:54:00:00:00:02", "m2-run-1").await;
-    deploy_run(&cp, "m1-run-1", "m1", json!({"phase": "Partitioning", "percent": 0})).await;
+    deploy_run(
+        &cp,
+        "m1-run-1",
+        "m1",
+        json!({"phase": "Partitioning", "percent": 0}),
+    )
+    .await;
     // An older, finished run is not watched.
-    deploy_run(&cp, "m1-run-0", "m1", json!({"phase": "Failed", "percent": 3})).await;
+    deploy_run(
+        &cp,
+        "m1-run-0",
+        "m1",
+        json!({"phase": "Failed", "percent": 3}),
+    )
+    .await;
 
     // The same watch on a pipe: plain lines.
     let mut plain = Follow::start(&kc, &["-n", NS, "watch", "-l", "rack=r1"]);
-    plain.until("m1 m1-run-1 Partitioning 0% - MiB/s peers 0").await;
+    plain
+        .until("m1 m1-run-1 Partitioning 0% - MiB/s peers 0")
+        .await;
 
     let exit = work.path().join("exit");
     let tmux = Tmux::start(
@@ -250,7 +284,13 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     )
     .await;
     // A second machine starts while watching: it is watched too.
-    deploy_run(&cp, "m2-run-1", "m2", json!({"phase": "Pending", "percent": 0})).await;
+    deploy_run(
+        &cp,
+        "m2-run-1",
+        "m2",
+        json!({"phase": "Pending", "percent": 0}),
+    )
+    .await;
     let mid = tmux.until(" 37%", WAIT).await.unwrap();
     let mid = if mid.contains("m2-run-1") {
         mid
@@ -270,7 +310,10 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     let (a, line_a) = bar_of(&mid, "m1-run-1");
     let (b, line_b) = bar_of(&later, "m1-run-1");
     assert!(b > a, "the bar moved: {line_a:?} then {line_b:?}");
-    assert!(line_b.contains("131 MiB/s") && line_b.contains(" 3 peers"), "{line_b}");
+    assert!(
+        line_b.contains("131 MiB/s") && line_b.contains(" 3 peers"),
+        "{line_b}"
+    );
     // Redrawn in place: one bar line per run, never a scrolled history.
     assert_eq!(later.matches("m1-run-1").count(), 1, "{later}");
 
@@ -301,13 +344,19 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
         row.contains("m1-run-1") && row.contains("100%") && row.contains("1m05s"),
         "{row}"
     );
-    assert!(last.contains("MACHINE") && last.contains("RESULT"), "{last}");
+    assert!(
+        last.contains("MACHINE") && last.contains("RESULT"),
+        "{last}"
+    );
     let failed = last
         .lines()
         .find(|l| l.starts_with("m2 ") && l.contains("Failed"))
         .unwrap_or_else(|| panic!("no table row of m2:\n{last}"));
     assert!(failed.contains("disk gone"), "{failed}");
-    assert!(!last.contains("m1-run-0"), "a run finished before the watch is not watched");
+    assert!(
+        !last.contains("m1-run-0"),
+        "a run finished before the watch is not watched"
+    );
     // A failed run makes the exit status 1.
     assert_eq!(
         std::fs::read_to_string(&exit).unwrap().trim(),
@@ -316,7 +365,10 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
 
     let (code, rest, stderr) = plain.finish().await;
     assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("deploy runs failed in fleet: m2-run-1"), "{stderr}");
+    assert!(
+        stderr.contains("deploy runs failed in fleet: m2-run-1"),
+        "{stderr}"
+    );
     let all = rest;
     for want in [
         "m1 m1-run-1 WritingContent 37% 120 MiB/s peers 2",
@@ -326,5 +378,8 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     ] {
         assert!(all.iter().any(|l| l == want), "no line {want:?} in {all:?}");
     }
-    assert!(!all.iter().any(|l| l.contains('\x1b')), "no escapes on a pipe");
+    assert!(
+        !all.iter().any(|l| l.contains('\x1b')),
+        "no escapes on a pipe"
+    );
 }

@@ -187,7 +187,8 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         .filter(|l| l.starts_with("upload images/disk: "))
         .collect();
     assert!(
-        up.first().is_some_and(|l| l.contains("0 B of 256.0 MiB (0%)")),
+        up.first()
+            .is_some_and(|l| l.contains("0 B of 256.0 MiB (0%)")),
         "{up:?}"
     );
     assert!(
@@ -205,8 +206,7 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     );
     assert!(up.iter().all(|l| l.contains("ETA")), "{up:?}");
     assert!(
-        r.stdout
-            .contains(&format!("as staged://disk in ")),
+        r.stdout.contains(&format!("as staged://disk in ")),
         "{}",
         r.stdout
     );
@@ -221,7 +221,9 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         r.stdout
     );
     assert!(
-        r.stdout.trim_end().ends_with("image images/disk Ready (3 slots)"),
+        r.stdout
+            .trim_end()
+            .ends_with("image images/disk Ready (3 slots)"),
         "{}",
         r.stdout
     );
@@ -265,7 +267,9 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         r.stdout
     );
     assert!(
-        r.stdout.trim_end().ends_with("image images/viaurl Ready (3 slots)"),
+        r.stdout
+            .trim_end()
+            .ends_with("image images/viaurl Ready (3 slots)"),
         "{}",
         r.stdout
     );
@@ -294,8 +298,10 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     let r = call(args).await;
     assert_ne!(r.code, 0);
     assert!(
-        r.stderr.contains("was refused (409: staged://disk already exists")
-            && r.stderr.contains("kubectl anneal import staged://disk --name OTHER"),
+        r.stderr
+            .contains("was refused (409: staged://disk already exists")
+            && r.stderr
+                .contains("kubectl anneal import staged://disk --name OTHER"),
         "{}",
         r.stderr
     );

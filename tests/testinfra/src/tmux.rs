@@ -21,11 +21,23 @@ impl Tmux {
         let st = Command::new("tmux")
             .arg("-S")
             .arg(&socket)
-            .args(["-f", "/dev/null", "new-session", "-d", "-x", "160", "-y", "40"])
+            .args([
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "160",
+                "-y",
+                "40",
+            ])
             .args(["-s", "t"])
             .arg(command)
             .status()?;
-        anyhow::ensure!(st.success(), "tmux new-session failed ({st}); is tmux installed (tests/setup.sh)?");
+        anyhow::ensure!(
+            st.success(),
+            "tmux new-session failed ({st}); is tmux installed (tests/setup.sh)?"
+        );
         Ok(Self { socket })
     }
 
