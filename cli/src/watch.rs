@@ -168,6 +168,9 @@ pub async fn run(
     let mut printed: BTreeMap<String, String> = BTreeMap::new();
     let mut board = Board::default();
     let mut waiting_said = false;
+    // Runs that had finished when the watch started: an update to one
+    // later (a label, a finalizer) does not bring it back.
+    let mut before: BTreeSet<String> = BTreeSet::new();
     // On a terminal the elapsed times tick and a redraw the throttle
     // refused is made on the next tick.
     let mut tick = tokio::time::interval(progress::REDRAW * 2);
@@ -209,13 +212,15 @@ pub async fn run(
                 let row = Row::of(&r, first);
                 if rows.contains_key(&name) || !row.finished() {
                     rows.insert(name, row);
+                } else {
+                    before.insert(name);
                 }
             }
             Event::Apply(r) => {
-                if !in_scope(&scope, &machines, &r) {
+                let name = r.name_any();
+                if !in_scope(&scope, &machines, &r) || before.contains(&name) {
                     continue;
                 }
-                let name = r.name_any();
                 let first = rows.get(&name).map_or_else(Instant::now, |x| x.first_seen);
                 rows.insert(name, Row::of(&r, first));
             }

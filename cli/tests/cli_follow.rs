@@ -275,6 +275,15 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     let first = tmux.until("Partitioning", WAIT).await.unwrap();
     println!("--- terminal, start:\n{first}");
     assert!(first.contains("1 running, 0 finished"), "{first}");
+    // An update to the finished run does not bring it into the watch.
+    Api::<DeployRun>::namespaced(cp.client(), NS)
+        .patch(
+            "m1-run-0",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
 
     run_status(
         &cp,
@@ -338,7 +347,7 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     println!("--- terminal, final:\n{last}");
     let row = last
         .lines()
-        .find(|l| l.starts_with("m1 ") && l.contains("Succeeded"))
+        .find(|l| l.starts_with("m1 ") && !l.contains('[') && l.contains("Succeeded"))
         .unwrap_or_else(|| panic!("no table row of m1:\n{last}"));
     assert!(
         row.contains("m1-run-1") && row.contains("100%") && row.contains("1m05s"),
@@ -350,7 +359,7 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     );
     let failed = last
         .lines()
-        .find(|l| l.starts_with("m2 ") && l.contains("Failed"))
+        .find(|l| l.starts_with("m2 ") && !l.contains('[') && l.contains("Failed"))
         .unwrap_or_else(|| panic!("no table row of m2:\n{last}"));
     assert!(failed.contains("disk gone"), "{failed}");
     assert!(
@@ -381,5 +390,9 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     assert!(
         !all.iter().any(|l| l.contains('\x1b')),
         "no escapes on a pipe"
+    );
+    assert!(
+        !all.iter().any(|l| l.contains("m1-run-0")),
+        "a run finished before the watch is not watched: {all:?}"
     );
 }

@@ -121,11 +121,31 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     println!("e2e-deploy: watch mid-deploy ({key:?}):\n{mid}");
     println!("e2e-deploy: watch at the end:\n{last}");
     assert!(last.contains("watch exited 0"), "{last}");
+    // The bar moved: the same line, redrawn in place, from the mid-deploy
+    // percent to 100 %.
+    let end = watch_bar(&last).unwrap_or_else(|| panic!("no bar at the end:\n{last}"));
+    assert_eq!(end, ("Succeeded".to_string(), 100), "{last}");
+    assert!(key.1 < end.1, "the bar moved from {key:?} to {end:?}");
+    assert_eq!(
+        last.lines()
+            .filter(|l| l.starts_with(MACHINE) && l.contains('['))
+            .count(),
+        1,
+        "one bar, redrawn in place:\n{last}"
+    );
+    // The summary table: a row of the run, Succeeded at 100 %.
+    assert!(
+        last.lines()
+            .any(|l| l.starts_with("MACHINE") && l.contains("RESULT")),
+        "{last}"
+    );
     let row = last
         .lines()
-        .find(|l| l.starts_with(&format!("{MACHINE} ")) && l.contains("Succeeded"))
+        .find(|l| {
+            l.starts_with(&format!("{MACHINE} ")) && !l.contains('[') && l.contains("Succeeded")
+        })
         .unwrap_or_else(|| panic!("no table row of {MACHINE}:\n{last}"));
-    assert!(row.contains("100%"), "the bar moved from {key:?} to: {row}");
+    assert!(row.contains("100%"), "{row}");
     drop(tmux);
     let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
     let name = format!("ANNEAL-DEPLOYED {MACHINE}");
