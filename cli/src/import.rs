@@ -31,6 +31,10 @@ pub const CA_SECRET: &str = "anneal-agent-api-ca";
 /// Size of one upload frame.
 const CHUNK: usize = 1 << 20;
 
+/// How long an upload waits for the endpoint's `100 Continue` before it
+/// sends the body anyway (an endpoint behind a proxy that drops it).
+const CONTINUE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What `import` was asked.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -317,18 +321,34 @@ async fn upload(
 
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     let body = StreamBody::new(rx);
-    let request = hyper::Request::builder()
+    // `Expect: 100-continue`: the endpoint checks the token, the RBAC, the
+    // size and the name before it reads the body, and answers a refusal at
+    // once and closes; a body already on the way would break the
+    // connection (EPIPE, a reset) and lose that answer. So the body starts
+    // on the endpoint's 100 Continue, or after CONTINUE_WAIT from one that
+    // does not send it.
+    let go = Arc::new(tokio::sync::Notify::new());
+    let mut request = hyper::Request::builder()
         .method(hyper::Method::PUT)
         .uri(format!("/v1/staged/{namespace}/{name}"))
         .header(hyper::header::HOST, format!("{}:{}", ep.host, ep.port))
         .header(hyper::header::AUTHORIZATION, format!("Bearer {}", ep.token))
         .header(hyper::header::CONTENT_LENGTH, total)
         .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+        .header(hyper::header::EXPECT, "100-continue")
         .body(body)
         .map_err(|e| Error::UploadHttp {
             url: target.clone(),
             detail: e.to_string(),
         })?;
+    {
+        let go = go.clone();
+        hyper::ext::on_informational(&mut request, move |res| {
+            if res.status() == hyper::StatusCode::CONTINUE {
+                go.notify_one();
+            }
+        });
+    }
 
     let label = format!("upload {namespace}/{name}");
     let start = Instant::now();
@@ -362,6 +382,7 @@ async fn upload(
         let send = sender.send_request(request);
         tokio::pin!(send);
         let feed = async {
+            let _ = tokio::time::timeout(CONTINUE_WAIT, go.notified()).await;
             let mut done = 0u64;
             show(0, out, false)?;
             let mut buf = vec![0u8; CHUNK];

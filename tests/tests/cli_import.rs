@@ -223,7 +223,7 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     assert!(
         r.stdout
             .trim_end()
-            .ends_with("image images/disk Ready (3 slots)"),
+            .ends_with("image images/disk Ready (4 slots)"),
         "{}",
         r.stdout
     );
@@ -269,7 +269,7 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     assert!(
         r.stdout
             .trim_end()
-            .ends_with("image images/viaurl Ready (3 slots)"),
+            .ends_with("image images/viaurl Ready (4 slots)"),
         "{}",
         r.stdout
     );
