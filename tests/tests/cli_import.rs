@@ -5,7 +5,8 @@
 //! and the ImageImport of `staged://NAME` is followed to Succeeded and its
 //! Image to Ready; a URL is imported without an upload; refusals (name
 //! taken, 409, 413, a bad token, an unreachable endpoint) name the object
-//! and the fix.
+//! and the fix. In a real terminal (tmux) the upload and the import are
+//! each one bar redrawn in place.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -272,6 +273,49 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
             .ends_with("image images/viaurl Ready (4 slots)"),
         "{}",
         r.stdout
+    );
+
+    // --- in a real terminal (tmux): the upload and the import are each one
+    // bar redrawn in place, ending at 100 %.
+    let term = tempfile::tempdir().unwrap();
+    let tmux = anneal_testinfra::Tmux::start(
+        term.path(),
+        &format!(
+            "{} --kubeconfig {} -n {NS} {}; echo \"import exited $?\"; exec sleep 3600",
+            bin.display(),
+            kc.display(),
+            upload_args("tty", &disk_arg).join(" ")
+        ),
+    )
+    .unwrap();
+    let screen = tmux.until("import exited", WAIT).await.unwrap();
+    drop(tmux);
+    println!("--- terminal:\n{screen}");
+    assert!(screen.contains("import exited 0"), "{screen}");
+    let full = format!("[{}]", "#".repeat(30));
+    let up: Vec<&str> = screen
+        .lines()
+        .filter(|l| l.contains("upload images/tty: "))
+        .collect();
+    assert!(
+        up.len() == 1
+            && up[0].starts_with(&full)
+            && up[0].contains("256.0 MiB of 256.0 MiB (100%)")
+            && up[0].contains("MiB/s")
+            && up[0].contains("ETA"),
+        "one upload bar, redrawn in place, full: {up:?}"
+    );
+    let imp: Vec<&str> = screen
+        .lines()
+        .filter(|l| l.contains("imageimport images/tty: "))
+        .collect();
+    assert!(
+        imp.len() == 1 && imp[0].starts_with(&full) && imp[0].contains("Succeeded Done 100%"),
+        "one import bar, redrawn in place, full: {imp:?}"
+    );
+    assert!(
+        screen.contains("image images/tty Ready (4 slots)"),
+        "{screen}"
     );
 
     // --- refusals name the object and the fix.
