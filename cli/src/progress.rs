@@ -78,11 +78,10 @@ pub fn duration(d: Duration) -> String {
 
 /// Whole percent of `done` in `total` (0 when `total` is 0).
 pub fn percent(done: u64, total: u64) -> u64 {
-    if total == 0 {
-        0
-    } else {
-        done.min(total).saturating_mul(100) / total
-    }
+    done.min(total)
+        .saturating_mul(100)
+        .checked_div(total)
+        .unwrap_or(0)
 }
 
 /// A block of lines redrawn in place on a terminal.

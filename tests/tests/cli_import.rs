@@ -206,11 +206,7 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         "a line per 10 % step, rising: {percents:?}"
     );
     assert!(up.iter().all(|l| l.contains("ETA")), "{up:?}");
-    assert!(
-        r.stdout.contains(&format!("as staged://disk in ")),
-        "{}",
-        r.stdout
-    );
+    assert!(r.stdout.contains("as staged://disk in "), "{}", r.stdout);
     assert!(
         r.stdout.contains(&format!("sha256:{disk_sum}")),
         "the checksum computed while streaming: {}",
