@@ -42,6 +42,8 @@ struct Row {
     peers: i32,
     /// First phase start to last phase end, from status.phaseTimings.
     took: Option<Duration>,
+    /// The first phase's start, from status.phaseTimings.
+    started: Option<k8s_openapi::jiff::Timestamp>,
     first_seen: Instant,
     deleted: bool,
     message: Option<String>,
@@ -74,6 +76,7 @@ impl Row {
             mib: st.throughput_mib_ps,
             peers: st.transfer.map_or(0, |t| t.peers),
             took,
+            started: start.map(|t| t.0),
             first_seen,
             deleted: false,
             message,
@@ -108,8 +111,24 @@ impl Row {
         )
     }
 
+    /// How long the run took (finished) or has been running: from its
+    /// first phase's start (else from when the watch first saw it).
+    fn elapsed(&self) -> Duration {
+        if self.finished()
+            && let Some(took) = self.took
+        {
+            return took;
+        }
+        self.started
+            .and_then(|s| {
+                let d = k8s_openapi::jiff::Timestamp::now().duration_since(s);
+                Duration::try_from(d).ok()
+            })
+            .unwrap_or_else(|| self.first_seen.elapsed())
+    }
+
     fn bar_line(&self, run: &str, mw: usize, rw: usize) -> String {
-        let elapsed = self.took.unwrap_or_else(|| self.first_seen.elapsed());
+        let elapsed = self.elapsed();
         format!(
             "{:<mw$}  {run:<rw$}  {:<15} {} {:>3}%  {:>5} MiB/s  {:>2} peers  {}",
             self.machine,
@@ -310,7 +329,7 @@ fn summary(rows: &BTreeMap<String, Row>, out: &mut dyn Write) -> Result<(), Erro
             name.clone(),
             r.phase_text(),
             format!("{}%", r.percent),
-            progress::duration(r.took.unwrap_or_else(|| r.first_seen.elapsed())),
+            progress::duration(r.elapsed()),
             r.mib_text(),
             r.peers.to_string(),
             r.message.clone().unwrap_or_default(),

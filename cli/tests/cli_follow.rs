@@ -224,6 +224,14 @@ async fn logs_follow_prints_appended_lines_until_the_run_ends() {
     );
 }
 
+/// RFC 3339 time `secs` seconds ago.
+fn ago(secs: i64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    k8s_openapi::jiff::Timestamp::from_second(now - secs)
+        .unwrap()
+        .to_string()
+}
+
 /// The percent of the bar line of `run` on screen.
 fn bar_of(screen: &str, run: &str) -> (usize, String) {
     let line = screen
@@ -311,7 +319,11 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
         &cp,
         "m1-run-1",
         json!({"phase": "WritingContent", "percent": 81, "throughputMiBps": 131,
-               "transfer": {"peers": 3, "downloadedBytes": 0, "uploadedBytes": 0, "httpBytes": 0}}),
+               "transfer": {"peers": 3, "downloadedBytes": 0, "uploadedBytes": 0, "httpBytes": 0},
+               // Started 2 minutes ago (before the watch): the bar counts from then.
+               "phaseTimings": [
+                   {"phase": "Partitioning", "start": ago(125), "end": ago(120)},
+                   {"phase": "WritingContent", "start": ago(120)}]}),
     )
     .await;
     let later = tmux.until(" 81%", WAIT).await.unwrap();
@@ -322,6 +334,14 @@ async fn watch_draws_moving_bars_in_a_terminal_and_ends_with_a_table() {
     assert!(
         line_b.contains("131 MiB/s") && line_b.contains(" 3 peers"),
         "{line_b}"
+    );
+    let running: Option<u64> = line_b
+        .split_whitespace()
+        .last()
+        .and_then(|t| t.strip_prefix("2m")?.strip_suffix('s')?.parse().ok());
+    assert!(
+        running.is_some_and(|s| (5..=20).contains(&s)),
+        "running since the first phase's start (2m05s ago): {line_b}"
     );
     // Redrawn in place: one bar line per run, never a scrolled history.
     assert_eq!(later.matches("m1-run-1").count(), 1, "{later}");
