@@ -116,7 +116,8 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     let (key, mid) = screens
         .iter()
         .filter(|((_, p), _)| *p < 100)
-        .max_by_key(|((phase, p), _)| (phase == "WritingContent", *p))
+        // The capture nearest half-way through writing, for the record.
+        .min_by_key(|((phase, p), _)| (phase != "WritingContent", p.abs_diff(50)))
         .unwrap_or_else(|| panic!("no capture of the run in progress; final screen:\n{last}"));
     println!("e2e-deploy: watch mid-deploy ({key:?}):\n{mid}");
     println!("e2e-deploy: watch at the end:\n{last}");
