@@ -63,7 +63,7 @@ long=(
   e2e_deploy_faults e2e_deploy bootd_renew bootd_vm agent_vm lifecycle_faults agent_tokens agent_initramfs
   images_import lifecycle_ipmi posthook_vm manager_leader e2e_inspect dhcpv6_ovmf
   redfish_conformance bootd_watch lifecycle_walk testos_boot manager_claims
-  controlplane vm_smoke lifecycle_power_gate cli_plugin printer_columns swarm_tracker
+  controlplane vm_smoke lifecycle_power_gate cli_import cli_plugin cli_follow printer_columns swarm_tracker
 )
 first=()
 for t in "${long[@]}"; do first+=(--first "$t"); done

@@ -26,7 +26,7 @@ PKGS=(
   radvd iproute2 tcpdump curl ca-certificates openssl procps
   build-essential pkg-config git kmod
   systemd-boot-efi binutils efibootmgr
-  aria2
+  aria2 tmux
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -13,9 +13,12 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod error;
+mod import;
 mod logs;
 mod machine;
+mod progress;
 mod status;
+mod watch;
 
 pub use error::Error;
 
@@ -49,6 +52,27 @@ pub enum Output {
     Yaml,
     /// The tables with more columns.
     Wide,
+}
+
+/// `spec.source.format` of an import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A raw disk image.
+    Raw,
+    /// A qcow2 disk image.
+    Qcow2,
+    /// A Clonezilla image directory or a single partclone image.
+    Partclone,
+}
+
+impl Format {
+    fn wire(self) -> &'static str {
+        match self {
+            Self::Raw => "raw",
+            Self::Qcow2 => "qcow2",
+            Self::Partclone => "partclone",
+        }
+    }
 }
 
 /// The subcommands.
@@ -120,12 +144,72 @@ pub enum Command {
         /// A DeployRun of the machine, by name.
         #[arg(long)]
         run: Option<String>,
+        /// Keep printing what the agent adds until the run ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Import a disk image: a local FILE is uploaded to the manager's
+    /// staged-upload endpoint (sha256 computed as it streams), a URL
+    /// (http, https, staged://) is fetched by the manager; then ImageImport
+    /// NAME is created and followed until its Image is Ready.
+    Import {
+        /// A local file, or an http(s):// or staged:// URL.
+        source: String,
+        /// The ImageImport; also the Image and the content prefix unless
+        /// --image-name / --content-prefix say otherwise.
+        #[arg(long)]
+        name: String,
+        /// The source's format (default: detected by the manager).
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+        /// The Image to create (default: NAME).
+        #[arg(long)]
+        image_name: Option<String>,
+        /// Prefix of the PartitionContents (default: NAME).
+        #[arg(long)]
+        content_prefix: Option<String>,
+        /// `sha256:<hex>` of a URL source (a file's is computed).
+        #[arg(long)]
+        checksum: Option<String>,
+        /// spec.osFamily (Linux, Windows, FreeBSD, Other).
+        #[arg(long)]
+        os_family: Option<String>,
+        /// The manager's staged-upload endpoint (its --upload-listen), e.g.
+        /// https://manager.example:8444.
+        #[arg(long, env = "ANNEAL_UPLOAD_URL")]
+        upload_url: Option<String>,
+        /// PEM file of the endpoint's CA (default: Secret
+        /// anneal-agent-api-ca in --pki-namespace).
+        #[arg(long, env = "ANNEAL_UPLOAD_CA")]
+        upload_ca: Option<PathBuf>,
+        /// The manager's namespace (where its CA Secret is).
+        #[arg(long, default_value = "anneal-system")]
+        pki_namespace: String,
+        /// Bearer token for the endpoint (default: the kubeconfig user's
+        /// token), e.g. $(kubectl create token SERVICEACCOUNT -n NS).
+        #[arg(long, env = "ANNEAL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Live progress of deploy runs (phase, percent, rate, peers) until
+    /// every watched run has finished, then a summary table.
+    Watch {
+        /// Only this Machine's runs.
+        machine: Option<String>,
+        /// Only the runs of machines matching this label selector.
+        #[arg(short = 'l', long, conflicts_with = "machine")]
+        selector: Option<String>,
     },
 }
 
-/// Runs `cli`, writing its report to `out`.
+/// Runs `cli`, writing its report to `out` (plain lines, no terminal).
 pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
-    let (client, default_ns) = connect(&cli).await?;
+    run_on(cli, out, false).await
+}
+
+/// Runs `cli`, writing its report to `out`; `tty`: `out` is a terminal
+/// (progress bars are redrawn in place).
+pub async fn run_on(cli: Cli, out: &mut dyn Write, tty: bool) -> Result<(), Error> {
+    let (client, default_ns, token) = connect(&cli).await?;
     let ns = cli.namespace.clone().unwrap_or(default_ns);
     match cli.command {
         Command::Status {
@@ -162,12 +246,56 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Error> {
             machine::annotate(&client, &ns, &m, req, out).await
         }
         Command::Release { machine: m } => machine::release(&client, &ns, &m, out).await,
-        Command::Logs { machine: m, run } => logs::run(&client, &ns, &m, run.as_deref(), out).await,
+        Command::Logs {
+            machine: m,
+            run,
+            follow,
+        } => logs::run(&client, &ns, &m, run.as_deref(), follow, out).await,
+        Command::Import {
+            source,
+            name,
+            format,
+            image_name,
+            content_prefix,
+            checksum,
+            os_family,
+            upload_url,
+            upload_ca,
+            pki_namespace,
+            token: upload_token,
+        } => {
+            let req = import::Request {
+                source,
+                name,
+                image_name,
+                content_prefix,
+                format: format.map(|f| f.wire().to_string()),
+                checksum,
+                os_family,
+                upload_url,
+                upload_ca,
+                pki_namespace,
+                token: upload_token,
+            };
+            import::run(&client, &ns, req, token, tty, out).await
+        }
+        Command::Watch {
+            machine: m,
+            selector,
+        } => {
+            let scope = match (m, selector) {
+                (Some(m), _) => watch::Scope::Machine(m),
+                (None, Some(s)) => watch::Scope::Selector(s),
+                (None, None) => watch::Scope::All,
+            };
+            watch::run(&client, &ns, scope, tty, out).await
+        }
     }
 }
 
-/// A client for the kubeconfig of `cli` and the namespace of its context.
-async fn connect(cli: &Cli) -> Result<(kube::Client, String), Error> {
+/// A client for the kubeconfig of `cli`, the namespace of its context and
+/// the user's bearer token (if it has one).
+async fn connect(cli: &Cli) -> Result<(kube::Client, String, Option<String>), Error> {
     let options = kube::config::KubeConfigOptions {
         context: cli.context.clone(),
         ..Default::default()
@@ -197,6 +325,19 @@ async fn connect(cli: &Cli) -> Result<(kube::Client, String), Error> {
             .map_err(|e| Error::InferConfig(Box::new(e)))?,
     };
     let ns = config.default_namespace.clone();
+    let token = {
+        use secrecy::ExposeSecret as _;
+        let auth = &config.auth_info;
+        auth.token
+            .as_ref()
+            .map(|t| t.expose_secret().to_string())
+            .or_else(|| {
+                auth.token_file
+                    .as_ref()
+                    .and_then(|f| std::fs::read_to_string(f).ok())
+                    .map(|t| t.trim().to_string())
+            })
+    };
     let client = kube::Client::try_from(config).map_err(|e| Error::Client(Box::new(e)))?;
-    Ok((client, ns))
+    Ok((client, ns, token))
 }

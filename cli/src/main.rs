@@ -1,6 +1,6 @@
 //! `kubectl anneal`: see docs/operators.md.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -8,8 +8,9 @@ use clap::Parser;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = kubectl_anneal::Cli::parse();
+    let tty = std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
-    match kubectl_anneal::run(cli, &mut out).await {
+    match kubectl_anneal::run_on(cli, &mut out, tty).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();

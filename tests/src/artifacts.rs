@@ -118,6 +118,12 @@ pub fn agent_host() -> PathBuf {
     target_dir().join("debug/anneal-agent")
 }
 
+/// The `kubectl-anneal` plugin (debug build).
+pub fn kubectl_anneal() -> PathBuf {
+    cargo_host(&["--bin", "kubectl-anneal"]);
+    target_dir().join("debug/kubectl-anneal")
+}
+
 /// bootd's binary (debug build).
 pub fn bootd() -> PathBuf {
     cargo_host(&["--bin", "bootd"]);

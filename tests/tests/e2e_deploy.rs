@@ -20,6 +20,10 @@
 //! agent), and released under `Recycle`: the agent wipes the disk (no GPT at
 //! either end, no filesystem signature where the partitions were) and the
 //! Machine returns to Available.
+//!
+//! `kubectl anneal watch MACHINE` runs in a real terminal (tmux) from the
+//! first claim on: its bar moves during the deploy and it ends with a table
+//! that shows the run Succeeded.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -33,6 +37,7 @@ const FAST_TRACK: Duration = Duration::from_secs(45);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     let os = tokio::task::spawn_blocking(anneal_tests::testos::test_os);
+    let plugin = tokio::task::spawn_blocking(anneal_tests::artifacts::kubectl_anneal);
     let mut lab = Lab::start_with(
         &|s| println!("e2e-deploy: {s}"),
         LabOptions {
@@ -66,9 +71,83 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     )
     .await
     .unwrap();
-    lab.wait_state("Provisioned", Duration::from_secs(1500), &mut log)
+    // `kubectl anneal watch` in a terminal from the claim on; the screen is
+    // sampled while the deploy runs, one capture kept per (phase, percent).
+    let plugin = plugin.await.unwrap();
+    let term = tempfile::tempdir().unwrap();
+    let tmux = anneal_testinfra::Tmux::start(
+        term.path(),
+        &format!(
+            "{} --kubeconfig {} -n {} watch {MACHINE}; echo \"watch exited $?\"; echo WATCH-DONE; exec sleep 3600",
+            plugin.display(),
+            lab.cp.kubeconfig_path().display(),
+            e2e::NAMESPACE
+        ),
+    )
+    .unwrap();
+    let mut screens: std::collections::BTreeMap<(String, u32), String> = Default::default();
+    {
+        let provisioned = lab.wait_state("Provisioned", Duration::from_secs(1500), &mut log);
+        tokio::pin!(provisioned);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                r = &mut provisioned => {
+                    r.unwrap_or_else(|e| panic!("{e:#}"));
+                    break;
+                }
+                _ = tick.tick() => {
+                    let s = tmux.capture();
+                    if let Some(key) = watch_bar(&s) {
+                        screens.entry(key).or_insert(s);
+                    }
+                }
+            }
+        }
+    }
+    let last = tmux
+        .until("WATCH-DONE", Duration::from_secs(120))
         .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
+        .unwrap();
+    println!(
+        "e2e-deploy: watch showed {:?}",
+        screens.keys().collect::<Vec<_>>()
+    );
+    let (key, mid) = screens
+        .iter()
+        .filter(|((_, p), _)| *p < 100)
+        // The capture nearest half-way through writing, for the record.
+        .min_by_key(|((phase, p), _)| (phase != "WritingContent", p.abs_diff(50)))
+        .unwrap_or_else(|| panic!("no capture of the run in progress; final screen:\n{last}"));
+    println!("e2e-deploy: watch mid-deploy ({key:?}):\n{mid}");
+    println!("e2e-deploy: watch at the end:\n{last}");
+    assert!(last.contains("watch exited 0"), "{last}");
+    // The bar moved: the same line, redrawn in place, from the mid-deploy
+    // percent to 100 %.
+    let end = watch_bar(&last).unwrap_or_else(|| panic!("no bar at the end:\n{last}"));
+    assert_eq!(end, ("Succeeded".to_string(), 100), "{last}");
+    assert!(key.1 < end.1, "the bar moved from {key:?} to {end:?}");
+    assert_eq!(
+        last.lines()
+            .filter(|l| l.starts_with(MACHINE) && l.contains('['))
+            .count(),
+        1,
+        "one bar, redrawn in place:\n{last}"
+    );
+    // The summary table: a row of the run, Succeeded at 100 %.
+    assert!(
+        last.lines()
+            .any(|l| l.starts_with("MACHINE") && l.contains("RESULT")),
+        "{last}"
+    );
+    let row = last
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!("{MACHINE} ")) && !l.contains('[') && l.contains("Succeeded")
+        })
+        .unwrap_or_else(|| panic!("no table row of {MACHINE}:\n{last}"));
+    assert!(row.contains("100%"), "{row}");
+    drop(tmux);
     let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
     let name = format!("ANNEAL-DEPLOYED {MACHINE}");
     lab.wait_console(&marker, 1, Duration::from_secs(600))
@@ -292,4 +371,21 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     }
     println!("e2e-deploy: released under Recycle, disk wiped, Available");
     println!("{}", lab.kubectl_get_machines().unwrap());
+}
+
+/// (phase, percent) of the watch's bar line on `screen`, if one shows.
+fn watch_bar(screen: &str) -> Option<(String, u32)> {
+    let line = screen
+        .lines()
+        .find(|l| l.starts_with(MACHINE) && l.contains('[') && l.contains('%'))?;
+    let mut words = line.split_whitespace();
+    let phase = words.nth(2)?.to_string();
+    let pct = line
+        .split(']')
+        .nth(1)?
+        .trim_start()
+        .split('%')
+        .next()?
+        .trim();
+    Some((phase, pct.parse().ok()?))
 }

@@ -12,6 +12,7 @@ mod netns;
 mod pki;
 mod procs;
 mod table;
+mod tmux;
 mod vm;
 
 pub use controlplane::ControlPlane;
@@ -20,6 +21,7 @@ pub use netns::{BRIDGE_IP, Netns, TcpForward};
 pub use pki::{TestPki, test_pki};
 pub use procs::{ChildGroup, accept_failure_span, process_alive};
 pub use table::{get_table, table_row, table_row_named};
+pub use tmux::Tmux;
 pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, SNAKEOIL_CERT, SNAKEOIL_KEY, Vm, VmConfig};
 
 use std::net::TcpListener;

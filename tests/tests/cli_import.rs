@@ -1,0 +1,398 @@
+//! `kubectl anneal import` (issue 18) as a process against a real API server
+//! and the manager (in process, the `process` executor, its staged-upload
+//! endpoint on loopback): a 256 MiB GPT disk (ext4 data) is uploaded with
+//! progress lines (stdout is a pipe), its sha256 computed while it streams,
+//! and the ImageImport of `staged://NAME` is followed to Succeeded and its
+//! Image to Ready; a URL is imported without an upload; refusals (name
+//! taken, 409, 413, a bad token, an unreachable endpoint) name the object
+//! and the fix. In a real terminal (tmux) the upload and the import are
+//! each one bar redrawn in place.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use anneal_api::{Image, ImageImport, ImageState, ImportState};
+use anneal_manager::content::ContentConfig;
+use anneal_manager::content::upload::UploadConfig;
+use anneal_manager::workload::{Executor, process::ProcessExecutor};
+use anneal_testinfra::ControlPlane;
+use anneal_tests::images::{FileServer, gpt_disk, sha256_file};
+use anneal_tests::{artifacts, eventually};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+
+const NS: &str = "images";
+const WAIT: Duration = Duration::from_secs(180);
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn plugin(bin: &Path, kubeconfig: &Path, args: &[&str]) -> Out {
+    let o = tokio::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["-n", NS])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("ANNEAL_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let r = Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    };
+    let shown: Vec<&str> = args
+        .iter()
+        .map(|a| if a.len() > 100 { "<token>" } else { a })
+        .collect();
+    println!(
+        "$ kubectl anneal -n {NS} {}\n{}{}(exit {})",
+        shown.join(" "),
+        r.stdout,
+        r.stderr,
+        r.code
+    );
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
+    let agent = artifacts::agent_host();
+    let bin = artifacts::kubectl_anneal();
+    let base = Path::new("/var/tmp/anneal-test");
+    std::fs::create_dir_all(base).unwrap();
+    let work = tempfile::tempdir_in(base).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let store = work.path().join("store");
+    // 256 MiB, GPT: ESP, swap, ext4 root with 96 MiB of files.
+    let disk = gpt_disk(&src, 256, 96);
+    let disk_sum = sha256_file(&disk);
+    // Larger than the manager's --max-source-bytes (300 MiB); sparse.
+    let huge = src.join("huge.raw");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(400 << 20)
+        .unwrap();
+    let server = FileServer::start(&src, None);
+
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    for ns in [NS, "anneal-system"] {
+        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &obj)
+            .await
+            .unwrap();
+    }
+    let upload_port = anneal_testinfra::free_port().unwrap();
+    let runtime =
+        anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
+            .with_content(ContentConfig {
+                executor: Executor::Process(ProcessExecutor::new(
+                    agent.parent().unwrap().to_path_buf(),
+                    &store,
+                )),
+                store_name: "test-store".into(),
+                max_source_bytes: Some(300 << 20),
+                ingest_deadline_secs: 600,
+                server_listen: None,
+                upload: Some(UploadConfig {
+                    listen: format!("127.0.0.1:{upload_port}").parse().unwrap(),
+                    store: store.clone(),
+                    max_bytes: 300 << 20,
+                    pki_namespace: "anneal-system".into(),
+                    server_names: vec!["127.0.0.1".into()],
+                }),
+            });
+    let shutdown = runtime.shutdown_token();
+    let manager = tokio::spawn(runtime.run());
+
+    // A ServiceAccount allowed to create imageimports: its token uploads.
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "uploader", "namespace": NS}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "importer", "namespace": NS},
+               "rules": [{"apiGroups": ["anneal.dev"], "resources": ["imageimports"], "verbs": ["create"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "importer", "namespace": NS},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "importer"},
+               "subjects": [{"kind": "ServiceAccount", "name": "uploader", "namespace": NS}]}),
+    ] {
+        let f = work.path().join("obj.json");
+        std::fs::write(&f, obj.to_string()).unwrap();
+        anneal_testinfra::run(cp.kubectl().unwrap().arg("apply").arg("-f").arg(&f)).unwrap();
+    }
+    let token = anneal_testinfra::run(
+        cp.kubectl()
+            .unwrap()
+            .args(["create", "token", "uploader", "-n", NS]),
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    // The endpoint listens once the manager made its CA.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "anneal-system");
+    eventually("the manager's CA Secret", WAIT, || {
+        let secrets = secrets.clone();
+        async move { secrets.get_opt("anneal-agent-api-ca").await.ok()? }
+    })
+    .await;
+    eventually("the upload endpoint listens", WAIT, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", upload_port))
+            .await
+            .is_ok()
+    })
+    .await;
+
+    let kc = cp.kubeconfig_path().to_path_buf();
+    let url = format!("https://127.0.0.1:{upload_port}");
+    let disk_arg = disk.display().to_string();
+    let upload_args = |name: &'static str, file: &str| -> Vec<String> {
+        [
+            "import",
+            file,
+            "--name",
+            name,
+            "--format",
+            "raw",
+            "--upload-url",
+            &url,
+            "--token",
+            &token,
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect()
+    };
+    let call = |args: Vec<String>| {
+        let (bin, kc) = (bin.clone(), kc.clone());
+        async move {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            plugin(&bin, &kc, &a).await
+        }
+    };
+
+    // --- the upload: progress lines, the checksum, Succeeded, Ready.
+    let r = call(upload_args("disk", &disk_arg)).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let up: Vec<&str> = r
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("upload images/disk: "))
+        .collect();
+    assert!(
+        up.first()
+            .is_some_and(|l| l.contains("0 B of 256.0 MiB (0%)")),
+        "{up:?}"
+    );
+    assert!(
+        up.last()
+            .is_some_and(|l| l.contains("256.0 MiB of 256.0 MiB (100%)") && l.contains("MiB/s")),
+        "{up:?}"
+    );
+    let percents: Vec<u64> = up
+        .iter()
+        .filter_map(|l| l.split('(').nth(1)?.split('%').next()?.parse().ok())
+        .collect();
+    assert!(
+        percents.len() >= 11 && percents.windows(2).all(|w| w[0] < w[1]),
+        "a line per 10 % step, rising: {percents:?}"
+    );
+    assert!(up.iter().all(|l| l.contains("ETA")), "{up:?}");
+    assert!(r.stdout.contains("as staged://disk in "), "{}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!("sha256:{disk_sum}")),
+        "the checksum computed while streaming: {}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("imageimport images/disk Succeeded"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .trim_end()
+            .ends_with("image images/disk Ready (4 slots)"),
+        "{}",
+        r.stdout
+    );
+    let imports: Api<ImageImport> = Api::namespaced(client.clone(), NS);
+    let imp = imports.get("disk").await.unwrap();
+    assert_eq!(
+        imp.spec.source.checksum.as_deref(),
+        Some(format!("sha256:{disk_sum}").as_str())
+    );
+    assert_eq!(imp.spec.source.url, "staged://disk");
+    assert_eq!(
+        imp.status.as_ref().and_then(|s| s.state),
+        Some(ImportState::Succeeded)
+    );
+    let images: Api<Image> = Api::namespaced(client.clone(), NS);
+    assert_eq!(
+        images
+            .get("disk")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.state),
+        Some(ImageState::Ready)
+    );
+
+    // --- a URL: no upload, the import followed to a Ready Image.
+    let r = call(vec![
+        "import".into(),
+        server.url("disk.raw"),
+        "--name".into(),
+        "viaurl".into(),
+        "--checksum".into(),
+        format!("sha256:{disk_sum}"),
+    ])
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!r.stdout.contains("upload images/"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("imageimport images/viaurl: Ingesting"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .trim_end()
+            .ends_with("image images/viaurl Ready (4 slots)"),
+        "{}",
+        r.stdout
+    );
+
+    // --- in a real terminal (tmux): the upload and the import are each one
+    // bar redrawn in place, ending at 100 %.
+    let term = tempfile::tempdir().unwrap();
+    let tmux = anneal_testinfra::Tmux::start(
+        term.path(),
+        &format!(
+            "{} --kubeconfig {} -n {NS} {}; echo \"import exited $?\"; exec sleep 3600",
+            bin.display(),
+            kc.display(),
+            upload_args("tty", &disk_arg).join(" ")
+        ),
+    )
+    .unwrap();
+    let screen = tmux.until("import exited", WAIT).await.unwrap();
+    drop(tmux);
+    println!("--- terminal:\n{screen}");
+    assert!(screen.contains("import exited 0"), "{screen}");
+    let full = format!("[{}]", "#".repeat(30));
+    let up: Vec<&str> = screen
+        .lines()
+        .filter(|l| l.contains("upload images/tty: "))
+        .collect();
+    assert!(
+        up.len() == 1
+            && up[0].starts_with(&full)
+            && up[0].contains("256.0 MiB of 256.0 MiB (100%)")
+            && up[0].contains("MiB/s")
+            && up[0].contains("ETA"),
+        "one upload bar, redrawn in place, full: {up:?}"
+    );
+    let imp: Vec<&str> = screen
+        .lines()
+        .filter(|l| l.contains("imageimport images/tty: "))
+        .collect();
+    assert!(
+        imp.len() == 1 && imp[0].starts_with(&full) && imp[0].contains("Succeeded Done 100%"),
+        "one import bar, redrawn in place, full: {imp:?}"
+    );
+    assert!(
+        screen.contains("image images/tty Ready (4 slots)"),
+        "{screen}"
+    );
+
+    // --- refusals name the object and the fix.
+    let r = call(upload_args("disk", &disk_arg)).await;
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("imageimport images/disk already exists: an import never overwrites"),
+        "{}",
+        r.stderr
+    );
+    // The import is gone but its upload stays: 409 from the endpoint.
+    imports
+        .delete("disk", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("imageimport disk deleted", WAIT, || {
+        let imports = imports.clone();
+        async move { imports.get_opt("disk").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let mut args = upload_args("disk", &disk_arg);
+    args.extend(["--image-name".into(), "disk2".into()]);
+    let r = call(args).await;
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("was refused (409: staged://disk already exists")
+            && r.stderr
+                .contains("kubectl anneal import staged://disk --name OTHER"),
+        "{}",
+        r.stderr
+    );
+    let r = call(upload_args("huge", &huge.display().to_string())).await;
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("was refused (413:") && r.stderr.contains("--max-source-bytes"),
+        "{}",
+        r.stderr
+    );
+    let mut args = upload_args("other", &disk_arg);
+    let n = args.len();
+    args[n - 1] = "not-a-token".into();
+    let r = call(args).await;
+    assert!(
+        r.stderr.contains("was refused (401:") && r.stderr.contains("kubectl create token"),
+        "{}",
+        r.stderr
+    );
+    let closed = anneal_testinfra::free_port().unwrap();
+    let r = call(vec![
+        "import".into(),
+        disk_arg.clone(),
+        "--name".into(),
+        "other".into(),
+        "--upload-url".into(),
+        format!("https://127.0.0.1:{closed}"),
+        "--token".into(),
+        token.clone(),
+    ])
+    .await;
+    assert!(
+        r.stderr.contains(&format!(
+            "cannot reach the staged-upload endpoint https://127.0.0.1:{closed}/v1/staged/images/other"
+        )) && r.stderr.contains("--upload-listen"),
+        "{}",
+        r.stderr
+    );
+    let r = call(vec![
+        "import".into(),
+        disk_arg.clone(),
+        "--name".into(),
+        "other".into(),
+    ])
+    .await;
+    assert!(r.stderr.contains("pass --upload-url"), "{}", r.stderr);
+    assert!(
+        imports.get_opt("other").await.unwrap().is_none(),
+        "a refused upload creates no import"
+    );
+
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), manager).await;
+}
