@@ -599,7 +599,9 @@ impl BootParams {
         let no_token = || {
             invalid(
                 "anneal.token",
-                format!("missing: no {TOKEN_FILE} (bootd's token cpio) and no anneal.token on the kernel command line"),
+                format!(
+                    "missing: no {TOKEN_FILE} (bootd's token cpio) and no anneal.token on the kernel command line"
+                ),
             )
         };
         Ok(RegistrationParams {
@@ -813,11 +815,18 @@ mod tests {
         assert!(!err.to_string().contains("s3cr3t"), "{err}");
         // without a token anywhere the error names both places
         let p = BootParams::parse(
-            format!("anneal.api=https://10.0.0.1:8443 anneal.ca={}", "ab".repeat(32)).as_bytes(),
+            format!(
+                "anneal.api=https://10.0.0.1:8443 anneal.ca={}",
+                "ab".repeat(32)
+            )
+            .as_bytes(),
         )
         .unwrap();
         let err = p.registration().unwrap_err().to_string();
-        assert!(err.contains(TOKEN_FILE) && err.contains("anneal.token"), "{err}");
+        assert!(
+            err.contains(TOKEN_FILE) && err.contains("anneal.token"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -277,7 +277,10 @@ impl StaticConfig {
                 MachineBoot {
                     name: m.name.clone(),
                     console: m.console.clone(),
-                    token: m.token.clone().map_or(BootToken::None, |t| BootToken::Unused(Token::new(t))),
+                    token: m
+                        .token
+                        .clone()
+                        .map_or(BootToken::None, |t| BootToken::Unused(Token::new(t))),
                     chain_undionly: m.chain_undionly,
                     debug_shell: m.debug_shell,
                 },

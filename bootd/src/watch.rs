@@ -305,7 +305,11 @@ mod tests {
         let t = || Token::new("ab".repeat(32));
         let armed = token_hash(&t());
         assert_eq!(armed.len(), 64);
-        assert!(armed.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        assert!(
+            armed
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
         assert_eq!(token_state(Some(t()), Some(&armed)), BootToken::Unused(t()));
         // registered: the hash left status (the Secret may linger a moment)
         assert_eq!(token_state(Some(t()), None), BootToken::Spent);

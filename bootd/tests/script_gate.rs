@@ -25,7 +25,11 @@ const M1: Mac = Mac([0x52, 0x54, 0, 0x15, 0, 1]);
 const M2: Mac = Mac([0x52, 0x54, 0, 0x15, 0, 2]);
 
 fn yaml(mode: &str) -> String {
-    let gateway = if mode == "lease" { ", gateway: \"\"" } else { "" };
+    let gateway = if mode == "lease" {
+        ", gateway: \"\""
+    } else {
+        ""
+    };
     format!(
         "serverIP: 127.0.0.1\ncidr: 127.0.0.0/8\ndhcp: {{mode: {mode}{gateway}}}\n\
          api: {{url: \"https://127.0.0.1:8443\", caSha256: \"ab12\"}}\n\
@@ -166,10 +170,7 @@ async fn lease_mode_serves_script_and_token_only_to_the_leased_address_and_only_
         .position(|w| w == b"run/anneal/token")
         .unwrap();
     let header = &cpio[..at];
-    let start = header
-        .windows(6)
-        .rposition(|w| w == b"070701")
-        .unwrap();
+    let start = header.windows(6).rposition(|w| w == b"070701").unwrap();
     assert_eq!(&cpio[start + 14..start + 22], b"00008180", "mode 0100600");
 
     // after registration the token is spent: a replayed fetch, even from
