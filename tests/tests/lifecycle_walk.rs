@@ -20,6 +20,10 @@ use hyper::Method;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
+/// The boot MACs of walk-a and walk-b (their registrations name them).
+const MAC_A: &str = "52:54:00:7f:10:01";
+const MAC_B: &str = "52:54:00:7f:10:02";
+
 fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
     (
         LifecycleConfig {
@@ -67,20 +71,13 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     machines
         .create(
             &PostParams::default(),
-            &machine(
-                "walk-a",
-                "52:54:00:7f:10:01",
-                Some((&bmcvm.address(), "bmc-a")),
-            ),
+            &machine("walk-a", MAC_A, Some((&bmcvm.address(), "bmc-a"))),
         )
         .await
         .unwrap();
     // A machine with no BMC (powered by hand): armed, never powered.
     machines
-        .create(
-            &PostParams::default(),
-            &machine("walk-b", "52:54:00:7f:10:02", None),
-        )
+        .create(&PostParams::default(), &machine("walk-b", MAC_B, None))
         .await
         .unwrap();
 
@@ -243,7 +240,9 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     let agent = AgentClient::new(manager.api_addr, &ca_pem);
 
     // --- registration with the real token ----------------------------------
-    let (code, reg) = agent.register(&token_a, Some("default/walk-a")).await;
+    let (code, reg) = agent
+        .register_as(&token_a, Some("default/walk-a"), MAC_A)
+        .await;
     assert_eq!(code, 200, "{reg}");
     assert_eq!(reg["machine"]["name"], "walk-a");
     let session = reg["sessionToken"].as_str().unwrap().to_string();
@@ -251,20 +250,22 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     // a lost answer retried (the same request from the same address, the
     // session unused) gets the same session (issue 15); another request is
     // refused
-    let (code, again) = agent.register(&token_a, Some("default/walk-a")).await;
+    let (code, again) = agent
+        .register_as(&token_a, Some("default/walk-a"), MAC_A)
+        .await;
     assert_eq!(
         (code, again["sessionToken"].as_str()),
         (200, Some(session.as_str())),
         "{again}"
     );
-    assert_eq!(agent.register(&token_a, None).await.0, 401);
+    assert_eq!(agent.register_as(&token_a, None, MAC_A).await.0, 401);
     assert!(
         boot_token(&client, "walk-a").await.is_none(),
         "plaintext deleted"
     );
     // the session of walk-a does not act for walk-b and vice versa: B's
     // registration yields B's identity only
-    let (code, reg_b) = agent.register(&token_b, None).await;
+    let (code, reg_b) = agent.register_as(&token_b, None, MAC_B).await;
     assert_eq!(
         (code, reg_b["machine"]["name"].as_str()),
         (200, Some("walk-b"))
@@ -283,7 +284,9 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .await;
     assert_eq!(code, 204);
     // single use: once its session was used, the token is refused
-    let (code, body) = agent.register(&token_a, Some("default/walk-a")).await;
+    let (code, body) = agent
+        .register_as(&token_a, Some("default/walk-a"), MAC_A)
+        .await;
     assert_eq!((code, body["code"].as_str()), (401, Some("invalidToken")));
     let hw: Api<MachineHardware> = Api::namespaced(client.clone(), "default");
     let h = hw.get("walk-a").await.unwrap();
