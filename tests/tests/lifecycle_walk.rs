@@ -104,15 +104,23 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         "walk-a",
         "boot token owned by the machine"
     );
-    let log = bmcvm.requests();
+    // the arm is written before the BMC is called (the lifecycle driver):
+    // wait for the power-on to reach the BMC, do not read its log once
+    let (log, on) = eventually("walk-a powered on", Duration::from_secs(30), || async {
+        let log = bmcvm.requests();
+        match log
+            .iter()
+            .position(|e| e.is_reset() && e.action.as_deref() == Some("On"))
+        {
+            Some(on) => Ok((log, on)),
+            None => Err(log),
+        }
+    })
+    .await;
     let patch = log
         .iter()
         .position(|e| e.method == "PATCH" && e.action.as_deref() == Some("Boot=Once/Pxe"))
         .unwrap_or_else(|| panic!("no one-time Pxe override: {log:?}"));
-    let on = log
-        .iter()
-        .position(|e| e.is_reset() && e.action.as_deref() == Some("On"))
-        .unwrap_or_else(|| panic!("no power-on: {log:?}"));
     assert!(patch < on, "override before power-on: {log:?}");
     let rf = client_for(&bmcvm);
     assert_eq!(rf.power_state().await.unwrap(), PowerState::On);
