@@ -420,6 +420,34 @@ fn parse_token(s: &str) -> Result<Token, CmdlineError> {
     Ok(Token::new(s))
 }
 
+/// Where bootd's per-boot token cpio (the iPXE script's second initrd)
+/// puts the boot token (docs/api.md, issue 15). It wins over
+/// `anneal.token=`, which stays accepted for labs.
+pub const TOKEN_FILE: &str = "/run/anneal/token";
+
+/// The boot token of the file at `path`: `Ok(None)` when there is no such
+/// file; surrounding whitespace is ignored. An unreadable or malformed
+/// file is an error that never echoes its content.
+pub fn read_token_file(path: &std::path::Path) -> Result<Option<Token>, CmdlineError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => zeroize::Zeroizing::new(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(invalid(
+                "anneal.token",
+                format!("the token file {} is unreadable: {e}", path.display()),
+            ));
+        }
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return Err(invalid(
+            "anneal.token",
+            format!("the token file {} is not UTF-8", path.display()),
+        ));
+    };
+    parse_token(text.trim()).map(Some)
+}
+
 /// The typed boot parameters.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BootParams {
@@ -568,10 +596,18 @@ impl BootParams {
     /// The parameters registration needs, or which one is missing.
     pub fn registration(&self) -> Result<RegistrationParams, CmdlineError> {
         let missing = |key: &'static str| invalid(key, "missing from the kernel command line");
+        let no_token = || {
+            invalid(
+                "anneal.token",
+                format!(
+                    "missing: no {TOKEN_FILE} (bootd's token cpio) and no anneal.token on the kernel command line"
+                ),
+            )
+        };
         Ok(RegistrationParams {
             api: self.api.clone().ok_or_else(|| missing("anneal.api"))?,
             ca: self.ca.ok_or_else(|| missing("anneal.ca"))?,
-            token: self.token.clone().ok_or_else(|| missing("anneal.token"))?,
+            token: self.token.clone().ok_or_else(no_token)?,
         })
     }
 
@@ -763,6 +799,34 @@ mod tests {
         let long = format!("anneal.{}", "x".repeat(100));
         let p = BootParams::parse(long.as_bytes()).unwrap();
         assert_eq!(p.unknown[0].chars().count(), 64);
+    }
+
+    #[test]
+    fn token_file_is_read_trimmed_and_never_echoed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        assert!(read_token_file(&path).unwrap().is_none(), "no file: none");
+        let tok = "0123456789abcdef".repeat(4);
+        std::fs::write(&path, format!("{tok}\n")).unwrap();
+        assert_eq!(read_token_file(&path).unwrap().unwrap().expose(), tok);
+        let secret = "s3cr3t s3cr3t s3cr3t s3cr3t";
+        std::fs::write(&path, secret).unwrap();
+        let err = read_token_file(&path).unwrap_err();
+        assert!(!err.to_string().contains("s3cr3t"), "{err}");
+        // without a token anywhere the error names both places
+        let p = BootParams::parse(
+            format!(
+                "anneal.api=https://10.0.0.1:8443 anneal.ca={}",
+                "ab".repeat(32)
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let err = p.registration().unwrap_err().to_string();
+        assert!(
+            err.contains(TOKEN_FILE) && err.contains("anneal.token"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub fn mount_basics() {
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
         Some("gid=5,mode=0620,ptmxmode=0666"),
     );
+    // The boot token arrives in the initramfs at /run/anneal/token (bootd's
+    // second initrd, issue 15); the tmpfs mounted over /run would hide it,
+    // so it is carried across in memory (never printed).
+    let token = take_token_file();
     try_mount(
         "tmpfs",
         "/run",
@@ -67,6 +71,9 @@ pub fn mount_basics() {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("mode=0755"),
     );
+    if let Some(t) = token {
+        restore_token_file(t);
+    }
     try_mount(
         "tmpfs",
         "/tmp",
@@ -75,6 +82,37 @@ pub fn mount_basics() {
         Some("mode=1777"),
     );
     say!("mounted proc, sys, devtmpfs, devpts, /run and /tmp");
+}
+
+/// Reads and removes the token file of the initramfs (rootfs), if any.
+fn take_token_file() -> Option<zeroize::Zeroizing<Vec<u8>>> {
+    let path = Path::new(crate::cmdline::TOKEN_FILE);
+    let bytes = zeroize::Zeroizing::new(fs::read(path).ok()?);
+    let _ = fs::remove_file(path);
+    Some(bytes)
+}
+
+/// Writes the token file again, mode 0600 in a 0700 directory, on /run.
+fn restore_token_file(token: zeroize::Zeroizing<Vec<u8>>) {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let path = Path::new(crate::cmdline::TOKEN_FILE);
+    if let Some(dir) = path.parent() {
+        let _ = fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir);
+    }
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(&token));
+    if let Err(e) = written {
+        say!("warning: the boot token file could not be kept on /run: {e}");
+    }
 }
 
 fn read_cmdline() -> Vec<u8> {
@@ -345,6 +383,17 @@ pub fn worker() -> ! {
     mount_efivarfs();
     settle_block_devices(Duration::from_secs(5));
 
+    let mut params = params;
+    match crate::cmdline::read_token_file(Path::new(crate::cmdline::TOKEN_FILE)) {
+        // bootd's token file wins over a lab's `anneal.token=`
+        Ok(Some(t)) => params.token = Some(t),
+        Ok(None) => {}
+        Err(e) => fail(
+            "boot token file",
+            &e,
+            "the token cpio bootd's iPXE script adds as the second initrd",
+        ),
+    }
     let reg = match params.registration() {
         Ok(r) => r,
         Err(e) => fail(

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anneal_dhcp::{BootFiles, BootTable, Cidr, Loader, Mac, MachineEntry, Mode};
 
-use crate::state::{MachineBoot, Snapshot, Token};
+use crate::state::{BootToken, MachineBoot, Snapshot, Token};
 
 /// Errors of loading or validating a boot table.
 #[derive(Debug, thiserror::Error)]
@@ -281,7 +281,10 @@ impl StaticConfig {
                 MachineBoot {
                     name: m.name.clone(),
                     console: m.console.clone(),
-                    token: m.token.clone().map(Token::new),
+                    token: m
+                        .token
+                        .clone()
+                        .map_or(BootToken::None, |t| BootToken::Unused(Token::new(t))),
                     chain_undionly: m.chain_undionly,
                     debug_shell: m.debug_shell,
                 },

@@ -1,5 +1,6 @@
-//! HTTP: per-machine iPXE scripts, kernel and initramfs (with Range), the
-//! first-stage files for UEFI HTTP boot, and `/metrics`.
+//! HTTP: per-machine iPXE scripts and boot-token cpios (both behind
+//! [`gate`]), kernel and initramfs (with Range), the first-stage files for
+//! UEFI HTTP boot, and `/metrics`.
 //!
 //! Bounded: kernel, initrd and files are streamed from disk in
 //! [`CHUNK`]-sized reads (a request holds one chunk, never the file; a
@@ -12,6 +13,7 @@
 
 use std::convert::Infallible;
 use std::io::SeekFrom;
+use std::net::IpAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anneal_api::error_chain;
-use anneal_dhcp::Mac;
+use anneal_dhcp::{Mac, Mode};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -35,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{HttpLabels, ReasonLabels};
 use crate::script;
-use crate::state::Shared;
+use crate::state::{BootToken, MachineBoot, Shared, Snapshot};
 
 /// Bytes read from disk per step of a streamed file: what one download
 /// holds in memory (plus hyper's write buffer).
@@ -205,7 +207,72 @@ async fn serve_file(path: &Path, req: &Request<Incoming>) -> Resp {
     r
 }
 
-fn script_response(shared: &Shared, mac_str: &str) -> (Resp, &'static str) {
+/// Why a script or token request for an enrolled MAC is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 403 (wrong address) or 410 (no unused token).
+    pub status: StatusCode,
+    /// What the log and the plain-text answer say.
+    pub why: String,
+}
+
+/// The gate in front of a machine's script and token (docs/api.md, issue
+/// 15): in lease mode only the address leased to `mac` (an unexpired
+/// lease) may ask; in every mode only while the machine's token is unused
+/// (a machine without any token, a static lab table, has nothing to
+/// guard). `now` is Unix seconds.
+pub fn gate(
+    shared: &Shared,
+    snap: &Snapshot,
+    mac: Mac,
+    m: &MachineBoot,
+    peer: IpAddr,
+    now: u64,
+) -> Result<(), Refusal> {
+    if snap.table.mode == Mode::Lease {
+        let leased = shared
+            .leases()
+            .get(&mac)
+            .filter(|l| l.expires > now)
+            .map(|l| l.address);
+        let from = match peer.to_canonical() {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        };
+        if leased.is_none() || leased != from {
+            return Err(Refusal {
+                status: StatusCode::FORBIDDEN,
+                why: match leased {
+                    Some(a) => format!(
+                        "the boot script of {} ({mac}) is served only to {a}, the address leased to that MAC; {peer} asked",
+                        m.name
+                    ),
+                    None => format!(
+                        "the boot script of {} ({mac}) is served only to the address leased to that MAC, and it holds no lease; {peer} asked",
+                        m.name
+                    ),
+                },
+            });
+        }
+    }
+    if m.token == BootToken::Spent {
+        return Err(Refusal {
+            status: StatusCode::GONE,
+            why: format!(
+                "{} ({mac}) has no unused boot token: its agent registered, or no net boot is armed; re-arm the Machine's net boot for a fresh one",
+                m.name
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn refused(r: &Refusal, mac: Mac, machine: &str, peer: IpAddr, what: &str) -> Resp {
+    tracing::info!(%mac, %machine, %peer, status = r.status.as_u16(), why = %r.why, "{what} refused");
+    respond(r.status, "text/plain", format!("{}\n", r.why))
+}
+
+fn script_response(shared: &Shared, mac_str: &str, peer: IpAddr) -> (Resp, &'static str) {
     let Ok(mac) = mac_str.parse::<Mac>() else {
         return (
             respond(StatusCode::BAD_REQUEST, "text/plain", "bad mac\n"),
@@ -227,9 +294,12 @@ fn script_response(shared: &Shared, mac_str: &str) -> (Resp, &'static str) {
             }
         };
     };
+    if let Err(r) = gate(shared, &snap, mac, m, peer, crate::unix_now()) {
+        return (refused(&r, mac, &m.name, peer, "boot script"), "script");
+    }
     match script::boot_script(&shared.template, &snap, mac, m) {
         Ok(s) => {
-            tracing::info!(%mac, machine = %m.name, "served boot script");
+            tracing::info!(%mac, machine = %m.name, %peer, "served boot script");
             (respond(StatusCode::OK, "text/plain", s), "script")
         }
         Err(e) => {
@@ -246,7 +316,42 @@ fn script_response(shared: &Shared, mac_str: &str) -> (Resp, &'static str) {
     }
 }
 
-async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+/// `GET /token/<mac>`: the per-boot token cpio, behind the same gate as
+/// the script.
+fn token_response(shared: &Shared, mac_str: &str, peer: IpAddr) -> Resp {
+    let Ok(mac) = mac_str.parse::<Mac>() else {
+        return respond(StatusCode::BAD_REQUEST, "text/plain", "bad mac\n");
+    };
+    let snap = shared.snapshot();
+    let enrolled = snap.table.machines.contains_key(&mac);
+    let Some(m) = snap.machines.get(&mac).filter(|_| enrolled) else {
+        tracing::info!(%mac, %peer, why = "mac is not enrolled by any machine of this subnet", "boot token refused");
+        return respond(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+    };
+    if let Err(r) = gate(shared, &snap, mac, m, peer, crate::unix_now()) {
+        return refused(&r, mac, &m.name, peer, "boot token");
+    }
+    let Some(token) = m.token.unused() else {
+        tracing::info!(%mac, machine = %m.name, %peer, why = "the machine has no boot token", "boot token refused");
+        return respond(StatusCode::NOT_FOUND, "text/plain", "no boot token\n");
+    };
+    match script::token_cpio(token) {
+        Ok(bytes) => {
+            tracing::info!(%mac, machine = %m.name, %peer, "served the boot token cpio");
+            respond(StatusCode::OK, "application/octet-stream", bytes)
+        }
+        Err(e) => {
+            tracing::error!(%mac, machine = %m.name, error = %error_chain(&e), "boot token cpio not built");
+            respond(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "")
+        }
+    }
+}
+
+async fn route(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    peer: IpAddr,
+) -> Result<Resp, Infallible> {
     let path = req.uri().path().to_owned();
     let (resp, kind) = if req.method() != Method::GET && req.method() != Method::HEAD {
         (
@@ -254,7 +359,9 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Resp, Infa
             "other",
         )
     } else if let Some(mac) = path.strip_prefix("/ipxe/") {
-        script_response(&shared, mac)
+        script_response(&shared, mac, peer)
+    } else if let Some(mac) = path.strip_prefix("/token/") {
+        (token_response(&shared, mac, peer), "token")
     } else if path == "/metrics" {
         // sets bootd_dhcp_leases_active: unexpired leases, O(expired)
         shared.collect_leases(crate::unix_now());
@@ -453,7 +560,8 @@ async fn connection(
         last: last.clone(),
     });
     let svc_shared = shared.clone();
-    let svc = hyper::service::service_fn(move |req| route(svc_shared.clone(), req));
+    let peer_ip = peer.ip();
+    let svc = hyper::service::service_fn(move |req| route(svc_shared.clone(), req, peer_ip));
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_timeout)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use anneal_dhcp::Mac;
 
-use crate::state::{MachineBoot, Snapshot};
+use crate::state::{MachineBoot, Snapshot, Token};
 
 /// The boot script template shipped in `ipxe/`.
 pub const BOOT_TEMPLATE: &str = include_str!("../../ipxe/boot.ipxe.tmpl");
@@ -23,6 +23,26 @@ pub const GRUB_UNKNOWN_TEMPLATE: &str = include_str!("../../grub/unknown.grub.tm
 /// Where network GRUB looks for its first config over TFTP (its prefix is
 /// `/grub`).
 pub const GRUB_CFG_PATH: &str = "grub/grub.cfg";
+
+/// Name of the per-boot token cpio in the iPXE script (its second initrd).
+pub const TOKEN_INITRD_NAME: &str = "anneal-token.cpio";
+/// Where the token cpio puts the boot token (docs/api.md).
+pub const TOKEN_PATH: &str = "run/anneal/token";
+
+/// The URL path of `mac`'s token cpio.
+pub fn token_path(mac: Mac) -> String {
+    format!("/token/{}", mac.dashed())
+}
+
+/// The per-boot token cpio: a newc archive holding only the token at
+/// `/run/anneal/token` (mode 0600, in a 0700 directory).
+pub fn token_cpio(token: &Token) -> Result<Vec<u8>, anneal_cpio::Error> {
+    let mut a = anneal_cpio::Archive::new();
+    a.dir("run", 0o755)?;
+    a.dir("run/anneal", 0o700)?;
+    a.file(TOKEN_PATH, 0o600, token.expose().as_bytes().to_vec())?;
+    Ok(a.to_bytes())
+}
 
 /// Errors of rendering a script.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,7 +86,8 @@ fn arg(k: &str, v: &str) -> Result<String, ScriptError> {
     Ok(format!("{k}={v}"))
 }
 
-/// The kernel command line of docs/api.md (without `initrd=`, which the template adds).
+/// The kernel command line of docs/api.md (without `initrd=`, which the
+/// template adds, and without the boot token, which the token cpio carries).
 pub fn cmdline(snap: &Snapshot, mac: Mac, m: &MachineBoot) -> Result<String, ScriptError> {
     let mut parts = Vec::new();
     if !snap.api.url.is_empty() {
@@ -75,9 +96,8 @@ pub fn cmdline(snap: &Snapshot, mac: Mac, m: &MachineBoot) -> Result<String, Scr
     if !snap.api.ca_sha256.is_empty() {
         parts.push(arg("anneal.ca", &snap.api.ca_sha256)?);
     }
-    if let Some(t) = &m.token {
-        parts.push(arg("anneal.token", t.expose())?);
-    }
+    // The boot token is never on the command line (issue 15): it travels in
+    // the token cpio (see `boot_script`).
     parts.push(arg("anneal.machine", &m.name)?);
     parts.push(format!("BOOTIF={}", mac.bootif()));
     for c in &m.console {
@@ -115,6 +135,26 @@ pub fn boot_script(
     v.insert("initrd_name", art.initrd_name.clone());
     v.insert("initrd_url", format!("{base}/boot/initrd"));
     v.insert("kernel_url", format!("{base}/boot/kernel"));
+    v.insert(
+        "token_initrd",
+        if m.token.unused().is_some() {
+            format!(
+                "initrd --name {TOKEN_INITRD_NAME} {base}{} || goto failed\n",
+                token_path(mac)
+            )
+        } else {
+            String::new()
+        },
+    );
+    // the EFI stub loads the initrds named here, in this order
+    v.insert(
+        "initrd_args",
+        if m.token.unused().is_some() {
+            format!("initrd={TOKEN_INITRD_NAME} initrd={}", art.initrd_name)
+        } else {
+            format!("initrd={}", art.initrd_name)
+        },
+    );
     v.insert("cmdline", cmdline(snap, mac, m)?);
     render(template, &v)
 }

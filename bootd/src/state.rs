@@ -22,7 +22,7 @@ impl Token {
         Token(s)
     }
 
-    /// The plaintext, for the kernel command line only.
+    /// The plaintext, for the per-boot token cpio only.
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -34,13 +34,37 @@ impl fmt::Debug for Token {
     }
 }
 
+/// Where a machine's boot token stands, as far as bootd knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootToken {
+    /// No token configured (a static lab table without one): the script is
+    /// served without a token.
+    None,
+    /// A token no agent registered with yet: served in the token cpio.
+    Unused(Token),
+    /// The cluster holds no unused token for the machine: its agent
+    /// registered (the hash left `status.netBoot`), or no boot is armed.
+    /// Neither the script nor the token is served.
+    Spent,
+}
+
+impl BootToken {
+    /// The unused token, if any.
+    pub fn unused(&self) -> Option<&Token> {
+        match self {
+            BootToken::Unused(t) => Some(t),
+            BootToken::None | BootToken::Spent => None,
+        }
+    }
+}
+
 /// Per-machine facts the HTTP side needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineBoot {
     /// `namespace/name`.
     pub name: String,
     pub console: Vec<String>,
-    pub token: Option<Token>,
+    pub token: BootToken,
     pub chain_undionly: bool,
     pub debug_shell: bool,
 }

@@ -20,7 +20,7 @@ pub const DEBUG_SHELL_ANNOTATION: &str = "anneal.dev/debug-shell";
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, ConfigError, DhcpSpec, LeaseRange, StaticConfig, SubnetInput};
-use crate::state::{MachineBoot, Shared, Snapshot, Token};
+use crate::state::{BootToken, MachineBoot, Shared, Snapshot, Token};
 
 /// Key of the boot token in Secret `<machine>-boot-token`.
 pub const BOOT_TOKEN_KEY: &str = "token";
@@ -57,6 +57,26 @@ fn bad(field: &'static str, value: &str) -> WatchError {
     WatchError::BadField {
         field,
         value: value.to_owned(),
+    }
+}
+
+/// Lowercase hex SHA-256 of a token (what `status.netBoot.tokenHash` holds).
+pub fn token_hash(token: &Token) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(token.expose().as_bytes()))
+}
+
+/// A Machine's token as bootd may serve it: unused only while the Secret's
+/// token is the one whose hash `status.netBoot.tokenHash` records. The
+/// manager removes that hash in the status write of a successful
+/// registration, so from then on (and for a Secret left over from an
+/// earlier boot, or none at all) the token is spent.
+pub fn token_state(secret: Option<Token>, armed_hash: Option<&str>) -> BootToken {
+    match (secret, armed_hash) {
+        (Some(t), Some(h)) if anneal_api::agent::ct_eq(token_hash(&t).as_bytes(), h.as_bytes()) => {
+            BootToken::Unused(t)
+        }
+        _ => BootToken::Spent,
     }
 }
 
@@ -134,6 +154,12 @@ pub async fn build(
             .and_then(|d| d.get(BOOT_TOKEN_KEY).cloned())
             .and_then(|b| String::from_utf8(b.0).ok())
             .map(Token::new);
+        let armed = m
+            .status
+            .as_ref()
+            .and_then(|s| s.net_boot.as_ref())
+            .and_then(|n| n.token_hash.as_deref());
+        let token = token_state(token, armed);
         let full = format!("{ns}/{name}");
         entries.insert(
             mac,
@@ -265,5 +291,36 @@ pub async fn run(
                 tracing::warn!(error = %error_chain(&e), "boot table not rebuilt; keeping the live one")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A token is unused only while `status.netBoot.tokenHash` is its hash:
+    /// the registration removes the hash, a re-arm replaces it.
+    #[test]
+    fn token_state_follows_the_armed_hash() {
+        let t = || Token::new("ab".repeat(32));
+        let armed = token_hash(&t());
+        assert_eq!(armed.len(), 64);
+        assert!(
+            armed
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
+        assert_eq!(token_state(Some(t()), Some(&armed)), BootToken::Unused(t()));
+        // registered: the hash left status (the Secret may linger a moment)
+        assert_eq!(token_state(Some(t()), None), BootToken::Spent);
+        // a Secret of an earlier boot, a newer hash
+        assert_eq!(
+            token_state(Some(t()), Some(&token_hash(&Token::new("cd".repeat(32))))),
+            BootToken::Spent
+        );
+        // no Secret at all
+        assert_eq!(token_state(None, Some(&armed)), BootToken::Spent);
+        assert_eq!(token_state(None, None), BootToken::Spent);
     }
 }

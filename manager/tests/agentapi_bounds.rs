@@ -620,3 +620,114 @@ async fn agent_api_accept_errors_back_off() {
     drop(held);
     drop(child);
 }
+
+/// Issue 15: the register call's boot MAC must be the Machine's
+/// `spec.bootMACAddress`. A mismatch is refused with 403 naming the machine
+/// and both MACs, and uses nothing up: the token still registers from the
+/// right MAC (in another accepted spelling) afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_refuses_another_boot_mac() {
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "anneal-system"}})).unwrap(),
+        )
+        .await;
+    let machines = Api::<Machine>::namespaced(client.clone(), "default");
+    let m: Machine = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": "m-mac", "namespace": "default"},
+        "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:7f:30:01"},
+    }))
+    .unwrap();
+    machines.create(&PostParams::default(), &m).await.unwrap();
+    let token = "cd".repeat(32);
+    let expires = time_in(Timestamp::now(), 600_000);
+    set_status(
+        &client,
+        "m-mac",
+        json!({"state": "Inspecting", "netBoot": {"tokenHash": token_hash(&token), "expiresAt": expires}}),
+    )
+    .await;
+    let cancel = CancellationToken::new();
+    let cfg = AgentApiConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        namespace: "anneal-system".into(),
+        server_names: vec!["127.0.0.1".into()],
+        ..AgentApiConfig::default()
+    };
+    let api = start_with_limits(client.clone(), cfg, limits(), cancel.clone())
+        .await
+        .unwrap();
+    let tls = Tls::new(&api.pki().ca_pem, api.addr());
+
+    // another NIC's MAC: refused, named, nothing written
+    let wrong = json!({"bootToken": token, "bootMac": "52:54:00:7f:30:99", "agentVersion": "test", "machine": "default/m-mac"});
+    let (code, _, body) = tls
+        .call(src(30), "POST", "/v1/agent/register", None, Some(wrong))
+        .await;
+    assert_eq!(code, 403, "a registration from another boot MAC: {body}");
+    assert_eq!(body["code"], "invalidToken", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    for want in ["default/m-mac", "52:54:00:7f:30:99", "52:54:00:7f:30:01"] {
+        assert!(message.contains(want), "{want:?} not in {message:?}");
+    }
+    let live = machines.get("m-mac").await.unwrap();
+    let st = live.status.unwrap();
+    assert_eq!(
+        st.net_boot.and_then(|n| n.token_hash),
+        Some(token_hash(&token)),
+        "the refused call used the token up"
+    );
+    assert!(st.agent.is_none(), "a session was recorded: {:?}", st.agent);
+
+    // the enrolled MAC, spelled with dashes and in upper case: registered
+    let right = json!({"bootToken": token, "bootMac": "52-54-00-7F-30-01", "agentVersion": "test"});
+    let (code, _, body) = tls
+        .call(src(31), "POST", "/v1/agent/register", None, Some(right))
+        .await;
+    assert_eq!(code, 200, "the enrolled MAC: {body}");
+    assert_eq!(body["machine"]["name"], "m-mac");
+    let session = body["sessionToken"].as_str().unwrap().to_string();
+
+    // the inspection ends as the controller writes it (issue 15): Available,
+    // the session's hash cleared. The session cannot act any more; its
+    // `next` still gets the poweroff an idle Available machine is owed.
+    let (code, _, body) = tls
+        .call(
+            src(31),
+            "PUT",
+            "/v1/agent/hardware",
+            Some(&session),
+            Some(hardware(1 << 30)),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    set_status(
+        &client,
+        "m-mac",
+        json!({"state": "Available", "agent": {"sessionTokenHash": null, "expiresAt": null}}),
+    )
+    .await;
+    let (code, _, body) = tls
+        .call(
+            src(31),
+            "PUT",
+            "/v1/agent/hardware",
+            Some(&session),
+            Some(hardware(2 << 30)),
+        )
+        .await;
+    assert_eq!(code, 401, "the ended session wrote the inventory: {body}");
+    let (code, _, body) = tls
+        .call(src(31), "GET", "/v1/agent/next", Some(&session), None)
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["action"], "poweroff", "{body}");
+    cancel.cancel();
+    api.join().await;
+}

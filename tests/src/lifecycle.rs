@@ -231,9 +231,20 @@ impl AgentClient {
     }
 
     pub async fn register(&self, token: &str, machine: Option<&str>) -> (u16, serde_json::Value) {
+        self.register_as(token, machine, "52:54:00:00:00:00").await
+    }
+
+    /// [`AgentClient::register`] from boot MAC `mac`: a registration that
+    /// must succeed names the Machine's `spec.bootMACAddress` (issue 15).
+    pub async fn register_as(
+        &self,
+        token: &str,
+        machine: Option<&str>,
+        mac: &str,
+    ) -> (u16, serde_json::Value) {
         let mut body = serde_json::json!({
             "bootToken": token,
-            "bootMac": "52:54:00:00:00:00",
+            "bootMac": mac,
             "agentVersion": "test-0.1",
         });
         if let Some(m) = machine {

@@ -1,6 +1,7 @@
 //! bootd against real clients inside network namespaces: busybox udhcpc
 //! (lease mode, MAC gate, relay through Debian's dhcrelay, restart), atftp
-//! and tftp-hpa (TFTP options, traversal), curl (scripts, Range), and hostile
+//! and tftp-hpa (TFTP options, traversal), curl (scripts only to the leased
+//! address, the token cpio, Range), and hostile
 //! datagrams that must be dropped, counted, and not stop the server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -311,15 +312,40 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
             .args(args);
         out(c)
     };
-    let o = curl(&["http://10.77.0.1:8080/ipxe/52-54-00-00-00-01"]);
+    // issue 15: h0 (10.77.0.200) is not the address leased to the
+    // enrolled MAC (c0's 10.77.0.50): 403 and no token
+    for path in ["ipxe", "token"] {
+        let o = curl(&[
+            "-w",
+            "\n%{http_code}",
+            &format!("http://10.77.0.1:8080/{path}/52-54-00-00-00-01"),
+        ]);
+        let s = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(s.ends_with("\n403"), "{path} from another address: {s}");
+        assert!(!s.contains("tok-secret-1"), "{s}");
+    }
+    // the leased address gets the script, the token only in its cpio
+    let ip = out({
+        let mut c = client.exec("ip");
+        c.args(["addr", "add", "10.77.0.50/32", "dev", "h0"]);
+        c
+    });
+    assert!(ip.status.success(), "{}", text(&ip));
+    let leased = |args: &[&str]| {
+        let mut c = client.exec("curl");
+        c.args(["-sS", "--max-time", "5", "--interface", "10.77.0.50"])
+            .args(args);
+        out(c)
+    };
+    let o = leased(&["http://10.77.0.1:8080/ipxe/52-54-00-00-00-01"]);
     let s = String::from_utf8_lossy(&o.stdout).to_string();
     for want in [
         "#!ipxe",
         "initrd --name initrd.img http://10.77.0.1:8080/boot/initrd",
-        "kernel http://10.77.0.1:8080/boot/kernel initrd=initrd.img ",
+        "initrd --name anneal-token.cpio http://10.77.0.1:8080/token/52-54-00-00-00-01",
+        "kernel http://10.77.0.1:8080/boot/kernel initrd=anneal-token.cpio initrd=initrd.img ",
         "anneal.api=https://10.77.0.1:8443",
         "anneal.ca=ab12",
-        "anneal.token=tok-secret-1",
         "anneal.machine=lab/m1",
         "BOOTIF=01-52-54-00-00-00-01",
         "console=ttyS0,115200",
@@ -327,6 +353,17 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
         assert!(s.contains(want), "missing {want:?} in\n{s}");
     }
     assert!(!s.contains("{{"), "{s}");
+    assert!(
+        !s.contains("tok-secret-1") && !s.contains("anneal.token"),
+        "{s}"
+    );
+    let o = leased(&["http://10.77.0.1:8080/token/52-54-00-00-00-01"]);
+    assert!(
+        o.stdout.windows(12).any(|w| w == b"tok-secret-1")
+            && o.stdout.windows(16).any(|w| w == b"run/anneal/token"),
+        "the token cpio: {}",
+        text(&o)
+    );
     let o = curl(&["http://10.77.0.1:8080/ipxe/52-54-00-00-00-99"]);
     let s = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(s.contains("no Machine") && s.contains("\nexit"), "{s}");

@@ -163,6 +163,19 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
             .create(&PostParams::default(), &token)
             .await
             .unwrap();
+        // armed: bootd serves a token only while status.netBoot.tokenHash
+        // is its hash (issue 15)
+        let hash = anneal_bootd::watch::token_hash(&anneal_bootd::state::Token::new(format!(
+            "token-of-{name}"
+        )));
+        Api::<Machine>::namespaced(client.clone(), ns)
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"netBoot": {"tokenHash": hash}}})),
+            )
+            .await
+            .unwrap();
     }
 
     // the table bootd builds at start from these objects
@@ -174,7 +187,7 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
         "the first Machine keeps the MAC"
     );
     assert_eq!(
-        boot.token.as_ref().map(|t| t.expose()),
+        boot.token.unused().map(|t| t.expose()),
         Some("token-of-first"),
         "the MAC boots with the first Machine's token"
     );

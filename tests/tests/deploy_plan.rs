@@ -110,6 +110,16 @@ async fn image(client: &kube::Client, name: &str) {
     .await;
 }
 
+/// The boot MAC of a Machine of this file (its agent registers from it).
+fn mac_of(name: &str) -> &'static str {
+    // the file's two Machines: ft-1, else dp-1
+    if name == "ft-1" {
+        "52:54:00:7f:20:02"
+    } else {
+        "52:54:00:7f:20:01"
+    }
+}
+
 /// Waits until `name` is armed (`what` names the wait) and registers with
 /// its boot token: the session token.
 async fn register_next_boot(
@@ -123,7 +133,7 @@ async fn register_next_boot(
     })
     .await;
     let (code, reg) = agent
-        .register(&token, Some(&format!("default/{name}")))
+        .register_as(&token, Some(&format!("default/{name}")), mac_of(name))
         .await;
     assert_eq!(code, 200, "{reg}");
     reg["sessionToken"].as_str().unwrap().to_string()
@@ -151,7 +161,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
     machines
         .create(
             &PostParams::default(),
-            &machine("dp-1", "52:54:00:7f:20:01", None),
+            &machine("dp-1", mac_of("dp-1"), None),
         )
         .await
         .unwrap();
@@ -529,7 +539,9 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
         },
     )
     .await;
-    let (code, reg) = agent.register(&token, Some("default/dp-1")).await;
+    let (code, reg) = agent
+        .register_as(&token, Some("default/dp-1"), mac_of("dp-1"))
+        .await;
     assert_eq!(code, 200, "{reg}");
     let session = reg["sessionToken"].as_str().unwrap().to_string();
     let (code, next) = agent.next(&session).await;
@@ -586,7 +598,7 @@ async fn fast_track_deploys_through_the_running_agent() {
     machines
         .create(
             &PostParams::default(),
-            &machine("ft-1", "52:54:00:7f:20:02", None),
+            &machine("ft-1", mac_of("ft-1"), None),
         )
         .await
         .unwrap();

@@ -20,6 +20,10 @@ use hyper::Method;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
+/// The boot MACs of walk-a and walk-b (their registrations name them).
+const MAC_A: &str = "52:54:00:7f:10:01";
+const MAC_B: &str = "52:54:00:7f:10:02";
+
 fn configs(port: u16) -> (LifecycleConfig, AgentApiConfig) {
     (
         LifecycleConfig {
@@ -67,20 +71,13 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     machines
         .create(
             &PostParams::default(),
-            &machine(
-                "walk-a",
-                "52:54:00:7f:10:01",
-                Some((&bmcvm.address(), "bmc-a")),
-            ),
+            &machine("walk-a", MAC_A, Some((&bmcvm.address(), "bmc-a"))),
         )
         .await
         .unwrap();
     // A machine with no BMC (powered by hand): armed, never powered.
     machines
-        .create(
-            &PostParams::default(),
-            &machine("walk-b", "52:54:00:7f:10:02", None),
-        )
+        .create(&PostParams::default(), &machine("walk-b", MAC_B, None))
         .await
         .unwrap();
 
@@ -107,15 +104,23 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         "walk-a",
         "boot token owned by the machine"
     );
-    let log = bmcvm.requests();
+    // the arm is written before the BMC is called (the lifecycle driver):
+    // wait for the power-on to reach the BMC, do not read its log once
+    let (log, on) = eventually("walk-a powered on", Duration::from_secs(30), || async {
+        let log = bmcvm.requests();
+        match log
+            .iter()
+            .position(|e| e.is_reset() && e.action.as_deref() == Some("On"))
+        {
+            Some(on) => Ok((log, on)),
+            None => Err(log),
+        }
+    })
+    .await;
     let patch = log
         .iter()
         .position(|e| e.method == "PATCH" && e.action.as_deref() == Some("Boot=Once/Pxe"))
         .unwrap_or_else(|| panic!("no one-time Pxe override: {log:?}"));
-    let on = log
-        .iter()
-        .position(|e| e.is_reset() && e.action.as_deref() == Some("On"))
-        .unwrap_or_else(|| panic!("no power-on: {log:?}"));
     assert!(patch < on, "override before power-on: {log:?}");
     let rf = client_for(&bmcvm);
     assert_eq!(rf.power_state().await.unwrap(), PowerState::On);
@@ -243,7 +248,9 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     let agent = AgentClient::new(manager.api_addr, &ca_pem);
 
     // --- registration with the real token ----------------------------------
-    let (code, reg) = agent.register(&token_a, Some("default/walk-a")).await;
+    let (code, reg) = agent
+        .register_as(&token_a, Some("default/walk-a"), MAC_A)
+        .await;
     assert_eq!(code, 200, "{reg}");
     assert_eq!(reg["machine"]["name"], "walk-a");
     let session = reg["sessionToken"].as_str().unwrap().to_string();
@@ -251,20 +258,22 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     // a lost answer retried (the same request from the same address, the
     // session unused) gets the same session (issue 15); another request is
     // refused
-    let (code, again) = agent.register(&token_a, Some("default/walk-a")).await;
+    let (code, again) = agent
+        .register_as(&token_a, Some("default/walk-a"), MAC_A)
+        .await;
     assert_eq!(
         (code, again["sessionToken"].as_str()),
         (200, Some(session.as_str())),
         "{again}"
     );
-    assert_eq!(agent.register(&token_a, None).await.0, 401);
+    assert_eq!(agent.register_as(&token_a, None, MAC_A).await.0, 401);
     assert!(
         boot_token(&client, "walk-a").await.is_none(),
         "plaintext deleted"
     );
     // the session of walk-a does not act for walk-b and vice versa: B's
     // registration yields B's identity only
-    let (code, reg_b) = agent.register(&token_b, None).await;
+    let (code, reg_b) = agent.register_as(&token_b, None, MAC_B).await;
     assert_eq!(
         (code, reg_b["machine"]["name"].as_str()),
         (200, Some("walk-b"))
@@ -283,7 +292,9 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         .await;
     assert_eq!(code, 204);
     // single use: once its session was used, the token is refused
-    let (code, body) = agent.register(&token_a, Some("default/walk-a")).await;
+    let (code, body) = agent
+        .register_as(&token_a, Some("default/walk-a"), MAC_A)
+        .await;
     assert_eq!((code, body["code"].as_str()), (401, Some("invalidToken")));
     let hw: Api<MachineHardware> = Api::namespaced(client.clone(), "default");
     let h = hw.get("walk-a").await.unwrap();

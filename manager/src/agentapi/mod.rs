@@ -637,10 +637,13 @@ impl Server {
                 Ok((m, session)) => self.hardware(&m, &session, &body).await,
                 Err(r) => r,
             },
-            (Method::GET, agent::paths::NEXT) => match self.authenticate(bearer).await {
-                Ok((m, _)) => self.next(&m).await,
-                Err(r) => r,
-            },
+            (Method::GET, agent::paths::NEXT) => {
+                let again = bearer.clone();
+                match self.authenticate(bearer).await {
+                    Ok((m, _)) => self.next(&m).await,
+                    Err(r) => self.ended_inspection(again).await.unwrap_or(r),
+                }
+            }
             (Method::POST, agent::paths::PROGRESS) => match self.authenticate(bearer).await {
                 Ok((m, _)) => match runs::progress(&self.client, &m, &body).await {
                     Ok(action) => json_reply(StatusCode::OK, &agent::ProgressResponse { action }),
@@ -840,6 +843,21 @@ impl Server {
                 tracing::info!(%peer, machine = %name, "register refused: boot token expired");
                 return unauthorized(ErrorCode::ExpiredToken);
             }
+            // The token is bound to the machine's boot NIC too: an agent
+            // that booted from another MAC is not this machine's (issue 15).
+            if let Some(want) = m.spec.boot_mac_address.as_deref()
+                && !same_mac(want, &req.boot_mac)
+            {
+                let sent: String = req.boot_mac.chars().take(64).collect();
+                tracing::info!(%peer, machine = %name, boot_mac = ?sent, spec_boot_mac = %want, "register refused: boot MAC differs from spec.bootMACAddress");
+                return fail(
+                    StatusCode::FORBIDDEN,
+                    ErrorCode::InvalidToken,
+                    &format!(
+                        "machine {ns}/{name}: the agent booted from MAC {sent:?}, but spec.bootMACAddress is {want}; boot the machine from its enrolled NIC or correct spec.bootMACAddress"
+                    ),
+                );
+            }
             let session = mint_token();
             let session_hash = token_hash(session.expose());
             let ttl = i64::try_from(self.cfg.session_ttl.as_millis()).unwrap_or(i64::MAX);
@@ -1038,6 +1056,43 @@ impl Server {
         }
     }
 
+    /// `poweroff` for the agent of an inspection that ended: the transition
+    /// to Available cleared its session's hash (issue 15), so it can no
+    /// longer act; a `next` it sends after that (its long-poll was not
+    /// waiting at the moment) still gets the `poweroff` the contract
+    /// promises an idle Available machine. Only sessions this manager
+    /// minted are known (an in-memory index): after a restart such a poll
+    /// gets 401. None: not such a session.
+    async fn ended_inspection(&self, bearer: Option<Token>) -> Option<Resp> {
+        let token = bearer.filter(well_formed)?;
+        let hash = token_hash(token.expose());
+        drop(token);
+        let (ns, name) = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&hash)
+            .cloned()?;
+        let m = Api::<Machine>::namespaced(self.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten()?;
+        let st = m.status.as_ref()?;
+        let ended = matches!(
+            st.state,
+            Some(MachineState::Available | MachineState::Released | MachineState::Parked)
+        ) && st
+            .agent
+            .as_ref()
+            .is_some_and(|a| a.session_token_hash.is_none());
+        if !ended {
+            return None;
+        }
+        tracing::info!(machine = %name, "next from the ended inspection session: poweroff");
+        Some(json_reply(StatusCode::OK, &NextAction::PowerOff))
+    }
+
     async fn hardware(&self, m: &Machine, session: &str, body: &[u8]) -> Resp {
         let report: HardwareReport = match serde_json::from_slice(body) {
             Ok(r) => r,
@@ -1174,6 +1229,18 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(500)).await;
             current = api.get_opt(&name).await.ok().flatten();
         }
+    }
+}
+
+/// Whether two MAC addresses are the same (any of the accepted spellings:
+/// `:` or `-`, either case). An unparsable one matches nothing.
+fn same_mac(a: &str, b: &str) -> bool {
+    match (
+        a.parse::<anneal_api::mac::Mac>(),
+        b.parse::<anneal_api::mac::Mac>(),
+    ) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
     }
 }
 

@@ -688,6 +688,16 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
         p.transition(MachineState::Available);
         p.d.status.net_boot = None;
         p.token = TokenOp::Delete;
+        // The inspection's session ends with the inspection (issue 15):
+        // its hash is cleared so it cannot act any more. Only fast-track
+        // keeps it (docs/api.md: the idle agent gets its deploy plan from
+        // `next` inside the window, then `poweroff`).
+        if snap.cfg.fast_track_window.is_none()
+            && let Some(agent) = p.d.status.agent.as_mut()
+        {
+            agent.session_token_hash = None;
+            agent.expires_at = None;
+        }
         return p.finish(
             Outcome::Transition {
                 next: MachineState::Available,
@@ -1839,6 +1849,25 @@ mod tests {
         assert_eq!(d.token, TokenOp::Delete);
         assert!(d.actions.is_empty());
         assert_eq!(cond(&d, types::AGENT_REGISTERED).unwrap().status, "True");
+        // issue 15: the inspection's session is over: its hash is cleared
+        let agent = d.draft.status.agent.clone().unwrap();
+        assert_eq!(agent.session_token_hash, None);
+        assert_eq!(agent.expires_at, None);
+        // with fast-track the idle agent keeps it (its plan comes by `next`)
+        let mut fast = cfg.clone();
+        fast.fast_track_window = Some(Duration::from_secs(600));
+        let mut sf = snap(&m, &fast, failed(BmcReason::BmcUnreachable));
+        sf.hardware_session = Some("s1".into());
+        let d = apply(&sf);
+        assert_eq!(state(&d), MachineState::Available);
+        assert_eq!(
+            d.draft
+                .status
+                .agent
+                .as_ref()
+                .and_then(|a| a.session_token_hash.as_deref()),
+            Some("s1")
+        );
         // the report of another boot does not count
         s.hardware_session = Some("old".into());
         s.bmc = answer(true);
