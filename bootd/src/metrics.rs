@@ -147,7 +147,26 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"),
         )
         .unwrap();
-        let text = Metrics::default().render();
+        // a family renders only once it has a sample
+        let m = Metrics::default();
+        let reason = || ReasonLabels { reason: "x".into() };
+        m.packets
+            .get_or_create(&PacketLabels {
+                msg_type: "discover".into(),
+                outcome: "offer".into(),
+            })
+            .inc();
+        m.malformed.get_or_create(&reason()).inc();
+        m.unicast_fallback.get_or_create(&reason()).inc();
+        m.tftp_requests.get_or_create(&reason()).inc();
+        m.http_closed.get_or_create(&reason()).inc();
+        m.http_requests
+            .get_or_create(&HttpLabels {
+                kind: "script".into(),
+                code: 200,
+            })
+            .inc();
+        let text = m.render();
         let mut seen = 0;
         for line in text.lines() {
             let Some(rest) = line.strip_prefix("# TYPE ") else {

@@ -172,20 +172,21 @@ pub fn grub_config_mac(path: &str) -> Option<Mac> {
     path.strip_prefix("grub/")?.parse().ok()
 }
 
+/// The MAC of a token cpio path, `token/<mac>` (TFTP, for network GRUB).
+pub fn token_path_mac(path: &str) -> Option<Mac> {
+    path.strip_prefix("token/")?.parse().ok()
+}
+
 /// The TFTP paths of the kernel and the initramfs for network GRUB.
 pub const GRUB_KERNEL_PATH: &str = "boot/kernel";
 /// See [`GRUB_KERNEL_PATH`].
 pub const GRUB_INITRD_PATH: &str = "boot/initrd";
 
 /// A machine's GRUB config, `grub/<mac>` over TFTP: for an enrolled machine
-/// the kernel and command line of the iPXE script, then the initramfs and
-/// `extra_initrds` (TFTP paths, concatenated after it); for any other MAC a
-/// config that says why and exits.
-pub fn grub_config(
-    snap: &Snapshot,
-    mac: Mac,
-    extra_initrds: &[String],
-) -> Result<String, ScriptError> {
+/// the kernel and command line of the iPXE script, then its token cpio
+/// (`token/<mac>`, while the token is unused, first as in the iPXE script)
+/// and the initramfs; for any other MAC a config that says why and exits.
+pub fn grub_config(snap: &Snapshot, mac: Mac) -> Result<String, ScriptError> {
     let enrolled = snap.table.machines.contains_key(&mac);
     let Some(m) = snap.machines.get(&mac).filter(|_| enrolled) else {
         let mut v = BTreeMap::new();
@@ -195,12 +196,11 @@ pub fn grub_config(
     if snap.artifacts.is_none() {
         return Err(ScriptError::NoArtifacts);
     }
-    let mut initrds = vec![format!("/{GRUB_INITRD_PATH}")];
-    initrds.extend(
-        extra_initrds
-            .iter()
-            .map(|p| format!("/{}", p.trim_start_matches('/'))),
-    );
+    let mut initrds = Vec::new();
+    if m.token.unused().is_some() {
+        initrds.push(token_path(mac));
+    }
+    initrds.push(format!("/{GRUB_INITRD_PATH}"));
     let mut v = BTreeMap::new();
     v.insert("machine", m.name.clone());
     v.insert("mac", mac.to_string());
@@ -270,7 +270,7 @@ mod tests {
         let cfg = crate::StaticConfig::from_yaml(
             "serverIP: 10.77.0.1\ncidr: 10.77.0.0/24\ndhcp: {mode: proxy}\n\
              artifacts: {kernel: /k, initrd: /i}\n\
-             machines: [{name: lab/m1, mac: \"52:54:00:00:00:01\", console: [ttyS0], bootLoader: shim}]\n",
+             machines: [{name: lab/m1, mac: \"52:54:00:00:00:01\", console: [ttyS0], bootLoader: shim, token: tok-secret}]\n",
         )
         .unwrap();
         let snap = cfg.snapshot(8080, "r".into()).unwrap();
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(mac, Mac([0x52, 0x54, 0, 0, 0, 1]));
         assert_eq!(grub_config_mac("grub/grub.cfg"), None);
         assert_eq!(grub_config_mac("grub/x86_64-efi/command.lst"), None);
-        let s = grub_config(&snap, mac, &["token/52-54-00-00-00-01".into()]).unwrap();
+        let s = grub_config(&snap, mac).unwrap();
         assert!(!s.contains("{{"), "{s}");
         assert!(
             s.contains(
@@ -294,10 +294,13 @@ mod tests {
             "{s}"
         );
         assert!(
-            s.contains("initrd /boot/initrd /token/52-54-00-00-00-01; then"),
+            s.contains("initrd /token/52-54-00-00-00-01 /boot/initrd; then"),
             "{s}"
         );
-        let stranger = grub_config(&snap, Mac([0x52, 0x54, 0, 0, 0, 9]), &[]).unwrap();
+        // the token travels in the cpio, never in the config
+        assert!(!s.contains("tok-secret"), "{s}");
+        assert_eq!(token_path_mac("token/52-54-00-00-00-01"), Some(mac));
+        let stranger = grub_config(&snap, Mac([0x52, 0x54, 0, 0, 0, 9])).unwrap();
         assert!(
             stranger.contains("52:54:00:00:00:09 is not enrolled"),
             "{stranger}"

@@ -553,14 +553,37 @@ fn transfer(
         script::grub_cfg()
             .map(|s| Arc::new(s.into_bytes()))
             .map_err(|e| e.to_string())
-    } else if let Some(mac) = script::grub_config_mac(name) {
-        let r = script::grub_config(&snap, mac, &[])
-            .map(|s| Arc::new(s.into_bytes()))
-            .map_err(|e| e.to_string());
-        if r.is_ok() {
-            tracing::info!(client = %peer, %mac, "served GRUB config");
+    } else if let Some((mac, token)) = script::grub_config_mac(name)
+        .map(|m| (m, false))
+        .or_else(|| script::token_path_mac(name).map(|m| (m, true)))
+    {
+        // a machine's GRUB config and its token cpio: behind the gate of
+        // its iPXE script (the leased address, an unused token)
+        let what = if token { "boot token" } else { "GRUB config" };
+        let enrolled = snap
+            .machines
+            .get(&mac)
+            .filter(|_| snap.table.machines.contains_key(&mac));
+        if let Some(m) = enrolled
+            && let Err(r) = crate::http::gate(shared, &snap, mac, m, peer.ip(), crate::unix_now())
+        {
+            count(shared, "refused");
+            tracing::info!(client = %peer, %mac, machine = %m.name, why = %r.why, "tftp {what} refused");
+            drop(guard);
+            let _ = sock.send(&error_packet(2, &r.why));
+            return;
         }
-        r
+        let r = match (token, enrolled.and_then(|m| m.token.unused())) {
+            (false, _) => script::grub_config(&snap, mac)
+                .map(String::into_bytes)
+                .map_err(|e| e.to_string()),
+            (true, Some(t)) => script::token_cpio(t).map_err(|e| e.to_string()),
+            (true, None) => Err(format!("{mac} has no unused boot token")),
+        };
+        if r.is_ok() {
+            tracing::info!(client = %peer, %mac, "served {what}");
+        }
+        r.map(Arc::new)
     } else if name == script::GRUB_KERNEL_PATH || name == script::GRUB_INITRD_PATH {
         match &snap.artifacts {
             Some(a) if name == script::GRUB_KERNEL_PATH => cache.get(&a.kernel),

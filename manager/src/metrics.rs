@@ -166,7 +166,20 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/metrics.md"),
         )
         .unwrap();
-        let text = Metrics::new().render();
+        // a family renders only once it has a sample
+        let m = Metrics::new();
+        m.reconciles
+            .get_or_create(&KindLabel {
+                kind: "Machine".into(),
+            })
+            .inc();
+        m.reconcile_errors
+            .get_or_create(&ErrorLabel {
+                kind: "Machine".into(),
+                error: "api".into(),
+            })
+            .inc();
+        let text = m.render();
         let mut seen = 0;
         for line in text.lines() {
             let Some(rest) = line.strip_prefix("# TYPE ") else {

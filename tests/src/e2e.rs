@@ -94,6 +94,8 @@ pub struct Lab {
     pub disks: Vec<(DiskBus, &'static str, u64, &'static str)>,
     /// The content store (deploy lab only).
     pub store: Option<PathBuf>,
+    /// [`LabOptions::secure_boot`].
+    secure_boot: bool,
     _content_forward: Option<TcpForward>,
 }
 
@@ -110,6 +112,10 @@ pub struct LabOptions {
     /// The manager's deploy stall timeout (`--deploy-stall-timeout`; the
     /// default when None).
     pub stall_timeout: Option<Duration>,
+    /// UEFI Secure Boot with the Microsoft keys (OVMF's Secure Boot code and
+    /// `OVMF_VARS_4M.ms.fd`), the Machine with `bootLoader: shim`: Debian's
+    /// signed shim, network GRUB and kernel (tests/setup.d/secureboot.sh).
+    pub secure_boot: bool,
 }
 
 impl Drop for Lab {
@@ -310,10 +316,20 @@ impl Lab {
         let base = StaticConfig::from_yaml(&format!(
             "serverIP: {SERVER_IP}\ncidr: 10.77.0.0/24\ndhcp: {{mode: lease}}\n\
              api: {{url: \"{API_URL}\", caSha256: \"{}\"}}\n\
-             artifacts: {{kernel: {}, initrd: {}}}\nfiles: {FILES}\n",
+             artifacts: {{kernel: {}, initrd: {}}}\nfiles: {}\n",
             api.pki().ca_sha256,
             kernel.vmlinuz.display(),
             initrd.display(),
+            if opts.secure_boot {
+                let sb = anneal_testinfra::cache_dir().join("secureboot");
+                format!(
+                    "{{snponly.efi: /usr/lib/ipxe/snponly.efi, shimx64.efi: {}, grubx64.efi: {}}}",
+                    sb.join("shimx64.efi").display(),
+                    sb.join("grubx64.efi").display()
+                )
+            } else {
+                FILES.to_string()
+            },
         ))?;
         let wcfg = WatchConfig {
             namespace: NAMESPACE.into(),
@@ -361,6 +377,7 @@ impl Lab {
             },
             store,
             _content_forward: content_forward,
+            secure_boot: opts.secure_boot,
         })
     }
 
@@ -382,7 +399,11 @@ impl Lab {
         // OVMF's own PXE client fetches the first stage, as on real hardware.
         nic.option_rom = false;
         let cfg = VmConfig {
-            firmware: Firmware::Ovmf,
+            firmware: if self.secure_boot {
+                Firmware::OvmfSecureBootMs
+            } else {
+                Firmware::Ovmf
+            },
             memory_mib: MEMORY_MIB,
             cpus: CPUS,
             nics: vec![nic],
@@ -462,6 +483,7 @@ impl Lab {
                         "subnetRef": {"name": SUBNET},
                         "bootMACAddress": MAC,
                         "console": ["ttyS0"],
+                        "bootLoader": if self.secure_boot { "shim" } else { "ipxe" },
                         "bmc": {
                             "address": self.bmc_address(),
                             "credentialsSecretRef": {"name": format!("{MACHINE}-bmc")},

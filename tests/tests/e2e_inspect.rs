@@ -224,3 +224,62 @@ async fn replayed_fetches_get_nothing(lab: &Lab) {
         "e2e: replayed script and token fetches: 403 from another host, 410 from the leased address"
     );
 }
+
+/// Issue 16: a machine whose firmware enforces Secure Boot with the
+/// Microsoft keys boots the agent through Debian's signed shim, signed
+/// network GRUB and signed kernel (`bootLoader: shim`), with our initramfs,
+/// and the agent reports Secure Boot on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_boot_machine_boots_through_shim_and_is_inspected() {
+    let mut lab = Lab::start_with(
+        &|s| println!("e2e-sb: {s}"),
+        e2e::LabOptions {
+            secure_boot: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    lab.launch_vm().await.unwrap();
+    lab.enrol().await.unwrap();
+    let res = lab
+        .wait_available(Duration::from_secs(300), &mut |p| {
+            if let Progress::State(s, t) = p {
+                println!("e2e-sb: state {s:?} at {:.1} s", t.as_secs_f64());
+            }
+        })
+        .await;
+    let console = lab.console();
+    match res {
+        Ok(t) => println!(
+            "e2e-sb: QEMU launch → Machine Available in {:.1} s",
+            t.as_secs_f64()
+        ),
+        Err(e) => panic!("{e:#}\nconsole:\n{}", e2e::tail(&console, 60)),
+    }
+    // the chain it took: GRUB ran bootd's configs, the kernel found Secure
+    // Boot enforced
+    assert!(
+        console.contains("anneal: GRUB on "),
+        "{}",
+        e2e::tail(&console, 80)
+    );
+    assert!(
+        console.contains(&format!("anneal: booting default/{MACHINE}")),
+        "{}",
+        e2e::tail(&console, 80)
+    );
+    assert!(
+        console.contains("Secure boot enabled"),
+        "{}",
+        e2e::tail(&console, 80)
+    );
+    let hw = lab.hardware().await.unwrap().expect("MachineHardware");
+    let fw = hw
+        .spec
+        .firmware
+        .as_ref()
+        .expect("firmware in the inventory");
+    assert!(fw.secure_boot, "{}", e2e::summary(&hw));
+    println!("e2e-sb: {}", e2e::summary(&hw));
+}
