@@ -22,6 +22,9 @@ use anneal_manager::redfish::PowerState;
 use anneal_testinfra::{ControlPlane, Netns};
 use anneal_tests::bmc::*;
 use anneal_tests::eventually;
+
+/// The boot MAC of ipmi-a's VM and Machine.
+const MAC_A: &str = "52:54:00:7f:16:01";
 use anneal_tests::lifecycle::*;
 use hyper::Method;
 use kube::ResourceExt;
@@ -37,7 +40,7 @@ async fn lifecycle_walk_over_ipmi() {
         .unwrap();
     let (cp, ipmivm, (sim_w, sim_w_addr)) = tokio::join!(
         ControlPlane::start(),
-        IpmiVm::launch(&ns, "52:54:00:7f:16:01"),
+        IpmiVm::launch(&ns, MAC_A),
         ipmi_sim_alone(dir_w.path())
     );
     let cp = cp.unwrap();
@@ -72,7 +75,7 @@ async fn lifecycle_walk_over_ipmi() {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), "default");
     for (name, mac, address, secret) in [
-        ("ipmi-a", "52:54:00:7f:16:01", ipmivm.address(), "bmc-i"),
+        ("ipmi-a", MAC_A, ipmivm.address(), "bmc-i"),
         ("ipmi-w", "52:54:00:7f:16:02", tap_w.address(), "bmc-wrong"),
         ("ipmi-u", "52:54:00:7f:16:03", silent.address(), "bmc-i"),
     ] {
@@ -151,7 +154,10 @@ async fn lifecycle_walk_over_ipmi() {
 
     // Registration, hardware, Available.
     let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
-    let (code, reg) = agent.register(&token, Some("default/ipmi-a")).await;
+    // from the Machine's boot MAC: register checks it (issue 15)
+    let (code, reg) = agent
+        .register_as(&token, Some("default/ipmi-a"), MAC_A)
+        .await;
     assert_eq!(code, 200, "{reg}");
     let session = reg["sessionToken"].as_str().unwrap().to_string();
     let (code, _) = agent
