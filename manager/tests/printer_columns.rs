@@ -160,6 +160,7 @@ async fn tables_show_the_first_question_of_each_kind() {
             json!({"dhcp": {"revision": "r1", "appliedRevision": "r1", "reservations": [
                         {"address": "10.0.0.100", "machine": "m1", "mac": "52:54:00:00:00:01",
                          "since": "2026-12-01T00:00:00Z"}]},
+                    "reservationCount": 1, "bootdReady": true,
                     "conditions": [{"type": "DHCPPoolExhausted", "status": "False",
                                     "reason": "AddressesAvailable", "message": "",
                                     "lastTransitionTime": "2026-12-01T00:00:00Z"}]}),
@@ -173,7 +174,8 @@ async fn tables_show_the_first_question_of_each_kind() {
     assert_eq!(cell(&names, &values, "Pool Exhausted"), "False");
     assert_eq!(cell(&names, &values, "Applied"), "r1");
     // Issue 18: the count and bootd's readiness (status fields the IPAM
-    // controller writes; manager_ipam.rs tests that it does).
+    // controller writes, set here by hand as no manager runs;
+    // manager_ipam.rs tests that the controller writes them).
     assert_eq!(cell(&names, &values, "Reservations"), 1, "{t}");
     assert_eq!(cell(&names, &values, "Bootd Ready"), true, "{t}");
     let (names, _) = columns(&t, false);
