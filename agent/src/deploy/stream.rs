@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anneal_api::agent::PlannedContent;
 use anneal_image::format::{ContentIndex, FLAG_GAPS_ZERO, StreamMap};
-use anneal_image::restore::{AlignedBuf, Target};
+use anneal_image::restore::Target;
 use sha1::Digest as _;
 
 use super::{DeployError, DeployOptions};
@@ -39,6 +39,134 @@ const BUFFERS_BYTES: usize = 64 << 20;
 const MAX_WRITE: u64 = 8 << 20;
 /// SHA-1 verifier threads.
 const VERIFIERS: usize = 2;
+/// Alignment of the piece arena: a transparent huge page.
+const HUGE_PAGE: usize = 2 << 20;
+/// `O_DIRECT` alignment of each piece buffer.
+const DIRECT_ALIGN: usize = 4096;
+
+/// One piece buffer: a window of the [`Arena`].
+type Buf<'a> = &'a mut [u8];
+
+/// The piece buffers, carved from one allocation aligned to a huge page
+/// and advised `MADV_HUGEPAGE`. An `O_DIRECT` write pins its buffer's
+/// pages and hands the device one segment per physically contiguous run:
+/// from 4 KiB pages a 4 MiB write is 1024 segments, which the block layer
+/// splits into requests of at most `max_segments` (254 on virtio-blk, so
+/// ~1 MiB each); from huge pages a 1 MiB piece is one segment and an
+/// 8 MiB write leaves in requests of `max_sectors_kb`. Where the kernel
+/// has no transparent huge pages (or refuses), the buffers are ordinary
+/// pages and only the advice is lost.
+struct Arena {
+    region: sys::Region,
+    stride: usize,
+    count: usize,
+}
+
+impl Arena {
+    fn new(count: usize, piece: usize) -> io::Result<Self> {
+        let stride = piece.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let region = sys::Region::new((stride * count).div_ceil(HUGE_PAGE) * HUGE_PAGE)?;
+        Ok(Arena {
+            region,
+            stride,
+            count,
+        })
+    }
+
+    /// The buffers, each `stride` bytes at a 4096-aligned address.
+    fn buffers(&mut self) -> Vec<Buf<'_>> {
+        self.region.as_mut_slice()[..self.stride * self.count]
+            .chunks_exact_mut(self.stride)
+            .collect()
+    }
+}
+
+#[allow(unsafe_code)]
+mod sys {
+    use std::ffi::c_void;
+    use std::io;
+    use std::ptr::NonNull;
+
+    use rustix::mm::{Advice, MapFlags, ProtFlags, madvise, mmap_anonymous, munmap};
+
+    use super::HUGE_PAGE;
+
+    /// Anonymous private memory of `len` bytes (a multiple of
+    /// [`HUGE_PAGE`]) at an address aligned to a huge page, advised
+    /// `MADV_HUGEPAGE` before anything touches it, zero-filled, unmapped
+    /// on drop. Its own mapping, so never memory malloc recycled (and
+    /// already faulted in with small pages).
+    pub(super) struct Region {
+        map: NonNull<c_void>,
+        map_len: usize,
+        start: usize,
+        len: usize,
+    }
+
+    // SAFETY: the region is plain memory owned by this value; access goes
+    // through `&mut self` only.
+    unsafe impl Send for Region {}
+
+    impl Region {
+        pub(super) fn new(len: usize) -> io::Result<Self> {
+            let map_len = len + HUGE_PAGE;
+            // SAFETY: a fresh anonymous private mapping at an address the
+            // kernel chooses: nothing else refers to it.
+            let ptr = unsafe {
+                mmap_anonymous(
+                    std::ptr::null_mut(),
+                    map_len,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::PRIVATE,
+                )
+            }?;
+            let map = NonNull::new(ptr).ok_or_else(|| io::Error::other("mmap returned null"))?;
+            let start = (ptr as usize).next_multiple_of(HUGE_PAGE) - ptr as usize;
+            let region = Region {
+                map,
+                map_len,
+                start,
+                len,
+            };
+            // SAFETY: `[start, start+len)` lies inside the mapping (the
+            // mapping is `len + HUGE_PAGE` long and `start < HUGE_PAGE`);
+            // the advice only changes how later faults are backed.
+            let advised = unsafe {
+                madvise(
+                    ptr.cast::<u8>().add(start).cast(),
+                    len,
+                    Advice::LinuxHugepage,
+                )
+            };
+            if let Err(e) = advised {
+                tracing::debug!(error = %e, "MADV_HUGEPAGE refused; piece buffers on 4 KiB pages");
+            }
+            Ok(region)
+        }
+
+        pub(super) fn as_mut_slice(&mut self) -> &mut [u8] {
+            // SAFETY: the range is inside the live mapping (see `new`),
+            // readable and writable, zero-filled at first; the returned
+            // borrow is tied to `&mut self`, so it is the only access.
+            unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.map.as_ptr().cast::<u8>().add(self.start),
+                    self.len,
+                )
+            }
+        }
+    }
+
+    impl Drop for Region {
+        fn drop(&mut self) {
+            // SAFETY: the whole mapping made in `new`; no borrow of it
+            // outlives `self`.
+            if let Err(e) = unsafe { munmap(self.map.as_ptr(), self.map_len) } {
+                tracing::warn!(error = %e, "munmap of the piece buffers failed");
+            }
+        }
+    }
+}
 /// The largest index accepted.
 const MAX_INDEX_BYTES: u64 = 256 << 20;
 
@@ -120,9 +248,9 @@ pub(super) fn fetch_index(
 }
 
 /// What the writer hears from the verifiers.
-enum Msg {
-    Piece { epoch: u64, i: u64, buf: AlignedBuf },
-    Bad { epoch: u64, i: u64, buf: AlignedBuf },
+enum Msg<'a> {
+    Piece { epoch: u64, i: u64, buf: Buf<'a> },
+    Bad { epoch: u64, i: u64, buf: Buf<'a> },
     Fail { epoch: u64, err: DeployError },
 }
 
@@ -220,9 +348,14 @@ pub(super) fn write_content(
     let nbuf = BUFFERS_BYTES.div_ceil(pl).clamp(3, 16);
     let piece_end = |i: u64| ((i + 1) * piece_length).min(used);
 
-    let (free_tx, free_rx) = mpsc::channel::<AlignedBuf>();
-    for _ in 0..nbuf {
-        let _ = free_tx.send(AlignedBuf::new(pl));
+    let mut arena = Arena::new(nbuf, pl).map_err(|source| DeployError::Write {
+        content: c.name.clone(),
+        what: format!("allocating {nbuf} piece buffers of {pl} bytes"),
+        source,
+    })?;
+    let (free_tx, free_rx) = mpsc::channel::<Buf<'_>>();
+    for b in arena.buffers() {
+        let _ = free_tx.send(b);
     }
     let (read_tx, read_rx) = mpsc::sync_channel::<Msg>(2);
     let read_rx = Mutex::new(read_rx);
@@ -231,7 +364,7 @@ pub(super) fn write_content(
     let (ok_tx, ok_rx) = mpsc::sync_channel::<Msg>(nbuf);
     let (ctl_tx, ctl_rx) = mpsc::channel::<Refetch>();
     let (log_tx, log_rx) = mpsc::channel::<String>();
-    let (sha_tx, sha_rx) = mpsc::channel::<(AlignedBuf, usize)>();
+    let (sha_tx, sha_rx) = mpsc::channel::<(Buf<'_>, usize)>();
     let stop = AtomicBool::new(false);
     let target_ref: &Target = target;
     let name = c.name.as_str();
@@ -286,7 +419,7 @@ pub(super) fn write_content(
                         Err(mpsc::RecvTimeoutError::Disconnected) => return,
                     }
                 };
-                let Some(mut b) = buf else { continue };
+                let Some(b) = buf else { continue };
                 let start = next * piece_length;
                 let end = piece_end(next);
                 let len = (end - start) as usize;
@@ -301,7 +434,7 @@ pub(super) fn write_content(
                     let Some((bd, _)) = body.as_mut() else {
                         return Err("no connection".into());
                     };
-                    let dst = &mut b.as_mut_slice()[..len];
+                    let dst = &mut b[..len];
                     let mut got = 0usize;
                     while got < len {
                         match bd.read(&mut dst[got..]) {
@@ -377,7 +510,7 @@ pub(super) fn write_content(
                     let out = match msg {
                         Msg::Piece { epoch, i, buf } => {
                             let len = (piece_end(i) - i * piece_length) as usize;
-                            let d: [u8; 20] = sha1::Sha1::digest(&buf.as_slice()[..len]).into();
+                            let d: [u8; 20] = sha1::Sha1::digest(&buf[..len]).into();
                             if hashes.get(i as usize) == Some(&d) {
                                 Msg::Piece { epoch, i, buf }
                             } else {
@@ -399,7 +532,7 @@ pub(super) fn write_content(
             yield_to_writer();
             let mut h = sha2::Sha256::new();
             for (buf, len) in sha_rx {
-                h.update(&buf.as_slice()[..len]);
+                h.update(&buf[..len]);
                 let _ = sha_free_tx.send(buf);
             }
             hex::encode(h.finalize())
@@ -409,7 +542,7 @@ pub(super) fn write_content(
         let mut done = 0u64;
         let mut written = 0u64;
         let mut bad: (u64, u32) = (u64::MAX, 0);
-        let mut pending: BTreeMap<u64, AlignedBuf> = BTreeMap::new();
+        let mut pending: BTreeMap<u64, Buf<'_>> = BTreeMap::new();
         // time inside the target's writes: the restore part of the deploy
         let mut writing = Duration::ZERO;
         let began = Instant::now();
@@ -484,7 +617,7 @@ pub(super) fn write_content(
                 }
                 while pending.contains_key(&done) {
                     // the run of pieces ready in order (up to MAX_WRITE bytes)
-                    let mut batch: Vec<(u64, AlignedBuf)> = Vec::new();
+                    let mut batch: Vec<(u64, Buf<'_>)> = Vec::new();
                     let mut bytes = 0u64;
                     while bytes < MAX_WRITE
                         && let Some(buf) = pending.remove(&(done + batch.len() as u64))
@@ -521,7 +654,7 @@ pub(super) fn write_content(
                         let len = piece_end(*i) - start;
                         for r in map.ranges(start, start + len) {
                             let a = (r.stream_offset - start) as usize;
-                            let data = &buf.as_slice()[a..a + r.len as usize];
+                            let data = &buf[a..a + r.len as usize];
                             let at = base + r.disk_offset;
                             if !seg.is_empty() && at != seg_end {
                                 write(&seg, seg_at, seg_end, seg_pieces)?;
