@@ -32,9 +32,10 @@
 use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,33 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const TIMEOUT_LIMIT: u8 = 5;
 /// Consecutive retransmissions before a transfer is abandoned.
 pub const MAX_RETRIES: u32 = 8;
+
+/// How long a transfer polls its socket for the next ACK before it sleeps
+/// in `recv`. A lockstep client on the same segment answers within tens of
+/// microseconds, and a sleeping transfer pays a wake-up on every block (an
+/// interrupt and a context switch; on a virtual machine an exit to the
+/// host too), which is as long as the round trip itself: polling briefly
+/// is what keeps lockstep transfers, what most firmware uses, as fast as
+/// the fastest servers. Bounded three ways: [`SPIN`] per wait, at most one
+/// polling transfer per two CPUs ([`SPINNING`]), and a transfer whose
+/// client misses the window [`SPIN_GIVE_UP`] times in a row (a slow client
+/// or a long path) stops polling.
+const SPIN: Duration = Duration::from_micros(60);
+/// Consecutive waits whose ACK came after [`SPIN`] before a transfer stops
+/// polling.
+const SPIN_GIVE_UP: u32 = 16;
+/// Transfers polling right now.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// At most one polling transfer per two CPUs, at least one.
+fn max_spinning() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .div_ceil(2)
+    })
+}
 /// Transfers running at once.
 pub const MAX_TRANSFERS: usize = 256;
 /// Default total time one transfer may take ([`TftpLimits::deadline`]).
@@ -629,6 +657,7 @@ fn transfer(
         end,
         sent_bytes: 0,
         rtimeout: None,
+        spin_misses: 0,
         pkt: Vec::with_capacity(4 + params.blksize),
     };
     match t.run() {
@@ -675,6 +704,8 @@ struct Transfer<'a> {
     sent_bytes: usize,
     /// The socket's read timeout as last set.
     rtimeout: Option<Duration>,
+    /// Consecutive waits the ACK came after [`SPIN`].
+    spin_misses: u32,
     pkt: Vec<u8>,
 }
 
@@ -766,7 +797,8 @@ impl Transfer<'_> {
     }
 
     /// Waits up to the timeout for an ACK (ERROR ends the transfer; other
-    /// packets are ignored). Wakes at least every second to notice a stop.
+    /// packets are ignored). Polls first (see [`SPIN`]), then sleeps in
+    /// `recv`, waking at least every second to notice a stop.
     fn wait(&mut self) -> Result<Reply, Abort> {
         let slice = Duration::from_secs(1);
         if Instant::now() >= self.end {
@@ -774,24 +806,25 @@ impl Transfer<'_> {
         }
         let deadline = (Instant::now() + self.params.timeout).min(self.end);
         let mut buf = [0u8; 516];
+        if self.spin_misses < SPIN_GIVE_UP {
+            match self.spin(&mut buf)? {
+                Some(n) => {
+                    self.spin_misses = 0;
+                    if let Some(r) = reply(&buf[..n])? {
+                        return Ok(r);
+                    }
+                }
+                None => self.spin_misses += 1,
+            }
+        }
         self.set_rtimeout(self.params.timeout.min(slice))?;
         loop {
             match self.sock.recv(&mut buf) {
-                Ok(n) if n >= 4 => {
-                    let op = u16::from_be_bytes([buf[0], buf[1]]);
-                    let arg = u16::from_be_bytes([buf[2], buf[3]]);
-                    if op == OP_ACK {
-                        return Ok(Reply::Ack(arg));
-                    }
-                    if op == OP_ERROR {
-                        let msg = cstr(&buf[4..n]).map_or(&buf[4..n], |(m, _)| m);
-                        return Err(Abort::ClientError(
-                            arg,
-                            String::from_utf8_lossy(msg).into_owned(),
-                        ));
+                Ok(n) => {
+                    if let Some(r) = reply(&buf[..n])? {
+                        return Ok(r);
                     }
                 }
-                Ok(_) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(Abort::Io(e)),
@@ -809,6 +842,53 @@ impl Transfer<'_> {
             self.set_rtimeout((deadline - now).min(slice))?;
         }
     }
+
+    /// Polls the socket for up to [`SPIN`] without sleeping; the length of
+    /// the datagram that came, or `None` (nothing came, or the polling
+    /// transfers are already at [`max_spinning`]).
+    fn spin(&self, buf: &mut [u8]) -> Result<Option<usize>, Abort> {
+        use nix::errno::Errno;
+        use nix::sys::socket::{MsgFlags, recv};
+        if SPINNING.fetch_add(1, Ordering::AcqRel) >= max_spinning() {
+            SPINNING.fetch_sub(1, Ordering::AcqRel);
+            return Ok(None);
+        }
+        let start = Instant::now();
+        let got = loop {
+            match recv(self.sock.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(n) => break Ok(Some(n)),
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(e) => break Err(Abort::Io(e.into())),
+            }
+            if start.elapsed() >= SPIN {
+                break Ok(None);
+            }
+            std::thread::yield_now();
+        };
+        SPINNING.fetch_sub(1, Ordering::AcqRel);
+        got
+    }
+}
+
+/// What a datagram from the client means: an ACK, an ERROR (ends the
+/// transfer), or nothing (anything else is ignored).
+fn reply(p: &[u8]) -> Result<Option<Reply>, Abort> {
+    if p.len() < 4 {
+        return Ok(None);
+    }
+    let op = u16::from_be_bytes([p[0], p[1]]);
+    let arg = u16::from_be_bytes([p[2], p[3]]);
+    if op == OP_ACK {
+        return Ok(Some(Reply::Ack(arg)));
+    }
+    if op == OP_ERROR {
+        let msg = cstr(&p[4..]).map_or(&p[4..], |(m, _)| m);
+        return Err(Abort::ClientError(
+            arg,
+            String::from_utf8_lossy(msg).into_owned(),
+        ));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
