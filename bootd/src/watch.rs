@@ -1,5 +1,7 @@
 //! The cluster source of truth: Machines (by `subnetRef`), the Subnet and the
-//! boot-token Secrets, watched on the API server and rebuilt into one
+//! boot-token Secrets of the Subnet's namespace (the only Secrets bootd
+//! reads: the manager publishes a copy there for Machines of other
+//! namespaces), watched on the API server and rebuilt into one
 //! [`Snapshot`]. `status.dhcp.appliedRevision` is written only after the
 //! table built from that revision is live.
 
@@ -22,10 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{self, ConfigError, DhcpSpec, LeaseRange, StaticConfig, SubnetInput};
 use crate::state::{BootToken, MachineBoot, Shared, Snapshot, Token};
 
-/// Key of the boot token in Secret `<machine>-boot-token`.
-pub const BOOT_TOKEN_KEY: &str = "token";
-/// Label on boot-token Secrets naming their Machine.
-pub const BOOT_TOKEN_LABEL: &str = "anneal.dev/boot-token-for";
+pub use anneal_api::tenancy::{BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL};
 /// Field manager of bootd's status writes.
 pub const FIELD_MANAGER: &str = "anneal-bootd";
 
@@ -135,6 +134,19 @@ pub async fn build(
     let mut entries = BTreeMap::new();
     let mut boots = BTreeMap::new();
     let listed = machines.list(&ListParams::default()).await?.items;
+    // the boot tokens, from the Subnet's namespace only (one LIST)
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
+    let tokens: BTreeMap<String, Token> = secrets
+        .list(&ListParams::default().labels(BOOT_TOKEN_LABEL))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| {
+            let name = s.metadata.name?;
+            let b = s.data?.remove(BOOT_TOKEN_KEY)?;
+            Some((name, Token::new(String::from_utf8(b.0).ok()?)))
+        })
+        .collect();
     // One Machine per boot MAC: the first enrolled on this Subnet from a
     // namespace it grants (the manager's reservations follow the same
     // rule); a later Machine claiming the MAC, from any namespace, never
@@ -146,14 +158,13 @@ pub async fn build(
         }
         let ns = m.metadata.namespace.clone().unwrap_or_default();
         let name = m.metadata.name.clone().unwrap_or_default();
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-        let token = secrets
-            .get_opt(&format!("{name}-boot-token"))
-            .await?
-            .and_then(|s| s.data)
-            .and_then(|d| d.get(BOOT_TOKEN_KEY).cloned())
-            .and_then(|b| String::from_utf8(b.0).ok())
-            .map(Token::new);
+        let token = tokens
+            .get(&anneal_api::tenancy::boot_token_secret(
+                &ns,
+                &name,
+                &cfg.namespace,
+            ))
+            .cloned();
         let armed = m
             .status
             .as_ref()
@@ -238,7 +249,7 @@ pub async fn run(
 ) {
     let machines: Api<Machine> = Api::all(client.clone());
     let subnets: Api<Subnet> = Api::namespaced(client.clone(), &cfg.namespace);
-    let secrets: Api<Secret> = Api::all(client.clone());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let m = watcher(machines, watcher::Config::default()).map(|_| ());
     let s = watcher(
         subnets.clone(),

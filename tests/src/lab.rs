@@ -58,12 +58,17 @@ pub struct Watcher {
 
 impl Watcher {
     pub async fn start(client: &kube::Client) -> Self {
+        Self::start_in(client, "default").await
+    }
+
+    /// The watcher of a bootd serving Subnet `lab` of `namespace`.
+    pub async fn start_in(client: &kube::Client, namespace: &str) -> Self {
         let base = StaticConfig::from_yaml(&format!(
             "serverIP: {SERVER_IP}\ncidr: {CIDR}\ndhcp: {{mode: proxy}}\nartifacts: {{kernel: /k, initrd: /i}}\n",
         ))
         .unwrap();
         let cfg = WatchConfig {
-            namespace: "default".into(),
+            namespace: namespace.into(),
             subnet: SUBNET.into(),
             base,
             http_port: 8080,

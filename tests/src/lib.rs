@@ -30,6 +30,7 @@ pub mod images;
 pub mod lab;
 pub mod lifecycle;
 pub mod ovmf;
+pub mod rbac;
 pub mod testos;
 pub mod wait;
 

@@ -295,12 +295,14 @@ pub fn sample_hardware() -> serde_json::Value {
 }
 
 pub async fn boot_token(client: &kube::Client, machine: &str) -> Option<String> {
+    secret_token(client, "default", &format!("{machine}-boot-token")).await
+}
+
+/// The token held by boot-token Secret `namespace/name`, if it exists.
+pub async fn secret_token(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(client.clone(), "default");
-    let s = secrets
-        .get_opt(&format!("{machine}-boot-token"))
-        .await
-        .unwrap()?;
+        Api::namespaced(client.clone(), namespace);
+    let s = secrets.get_opt(name).await.unwrap()?;
     let b = s.data?.get("token")?.0.clone();
     String::from_utf8(b).ok()
 }

@@ -58,7 +58,6 @@ use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -902,10 +901,8 @@ impl Server {
                     return internal();
                 }
             }
-            let secrets = Api::<Secret>::namespaced(self.client.clone(), &ns);
-            if let Err(e) = secrets
-                .delete(&format!("{name}-boot-token"), &Default::default())
-                .await
+            if let Err(e) =
+                crate::lifecycle::driver::delete_boot_token_secrets(&self.client, &m).await
             {
                 tracing::debug!(machine = %name, error = %e, "boot token secret not deleted");
             }

@@ -26,8 +26,8 @@ use super::handlers::{
 };
 use super::status::{condition, mint_token, token_hash};
 use super::{
-    BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, Backoff, Context, Error, FIELD_MANAGER, dhcp_gate,
-    fingerprint,
+    BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, BOOT_TOKEN_NAMESPACE_LABEL, Backoff, Context, Error,
+    FIELD_MANAGER, dhcp_gate, fingerprint,
 };
 use crate::bmc::BmcClient;
 use crate::ipmi::IpmiClient;
@@ -356,56 +356,94 @@ async fn run_action(
 }
 
 /// Mints a boot token, writes it to Secret `<machine>-boot-token` (owned
-/// by the Machine) and returns its hash.
+/// by the Machine) and returns its hash. For a Machine whose Subnet lives
+/// in another namespace, a copy goes to the Subnet's namespace (named by
+/// [`anneal_api::tenancy::boot_token_secret`]): bootd reads Secrets only
+/// there. The copy cannot be owned by the Machine (no owner references
+/// across namespaces); it is deleted with the token and is spent anyway
+/// once the Machine's `status.netBoot.tokenHash` moves on.
 async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let name = m.name_any();
     let token = mint_token();
     let hash = token_hash(token.expose());
-    let secret_name = boot_token_secret_name(&name);
     let mut data = BTreeMap::new();
     data.insert(
         BOOT_TOKEN_KEY.to_string(),
         ByteString(token.expose().as_bytes().to_vec()),
     );
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(secret_name.clone()),
-            namespace: Some(ns.clone()),
-            owner_references: m.controller_owner_ref(&()).map(|o| vec![o]),
-            labels: Some([(BOOT_TOKEN_LABEL.to_string(), name)].into_iter().collect()),
-            ..ObjectMeta::default()
-        },
-        data: Some(data),
-        type_: Some("Opaque".into()),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &secret_name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .map_err(Error::kube("writing the boot token secret"))?;
-    drop(secret);
+    for (secret_ns, secret_name, owned) in boot_token_places(m)? {
+        let mut labels = BTreeMap::from([(BOOT_TOKEN_LABEL.to_string(), name.clone())]);
+        if secret_ns != ns {
+            labels.insert(BOOT_TOKEN_NAMESPACE_LABEL.to_string(), ns.clone());
+        }
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name.clone()),
+                namespace: Some(secret_ns.clone()),
+                owner_references: if owned {
+                    m.controller_owner_ref(&()).map(|o| vec![o])
+                } else {
+                    None
+                },
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            },
+            data: Some(data.clone()),
+            type_: Some("Opaque".into()),
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(ctx.client.clone(), &secret_ns)
+            .patch(
+                &secret_name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .map_err(Error::kube("writing the boot token secret"))?;
+    }
+    drop(data);
     drop(token);
     Ok(hash)
 }
 
-async fn delete_boot_token(m: &Machine, ctx: &Context) -> Result<(), Error> {
+/// Where a Machine's boot token is written: `(namespace, name, owned by the
+/// Machine)`; the Machine's own Secret first, then bootd's copy in the
+/// Subnet's namespace when that differs.
+pub fn boot_token_places(m: &Machine) -> Result<Vec<(String, String, bool)>, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
-    match Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .delete(&boot_token_secret_name(&m.name_any()), &Default::default())
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(source) => Err(Error::Kube {
-            what: "deleting the boot token secret",
-            source,
-        }),
+    let name = m.name_any();
+    let mut out = vec![(ns.clone(), boot_token_secret_name(&name), true)];
+    let subnet_ns = m.spec.subnet_ref.namespace_or(&ns).to_string();
+    if subnet_ns != ns {
+        let copy = anneal_api::tenancy::boot_token_secret(&ns, &name, &subnet_ns);
+        out.push((subnet_ns, copy, false));
     }
+    Ok(out)
+}
+
+/// Deletes a Machine's boot-token Secrets (its own and bootd's copy).
+pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Result<(), Error> {
+    for (ns, name, _) in boot_token_places(m)? {
+        match Api::<Secret>::namespaced(client.clone(), &ns)
+            .delete(&name, &Default::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                return Err(Error::Kube {
+                    what: "deleting the boot token secret",
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn delete_boot_token(m: &Machine, ctx: &Context) -> Result<(), Error> {
+    delete_boot_token_secrets(&ctx.client, m).await
 }
 
 /// Writes the status difference (with the resourceVersion read as a

@@ -16,7 +16,7 @@
 //! does not change are never touched.
 
 pub mod dhcp_gate;
-mod driver;
+pub mod driver;
 pub mod handlers;
 pub mod status;
 
@@ -42,10 +42,7 @@ use status::{condition, parse_duration_ms};
 pub const FIELD_MANAGER: &str = "anneal-lifecycle";
 /// The finalizer that keeps a Machine until it is powered off.
 pub const FINALIZER: &str = "anneal.dev/machine-cleanup";
-/// Key of the boot token in Secret `<machine>-boot-token`.
-pub const BOOT_TOKEN_KEY: &str = "token";
-/// Label on boot-token Secrets naming their Machine.
-pub const BOOT_TOKEN_LABEL: &str = "anneal.dev/boot-token-for";
+pub use anneal_api::tenancy::{BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, BOOT_TOKEN_NAMESPACE_LABEL};
 
 /// Annotations (all `anneal.dev/…`).
 pub mod annotations {

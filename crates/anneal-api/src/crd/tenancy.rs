@@ -62,6 +62,35 @@ pub fn boot_mac_holders<'a>(
     out
 }
 
+/// Key of the boot token in a boot-token Secret.
+pub const BOOT_TOKEN_KEY: &str = "token";
+/// Label on boot-token Secrets naming their Machine.
+pub const BOOT_TOKEN_LABEL: &str = "anneal.dev/boot-token-for";
+/// Label on a boot-token copy naming its Machine's namespace.
+pub const BOOT_TOKEN_NAMESPACE_LABEL: &str = "anneal.dev/boot-token-namespace";
+
+/// Name of the boot-token Secret that bootd reads for Machine
+/// `machine_ns/machine` booting from a Subnet of `subnet_ns`. bootd reads
+/// Secrets only in its own namespace, the Subnet's. So the token lives
+/// there: for a Machine of that namespace it is the Machine's own Secret
+/// `<machine>-boot-token`; for a Machine of another namespace the manager
+/// publishes a copy named `<machine_ns>.<machine>.boot-token`. A namespace
+/// name holds no dot, so that name is unique in the Subnet's namespace,
+/// and it never takes the first form, which ends in `-boot-token`. A name
+/// that would pass 253 characters uses a digest of the machine's name.
+pub fn boot_token_secret(machine_ns: &str, machine: &str, subnet_ns: &str) -> String {
+    if machine_ns == subnet_ns {
+        return format!("{machine}-boot-token");
+    }
+    let name = format!("{machine_ns}.{machine}.boot-token");
+    if name.len() <= 253 {
+        return name;
+    }
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(machine.as_bytes()));
+    format!("{machine_ns}.h{}.boot-token", &digest[..32])
+}
+
 /// Whether `a` was enrolled before `b` (creationTimestamp, then
 /// `namespace/name`; an object without a timestamp, never stored, is last).
 fn older(a: &Machine, b: &Machine) -> bool {
@@ -180,5 +209,32 @@ mod tests {
         let s = subnet(&["tenant-a"]);
         assert!(s.grants("infra") && s.grants("tenant-a"));
         assert!(!s.grants("tenant-b") && !s.grants(""));
+    }
+
+    #[test]
+    fn boot_token_secrets_are_named_uniquely_in_the_subnets_namespace() {
+        assert_eq!(boot_token_secret("infra", "m1", "infra"), "m1-boot-token");
+        assert_eq!(
+            boot_token_secret("tenant-a", "m1", "infra"),
+            "tenant-a.m1.boot-token"
+        );
+        // `a` + machine `b-c` vs `a-b` + machine `c`: different names
+        assert_ne!(
+            boot_token_secret("a", "b-c", "infra"),
+            boot_token_secret("a-b", "c", "infra")
+        );
+        // a machine of the Subnet's namespace named like a copy
+        assert_ne!(
+            boot_token_secret("infra", "tenant-a.m1", "infra"),
+            boot_token_secret("tenant-a", "m1", "infra")
+        );
+        let long = "m".repeat(253);
+        let n = boot_token_secret("tenant-a", &long, "infra");
+        assert!(n.len() <= 253, "{n}");
+        assert!(
+            n.starts_with("tenant-a.h") && n.ends_with(".boot-token"),
+            "{n}"
+        );
+        assert_ne!(n, boot_token_secret("tenant-a", &"m".repeat(252), "infra"));
     }
 }

@@ -1,0 +1,176 @@
+//! Issue 15, "bootd needs no cluster-wide Secret access": bootd and the
+//! manager run with the ServiceAccounts and roles of `deploy/base/` on the
+//! real API server (RBAC on). A Machine of namespace `tenant-b` boots from
+//! Subnet `lab` of `site-a`, where bootd runs: the manager, acting as
+//! `anneal-manager`, mints the boot token in `tenant-b` and publishes bootd's
+//! copy into `site-a`; bootd, acting as `anneal-bootd`, builds its table from
+//! that copy and holds the token unused; the registration spends it and the
+//! copy is deleted. bootd's token cannot read (get or list) a Secret of
+//! another namespace, nor list Secrets cluster-wide.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use anneal_api::{Machine, Subnet};
+use anneal_bootd::state::{BootToken, Token};
+use anneal_dhcp::Mac;
+use anneal_manager::agentapi::AgentApiConfig;
+use anneal_manager::lifecycle::LifecycleConfig;
+use anneal_testinfra::ControlPlane;
+use anneal_tests::eventually;
+use anneal_tests::lab::{Watcher, lease_subnet};
+use anneal_tests::lifecycle::*;
+use anneal_tests::rbac::{apply_manifest, service_account};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, PostParams};
+
+const MAC: &str = "52:54:00:7f:40:01";
+const MAC_BYTES: Mac = Mac([0x52, 0x54, 0, 0x7f, 0x40, 1]);
+const COPY: &str = "tenant-b.m-x.boot-token";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+fn boot_token(w: &Watcher) -> Option<BootToken> {
+    w.shared
+        .snapshot()
+        .machines
+        .get(&MAC_BYTES)
+        .map(|b| b.token.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = prepare(&cp, &[]).await;
+    create_namespace(&admin, "site-a").await;
+    create_namespace(&admin, "tenant-b").await;
+    apply_manifest(&cp, "deploy/base/rbac-manager.yaml", "anneal-system");
+    apply_manifest(&cp, "deploy/base/rbac-bootd.yaml", "site-a");
+    let mut subnet = lease_subnet(None);
+    subnet.spec.allowed_namespaces = vec!["tenant-b".into()];
+    Api::<Subnet>::namespaced(admin.clone(), "site-a")
+        .create(&PostParams::default(), &subnet)
+        .await
+        .unwrap();
+    // a tenant's Secret bootd must never read
+    let tenant_secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "bmc", "namespace": "tenant-b"},
+        "stringData": {"password": "tenant-b's"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), "tenant-b")
+        .create(&PostParams::default(), &tenant_secret)
+        .await
+        .unwrap();
+
+    let (manager_kc, _) = service_account(&cp, "anneal-system", "anneal-manager").await;
+    let (_, bootd) = service_account(&cp, "site-a", "anneal-bootd").await;
+
+    // bootd's ServiceAccount: no Secret of another namespace, no
+    // cluster-wide list, but Machines of every namespace (read only)
+    let e = Api::<Secret>::namespaced(bootd.clone(), "tenant-b")
+        .get("bmc")
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "{e}");
+    let e = Api::<Secret>::namespaced(bootd.clone(), "tenant-b")
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "{e}");
+    let e = Api::<Secret>::all(bootd.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "{e}");
+    Api::<Machine>::all(bootd.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let e = Api::<Machine>::namespaced(bootd.clone(), "tenant-b")
+        .delete("m-x", &Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "{e}");
+
+    // the manager as its ServiceAccount
+    let manager = Manager::start(
+        &manager_kc,
+        LifecycleConfig {
+            boot_token_lifetime: Duration::from_secs(300),
+            health_interval: Duration::from_secs(5),
+            ..LifecycleConfig::default()
+        },
+        AgentApiConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+            namespace: "anneal-system".into(),
+            server_names: vec!["127.0.0.1".into()],
+            long_poll: Duration::from_secs(2),
+            ..AgentApiConfig::default()
+        },
+    );
+    let watcher = Watcher::start_in(&bootd, "site-a").await;
+    let mut m = machine("m-x", MAC, None);
+    m.spec.subnet_ref.namespace = Some("site-a".into());
+    m.metadata.namespace = Some("tenant-b".into());
+    Api::<Machine>::namespaced(admin.clone(), "tenant-b")
+        .create(&PostParams::default(), &m)
+        .await
+        .unwrap();
+
+    // the token in the Machine's namespace, bootd's copy in the Subnet's
+    let token = eventually("the boot token in tenant-b", WAIT, || async {
+        secret_token(&admin, "tenant-b", "m-x-boot-token").await
+    })
+    .await;
+    let copy = eventually("bootd's copy in site-a", WAIT, || async {
+        Api::<Secret>::namespaced(admin.clone(), "site-a")
+            .get_opt(COPY)
+            .await
+            .unwrap()
+    })
+    .await;
+    let labels = copy.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["anneal.dev/boot-token-for"], "m-x");
+    assert_eq!(labels["anneal.dev/boot-token-namespace"], "tenant-b");
+    assert!(copy.metadata.owner_references.is_none(), "{copy:?}");
+    assert_eq!(
+        secret_token(&admin, "site-a", COPY).await.as_deref(),
+        Some(token.as_str())
+    );
+
+    // bootd, as its ServiceAccount, serves that token (unused)
+    let want = Token::new(token.clone());
+    eventually("bootd holds the token unused", WAIT, || async {
+        match boot_token(&watcher) {
+            Some(BootToken::Unused(t)) if t == want => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+
+    // the registration spends it: the copy goes, bootd's token is spent
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let (code, body) = agent.register_as(&token, Some("tenant-b/m-x"), MAC).await;
+    assert_eq!(code, 200, "{body}");
+    eventually("the copy deleted", WAIT, || async {
+        Api::<Secret>::namespaced(admin.clone(), "site-a")
+            .get_opt(COPY)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    eventually("bootd's token spent", WAIT, || async {
+        matches!(boot_token(&watcher), Some(BootToken::Spent)).then_some(())
+    })
+    .await;
+    watcher.stop().await;
+}
