@@ -294,6 +294,18 @@ pub fn sample_hardware() -> serde_json::Value {
     .unwrap()
 }
 
+/// The agent API of a test manager: HTTPS on 127.0.0.1 (a free port), its
+/// CA in `anneal-system`, a 2 s long poll.
+pub fn loopback_agent_api() -> anneal_manager::agentapi::AgentApiConfig {
+    anneal_manager::agentapi::AgentApiConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        namespace: "anneal-system".into(),
+        server_names: vec!["127.0.0.1".into()],
+        long_poll: std::time::Duration::from_secs(2),
+        ..anneal_manager::agentapi::AgentApiConfig::default()
+    }
+}
+
 pub async fn boot_token(client: &kube::Client, machine: &str) -> Option<String> {
     secret_token(client, "default", &format!("{machine}-boot-token")).await
 }

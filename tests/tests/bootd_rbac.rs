@@ -14,7 +14,6 @@ use std::time::Duration;
 use anneal_api::{Machine, Subnet};
 use anneal_bootd::state::{BootToken, Token};
 use anneal_dhcp::Mac;
-use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::ControlPlane;
 use anneal_tests::eventually;
@@ -107,13 +106,7 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
             health_interval: Duration::from_secs(5),
             ..LifecycleConfig::default()
         },
-        AgentApiConfig {
-            listen: ([127, 0, 0, 1], 0).into(),
-            namespace: "anneal-system".into(),
-            server_names: vec!["127.0.0.1".into()],
-            long_poll: Duration::from_secs(2),
-            ..AgentApiConfig::default()
-        },
+        loopback_agent_api(),
     );
     let watcher = Watcher::start_in(&bootd, "site-a").await;
     let mut m = machine("m-x", MAC, None);

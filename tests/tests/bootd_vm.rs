@@ -289,10 +289,13 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     };
     let started = Instant::now();
     let mut vm = Vm::launch(&vm_cfg, Some(&ns))?;
-    // our boot scripts say so when they give up: fail at once
+    // our boot scripts say so when they give up, and OVMF falls through to
+    // its shell when every network boot option failed: fail at once
     let res = vm
         .wait_for_line(
-            &format!("^{marker} ok|anneal: .*exiting to the next boot device"),
+            &format!(
+                "^{marker} ok|anneal: .*exiting to the next boot device|UEFI Interactive Shell"
+            ),
             Duration::from_secs(330),
         )
         .await

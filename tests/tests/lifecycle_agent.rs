@@ -11,7 +11,6 @@ use anneal_agent::client::{AgentClient as RealAgent, ClientError};
 use anneal_agent::cmdline::{ApiUrl, CaPin};
 use anneal_api::agent::{NextAction, RegisterRequest, Token};
 use anneal_api::{Machine, MachineHardware};
-use anneal_manager::agentapi::AgentApiConfig;
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_testinfra::ControlPlane;
 use anneal_tests::eventually;
@@ -32,13 +31,7 @@ async fn lifecycle_real_agent_client_registers_reports_and_powers_off() {
             allow_insecure_bmc: true,
             ..LifecycleConfig::default()
         },
-        AgentApiConfig {
-            listen: ([127, 0, 0, 1], 0).into(),
-            namespace: "anneal-system".into(),
-            server_names: vec!["127.0.0.1".into()],
-            long_poll: Duration::from_secs(2),
-            ..AgentApiConfig::default()
-        },
+        loopback_agent_api(),
     );
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
     machines
