@@ -34,11 +34,6 @@ use crate::ipmi::IpmiClient;
 use crate::patch::merge_diff;
 use crate::redfish::{BmcAddress, BmcReason, Credentials, RedfishClient, Scheme, TlsPolicy};
 
-/// Name of the boot-token Secret of a machine.
-pub fn boot_token_secret_name(machine: &str) -> String {
-    format!("{machine}-boot-token")
-}
-
 fn key_of(m: &Machine) -> Result<String, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     Ok(format!("{ns}/{}", m.name_any()))
@@ -265,7 +260,7 @@ async fn carry_out(
     set_backoff(ctx, &key, m, decision.backoff);
     log(m, &decision);
     if decision.token == TokenOp::Delete {
-        delete_boot_token(m, ctx).await?;
+        delete_boot_token_secrets(&ctx.client, m).await?;
     }
     if decision.commit || minted {
         commit(&base, ctx, decision.draft).await?;
@@ -372,9 +367,11 @@ async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
         BOOT_TOKEN_KEY.to_string(),
         ByteString(token.expose().as_bytes().to_vec()),
     );
-    for (secret_ns, secret_name, owned) in boot_token_places(m)? {
+    for (secret_ns, secret_name) in boot_token_places(m)? {
+        // the copy in another namespace cannot be owned by the Machine
+        let owned = secret_ns == ns;
         let mut labels = BTreeMap::from([(BOOT_TOKEN_LABEL.to_string(), name.clone())]);
-        if secret_ns != ns {
+        if !owned {
             labels.insert(BOOT_TOKEN_NAMESPACE_LABEL.to_string(), ns.clone());
         }
         let secret = Secret {
@@ -407,24 +404,29 @@ async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
     Ok(hash)
 }
 
-/// Where a Machine's boot token is written: `(namespace, name, owned by the
-/// Machine)`; the Machine's own Secret first, then bootd's copy in the
-/// Subnet's namespace when that differs.
-pub fn boot_token_places(m: &Machine) -> Result<Vec<(String, String, bool)>, Error> {
+/// Where a Machine's boot token is written: `(namespace, name)`, the
+/// Machine's own namespace first, then the Subnet's when that differs
+/// (both named by [`anneal_api::tenancy::boot_token_secret`]).
+fn boot_token_places(m: &Machine) -> Result<Vec<(String, String)>, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let name = m.name_any();
-    let mut out = vec![(ns.clone(), boot_token_secret_name(&name), true)];
     let subnet_ns = m.spec.subnet_ref.namespace_or(&ns).to_string();
+    let mut places = vec![ns.clone()];
     if subnet_ns != ns {
-        let copy = anneal_api::tenancy::boot_token_secret(&ns, &name, &subnet_ns);
-        out.push((subnet_ns, copy, false));
+        places.push(subnet_ns);
     }
-    Ok(out)
+    Ok(places
+        .into_iter()
+        .map(|p| {
+            let secret = anneal_api::tenancy::boot_token_secret(&ns, &name, &p);
+            (p, secret)
+        })
+        .collect())
 }
 
 /// Deletes a Machine's boot-token Secrets (its own and bootd's copy).
 pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Result<(), Error> {
-    for (ns, name, _) in boot_token_places(m)? {
+    for (ns, name) in boot_token_places(m)? {
         match Api::<Secret>::namespaced(client.clone(), &ns)
             .delete(&name, &Default::default())
             .await
@@ -440,10 +442,6 @@ pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Re
         }
     }
     Ok(())
-}
-
-async fn delete_boot_token(m: &Machine, ctx: &Context) -> Result<(), Error> {
-    delete_boot_token_secrets(&ctx.client, m).await
 }
 
 /// Writes the status difference (with the resourceVersion read as a
