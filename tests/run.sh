@@ -17,6 +17,24 @@ cd "$repo"
 step() { printf '\n== %s (%ss elapsed)\n' "$*" "$(( $(date +%s) - start ))"; }
 logdir=$(mktemp -d -t anneal-test.XXXXXX)
 
+# The test build without debug info and without incremental state: ~127 test
+# executables of ~200 MB each (150 MB of it DWARF) filled 13 GB of target/
+# and a CI machine's disk (the linker died with SIGBUS); this way the whole
+# target is ~3 GB and builds faster (docs/testing.md "Disk"). Every cargo
+# below, and the builds the tests start (tests/src/artifacts.rs), inherit
+# these, so nothing is compiled twice. Set them yourself to override.
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-false}"
+export CARGO_PROFILE_DEV_STRIP="${CARGO_PROFILE_DEV_STRIP:-debuginfo}"
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+target_dir="${CARGO_TARGET_DIR:-$repo/target}"
+mkdir -p "$target_dir"
+free_mib=$(df -Pm "$target_dir" | awk 'NR==2 {print $4}')
+step "disk: ${free_mib} MiB free for $target_dir"
+if [ "$free_mib" -lt 6144 ]; then
+  echo "warning: under 6 GiB free for $target_dir; a cold build needs ~3 GiB plus the" \
+    "VM disks and images the tests write under /tmp (set CARGO_TARGET_DIR elsewhere or free space)"
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
