@@ -1,0 +1,78 @@
+//! The rarest-first bookkeeping and choice added to the vendored librqbit
+//! (vendor/librqbit/NOTICE.anneal), through its public API.
+
+use librqbit::piece_selection::{Availability, choose_rarest};
+
+fn counts(a: &Availability) -> Vec<u32> {
+    (0..a.len()).map(|p| a.get(p)).collect()
+}
+
+/// xorshift64: a deterministic stand-in for the random tie-break.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+#[test]
+fn counts_follow_bitfields_haves_and_departures() {
+    let mut a = Availability::new(5);
+    a.add_peer([0, 1, 2, 3, 4]); // the seed
+    a.add_peer([]); // a leecher with nothing yet
+    assert_eq!(counts(&a), [1, 1, 1, 1, 1]);
+    a.add_piece(3); // the leecher got piece 3
+    a.add_piece(3); // and a second leecher too
+    assert_eq!(counts(&a), [1, 1, 1, 3, 1]);
+    // A peer sending a second bitfield replaces its first one.
+    a.replace_peer([], [1, 3]);
+    assert_eq!(counts(&a), [1, 2, 1, 4, 1]);
+    a.remove_peer([1, 3]);
+    a.remove_peer([0, 1, 2, 3, 4]); // the seed leaves
+    assert_eq!(counts(&a), [0, 0, 0, 2, 0]);
+    // Never below zero, whatever a buggy caller removes; spare bitfield bits
+    // past the last piece are ignored.
+    a.remove_peer([0, 0, 9]);
+    a.add_peer([5, 6, 7]);
+    assert_eq!(counts(&a), [0, 0, 0, 2, 0]);
+    assert_eq!(a.get(99), 0);
+}
+
+#[test]
+fn the_least_available_candidate_is_chosen() {
+    let mut a = Availability::new(8);
+    a.add_peer(0..8);
+    a.add_peer(0..6);
+    a.add_peer([0, 1, 2, 3, 7]);
+    // counts: 3 3 3 3 2 2 1 2
+    assert_eq!(choose_rarest(0..8, &a, xorshift(1)), Some(6));
+    // Only candidates count: without 6, the rarest are 4, 5 and 7.
+    for seed in 1..50 {
+        let pick = choose_rarest([0, 1, 4, 5, 7], &a, xorshift(seed));
+        assert!(matches!(pick, Some(4 | 5 | 7)), "{pick:?}");
+    }
+    assert_eq!(choose_rarest([2], &a, xorshift(3)), Some(2));
+    assert_eq!(choose_rarest(std::iter::empty(), &a, xorshift(3)), None);
+}
+
+#[test]
+fn ties_are_broken_uniformly() {
+    // 64 leechers that all see the same counts must not all pick the same
+    // piece: every one of the 16 equally rare pieces is chosen about as often.
+    let mut a = Availability::new(32);
+    a.add_peer(0..32);
+    a.add_peer(16..32);
+    let mut seen = [0u32; 32];
+    let mut rng = xorshift(0x2545_f491_4f6c_dd1d);
+    for _ in 0..16_000 {
+        let pick = choose_rarest(0..32, &a, &mut rng).expect("a candidate");
+        seen[pick] += 1;
+    }
+    assert!(seen[16..].iter().all(|&n| n == 0), "{seen:?}");
+    for &n in &seen[..16] {
+        assert!((800..1200).contains(&n), "uneven tie-break: {seen:?}");
+    }
+}

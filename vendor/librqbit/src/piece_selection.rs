@@ -1,0 +1,158 @@
+//! Rarest-first piece selection (added by anneal, opt-in through
+//! `AddTorrentOptions::rarest_first`; see NOTICE.anneal).
+//!
+//! Stock librqbit hands out queued pieces in file order (the first and last
+//! piece of each file, then sequentially). When many leechers start together
+//! from one seed, they all ask for the same pieces, hold the same pieces, and
+//! have little to trade: the seed's upload is the bottleneck. With
+//! rarest-first, each leecher takes the queued piece that the fewest connected
+//! peers have, ties broken at random, so the swarm spreads distinct pieces
+//! early and peers upload to each other (BEP 3 "rarest first").
+//!
+//! [`Availability`] keeps, for every piece, how many connected peers have it:
+//! a peer's bitfield is added when it arrives, a HAVE increments one piece,
+//! and a peer's whole bitfield is subtracted when it goes away.
+//! [`choose_rarest`] picks among candidates.
+
+/// Per-piece count of connected peers that have the piece.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Availability {
+    counts: Vec<u32>,
+}
+
+impl Availability {
+    /// A torrent of `pieces` pieces that no peer has yet.
+    pub fn new(pieces: usize) -> Self {
+        Self {
+            counts: vec![0; pieces],
+        }
+    }
+
+    /// Number of pieces tracked.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// True when the torrent has no pieces.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// How many connected peers have `piece` (0 for an index out of range).
+    pub fn get(&self, piece: usize) -> u32 {
+        self.counts.get(piece).copied().unwrap_or(0)
+    }
+
+    /// A peer announced `piece` (HAVE). Out-of-range indices are ignored.
+    pub fn add_piece(&mut self, piece: usize) {
+        if let Some(c) = self.counts.get_mut(piece) {
+            *c = c.saturating_add(1);
+        }
+    }
+
+    /// A peer with these pieces connected (its bitfield). Indices past the
+    /// torrent's last piece (a bitfield's spare bits) are ignored.
+    pub fn add_peer(&mut self, pieces: impl IntoIterator<Item = usize>) {
+        for p in pieces {
+            self.add_piece(p);
+        }
+    }
+
+    /// A peer with these pieces went away. Counts never go below zero, so a
+    /// peer that is removed without having been added cannot corrupt others'.
+    pub fn remove_peer(&mut self, pieces: impl IntoIterator<Item = usize>) {
+        for p in pieces {
+            if let Some(c) = self.counts.get_mut(p) {
+                *c = c.saturating_sub(1);
+            }
+        }
+    }
+
+    /// A peer's bitfield was replaced (a second BITFIELD message): `old` is
+    /// subtracted, `new` added.
+    pub fn replace_peer(
+        &mut self,
+        old: impl IntoIterator<Item = usize>,
+        new: impl IntoIterator<Item = usize>,
+    ) {
+        self.remove_peer(old);
+        self.add_peer(new);
+    }
+}
+
+/// The candidate with the lowest availability; among equally rare candidates
+/// each is chosen with the same probability (reservoir sampling driven by
+/// `random`, which must return uniformly distributed values). `None` when
+/// there is no candidate.
+pub fn choose_rarest(
+    candidates: impl IntoIterator<Item = usize>,
+    availability: &Availability,
+    mut random: impl FnMut() -> u64,
+) -> Option<usize> {
+    let mut best: Option<(usize, u32)> = None;
+    let mut ties: u64 = 0;
+    for piece in candidates {
+        let count = availability.get(piece);
+        match best {
+            Some((_, c)) if count > c => {}
+            Some((_, c)) if count == c => {
+                ties += 1;
+                // Keep each of the `ties` equally rare candidates with
+                // probability 1/ties.
+                if random() % ties == 0 {
+                    best = Some((piece, count));
+                }
+            }
+            _ => {
+                best = Some((piece, count));
+                ties = 1;
+            }
+        }
+    }
+    best.map(|(p, _)| p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bookkeeping_follows_peers() {
+        let mut a = Availability::new(4);
+        a.add_peer([0, 1, 2, 3]);
+        a.add_peer([1, 3]);
+        a.add_piece(2);
+        assert_eq!((0..4).map(|p| a.get(p)).collect::<Vec<_>>(), [1, 2, 2, 2]);
+        a.remove_peer([1, 3]);
+        assert_eq!((0..4).map(|p| a.get(p)).collect::<Vec<_>>(), [1, 1, 2, 1]);
+        a.remove_peer([0, 0, 0]);
+        assert_eq!(a.get(0), 0);
+        a.add_peer([7, 9]);
+        assert_eq!(a.len(), 4);
+    }
+
+    #[test]
+    fn rarest_wins_and_ties_are_spread() {
+        let mut a = Availability::new(6);
+        a.add_peer([0, 1, 2, 3, 4, 5]);
+        a.add_peer([0, 1, 2]);
+        // 3, 4, 5 are held by one peer, 0..3 by two.
+        let mut seen = [0u32; 6];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..3000 {
+            let pick = choose_rarest(0..6, &a, || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            })
+            .unwrap();
+            seen[pick] += 1;
+        }
+        assert_eq!(&seen[..3], &[0, 0, 0]);
+        for s in &seen[3..] {
+            assert!((800..1200).contains(s), "uneven tie-break: {seen:?}");
+        }
+        assert_eq!(choose_rarest(std::iter::empty(), &a, || 0), None);
+    }
+}

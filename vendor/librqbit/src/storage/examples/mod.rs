@@ -1,0 +1,2 @@
+pub mod inmemory;
+pub mod mmap;

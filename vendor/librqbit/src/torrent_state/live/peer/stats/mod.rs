@@ -1,0 +1,2 @@
+pub mod atomic;
+pub mod snapshot;
