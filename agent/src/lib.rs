@@ -16,4 +16,5 @@ pub mod net;
 pub mod posthook;
 pub mod serve;
 pub mod store;
+pub mod swarm;
 pub mod tracker;

@@ -102,6 +102,10 @@ pub use torrent_state::{
     TorrentStatsState,
 };
 pub use type_aliases::FileInfos;
+// anneal: per-peer byte counters for embedders (which peer sent what).
+pub use torrent_state::live::peer::stats::snapshot::{
+    PeerStats, PeerStatsFilter, PeerStatsFilterState, PeerStatsSnapshot,
+};
 
 pub use buffers::*;
 pub use clone_to_owned::CloneToOwned;

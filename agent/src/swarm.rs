@@ -1,0 +1,651 @@
+//! Partition content over BitTorrent (issue 14): a leecher that writes each
+//! verified piece straight onto its slot, and a seeder that serves content
+//! streams from a content store. Both run the vendored librqbit
+//! (vendor/librqbit: rarest-first piece selection) with DHT, local service
+//! discovery and UPnP off; peers come from the plan (the seeder, the other
+//! machines of the run) and from a tracker.
+//!
+//! The content format's pieces are the torrent's pieces
+//! (`anneal_image::torrent`), so a piece librqbit has checked against the
+//! torrent's SHA-1 is a piece of the index. [`SlotStorage`] keeps the chunks
+//! of a piece in memory until librqbit has verified it, checks the SHA-1
+//! again against the index, and only then writes the piece's disk ranges at
+//! `slot + disk offset`: a corrupt chunk from a peer is never written (the
+//! peer is dropped by librqbit and the piece fetched again). Verified pieces
+//! are read back from the target to serve other peers. At the end the whole
+//! stream is read back in order and its SHA-256 compared with the index's.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anneal_image::format::{ContentIndex, ranges_for};
+use librqbit::storage::{StorageFactory, StorageFactoryExt as _, TorrentStorage};
+use librqbit::{
+    AddTorrent, AddTorrentOptions, ListenerMode, ListenerOptions, ManagedTorrentShared,
+    PeerStatsFilter, PeerStatsFilterState, PeerStatsSnapshot, Session, SessionOptions,
+    TorrentMetadata,
+};
+use librqbit_core::lengths::ValidPieceIndex;
+use sha1::Digest as _;
+
+/// Why a swarm fetch did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum SwarmError {
+    /// librqbit could not start (listen address, runtime).
+    #[error("starting the BitTorrent session: {0:#}")]
+    Start(anyhow::Error),
+    /// The torrent was refused.
+    #[error("adding the torrent: {0:#}")]
+    Torrent(anyhow::Error),
+    /// The target could not be opened.
+    #[error("opening the target {path}: {source}")]
+    Target {
+        /// target path
+        path: PathBuf,
+        /// cause
+        source: std::io::Error,
+    },
+    /// No piece completed for the stall timeout.
+    #[error(
+        "the swarm stalled: no piece for {secs} s with {have} of {total} pieces written (peers: {peers})"
+    )]
+    Stalled {
+        /// seconds without progress
+        secs: u64,
+        /// pieces written
+        have: u64,
+        /// pieces in the content
+        total: u64,
+        /// peers known
+        peers: usize,
+    },
+    /// Writing or reading the target failed.
+    #[error("{0}")]
+    Io(String),
+    /// The stream read back does not hash to the index's SHA-256.
+    #[error("the stream written has SHA-256 {got}, the index says {want}")]
+    StreamHash {
+        /// from the index
+        want: String,
+        /// read back
+        got: String,
+    },
+}
+
+/// How a leecher joins its swarm.
+#[derive(Debug, Clone)]
+pub struct SwarmConfig {
+    /// Where this peer listens for other peers (port 0: any).
+    pub listen: SocketAddr,
+    /// Peers known from the start (the seeder, the run's other machines).
+    pub peers: Vec<SocketAddr>,
+    /// Addresses whose bytes count as "from the seeder" in the stats.
+    pub seeders: Vec<SocketAddr>,
+    /// Tracker announce URLs (none: peers only from `peers`).
+    pub trackers: Vec<String>,
+    /// Rarest-first piece selection (the stock order when false, for the
+    /// benchmark's comparison).
+    pub rarest_first: bool,
+    /// No piece completed for this long: give up with [`SwarmError::Stalled`].
+    pub stall_timeout: Duration,
+    /// Keep serving the other peers this long after the last piece.
+    pub seed_after: Duration,
+}
+
+/// What a swarm fetch did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SwarmStats {
+    /// Pieces written to the target.
+    pub pieces: u64,
+    /// Stream bytes written to the target.
+    pub bytes_written: u64,
+    /// Bytes received from the seeders (`SwarmConfig::seeders`).
+    pub bytes_from_seeders: u64,
+    /// Bytes received from other peers.
+    pub bytes_from_peers: u64,
+    /// Bytes sent to other peers.
+    pub bytes_uploaded: u64,
+    /// Peers that sent at least one byte.
+    pub peers: usize,
+    /// Seconds from start to the last piece written.
+    pub seconds: f64,
+}
+
+/// Shared state of a leecher's storage: the target, the index, the pieces in
+/// progress and the pieces written.
+#[derive(Debug)]
+struct Slot {
+    target: File,
+    slot: u64,
+    index: ContentIndex,
+    partial: Mutex<HashMap<u64, Vec<u8>>>,
+    written: Mutex<Vec<bool>>,
+    pieces_written: AtomicU64,
+    bytes_written: AtomicU64,
+    error: Mutex<Option<String>>,
+}
+
+impl Slot {
+    fn piece_of(&self, offset: u64) -> (u64, usize) {
+        let pl = u64::from(self.index.header.piece_length);
+        (offset / pl, (offset % pl) as usize)
+    }
+
+    fn fail(&self, msg: String) {
+        if let Ok(mut e) = self.error.lock() {
+            e.get_or_insert(msg);
+        }
+    }
+
+    fn is_written(&self, piece: u64) -> bool {
+        self.written
+            .lock()
+            .map(|w| w.get(piece as usize).copied().unwrap_or(false))
+            .unwrap_or(false)
+    }
+
+    /// Reads stream bytes `[offset, offset+buf.len())` back from the target.
+    fn read_back(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let end = offset + buf.len() as u64;
+        for r in ranges_for(&self.index.extents, offset, end) {
+            let at = (r.stream_offset - offset) as usize;
+            let len = r.len as usize;
+            self.target
+                .read_exact_at(&mut buf[at..at + len], self.slot + r.disk_offset)?;
+        }
+        Ok(())
+    }
+
+    /// Piece `i` verified by librqbit: check it against the index and write
+    /// its ranges.
+    fn complete(&self, i: u64) -> Result<(), String> {
+        let Some(buf) = self.partial.lock().map_err(|_| "poisoned")?.remove(&i) else {
+            return if self.is_written(i) {
+                Ok(())
+            } else {
+                Err(format!("piece {i} completed with no data received"))
+            };
+        };
+        let want = self
+            .index
+            .piece_hashes
+            .get(i as usize)
+            .ok_or_else(|| format!("piece {i} is past the index's last piece"))?;
+        if sha1::Sha1::digest(&buf).as_slice() != want {
+            return Err(format!(
+                "piece {i} does not match the index's SHA-1 (the torrent and the index disagree)"
+            ));
+        }
+        let pl = u64::from(self.index.header.piece_length);
+        let start = i * pl;
+        for r in self.index.piece_ranges(i) {
+            let at = (r.stream_offset - start) as usize;
+            self.target
+                .write_all_at(&buf[at..at + r.len as usize], self.slot + r.disk_offset)
+                .map_err(|e| {
+                    format!(
+                        "writing piece {i} at offset {} of the target: {e}",
+                        self.slot + r.disk_offset
+                    )
+                })?;
+        }
+        if let Ok(mut w) = self.written.lock()
+            && let Some(slot) = w.get_mut(i as usize)
+        {
+            *slot = true;
+        }
+        self.pieces_written.fetch_add(1, Ordering::Relaxed);
+        self.bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// librqbit storage of a leecher: one file (the content stream) mapped onto
+/// the slot through the index.
+#[derive(Debug, Clone)]
+struct SlotStorage(Arc<Slot>);
+
+impl TorrentStorage for SlotStorage {
+    fn init(&mut self, _: &ManagedTorrentShared, _: &TorrentMetadata) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn pread_exact(&self, file_id: usize, offset: u64, buf: &mut [u8]) -> anyhow::Result<()> {
+        anyhow::ensure!(file_id == 0, "a content torrent has one file");
+        let (piece, at) = self.0.piece_of(offset);
+        if let Some(p) = self
+            .0
+            .partial
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .get(&piece)
+        {
+            let src = p
+                .get(at..at + buf.len())
+                .ok_or_else(|| anyhow::anyhow!("read past piece {piece}"))?;
+            buf.copy_from_slice(src);
+            return Ok(());
+        }
+        // Only pieces written in this run are served: the target's old
+        // bytes are never offered (and librqbit's start-up check finds none).
+        anyhow::ensure!(self.0.is_written(piece), "piece {piece} is not here yet");
+        self.0.read_back(offset, buf)?;
+        Ok(())
+    }
+
+    fn pwrite_all(&self, file_id: usize, offset: u64, buf: &[u8]) -> anyhow::Result<()> {
+        anyhow::ensure!(file_id == 0, "a content torrent has one file");
+        let (piece, at) = self.0.piece_of(offset);
+        if self.0.is_written(piece) {
+            return Ok(());
+        }
+        let len = self.0.index.piece_len(piece) as usize;
+        let mut partial = self
+            .0
+            .partial
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let p = partial.entry(piece).or_insert_with(|| vec![0; len]);
+        p.get_mut(at..at + buf.len())
+            .ok_or_else(|| anyhow::anyhow!("chunk past the end of piece {piece}"))?
+            .copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn remove_file(&self, _: usize, _: &Path) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn remove_directory_if_empty(&self, _: &Path) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn ensure_file_length(&self, _: usize, _: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn take(&self) -> anyhow::Result<Box<dyn TorrentStorage>> {
+        Ok(Box::new(self.clone()))
+    }
+
+    fn on_piece_completed(&self, piece: ValidPieceIndex) -> anyhow::Result<()> {
+        let i = u64::from(piece.get());
+        if let Err(e) = self.0.complete(i) {
+            // librqbit only logs this error: the fetch loop reads it and
+            // fails the run.
+            self.0.fail(e.clone());
+            anyhow::bail!(e);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SlotFactory(Arc<Slot>);
+
+impl StorageFactory for SlotFactory {
+    type Storage = SlotStorage;
+
+    fn create(&self, _: &ManagedTorrentShared, _: &TorrentMetadata) -> anyhow::Result<SlotStorage> {
+        Ok(SlotStorage(self.0.clone()))
+    }
+
+    fn clone_box(&self) -> librqbit::storage::BoxStorageFactory {
+        self.clone().boxed()
+    }
+}
+
+/// librqbit storage of a seeder: the content stream file, read only.
+#[derive(Debug, Clone)]
+struct StreamStorage(Arc<File>);
+
+impl TorrentStorage for StreamStorage {
+    fn init(&mut self, _: &ManagedTorrentShared, _: &TorrentMetadata) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn pread_exact(&self, _: usize, offset: u64, buf: &mut [u8]) -> anyhow::Result<()> {
+        self.0.read_exact_at(buf, offset)?;
+        Ok(())
+    }
+
+    fn pwrite_all(&self, _: usize, _: u64, _: &[u8]) -> anyhow::Result<()> {
+        anyhow::bail!("a seeder does not write its content store")
+    }
+
+    fn remove_file(&self, _: usize, _: &Path) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn remove_directory_if_empty(&self, _: &Path) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn ensure_file_length(&self, _: usize, _: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn take(&self) -> anyhow::Result<Box<dyn TorrentStorage>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct StreamFactory(Arc<File>);
+
+impl StorageFactory for StreamFactory {
+    type Storage = StreamStorage;
+
+    fn create(
+        &self,
+        _: &ManagedTorrentShared,
+        _: &TorrentMetadata,
+    ) -> anyhow::Result<StreamStorage> {
+        Ok(StreamStorage(self.0.clone()))
+    }
+
+    fn clone_box(&self) -> librqbit::storage::BoxStorageFactory {
+        self.clone().boxed()
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, SwarmError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("swarm")
+        .build()
+        .map_err(|e| SwarmError::Start(e.into()))
+}
+
+/// A librqbit session: TCP only, no DHT, no local discovery, no UPnP, no
+/// persistence. Its output folder is never written (every torrent has its
+/// own storage).
+async fn session(listen: SocketAddr, upload_bps: Option<u32>) -> Result<Arc<Session>, SwarmError> {
+    Session::new_with_opts(
+        PathBuf::from("/nonexistent/anneal-swarm"),
+        SessionOptions {
+            dht: None,
+            disable_local_service_discovery: true,
+            listen: Some(ListenerOptions {
+                mode: ListenerMode::TcpOnly,
+                listen_addr: listen,
+                // Behind no NAT: announce the port we listen on, loopback too.
+                announce_port: Some(listen.port()).filter(|p| *p != 0),
+                ..Default::default()
+            }),
+            ratelimits: librqbit::limits::LimitsConfig {
+                upload_bps: upload_bps.and_then(std::num::NonZeroU32::new),
+                download_bps: None,
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(SwarmError::Start)
+}
+
+/// Fetches the content described by `index` (torrent `torrent`, made from
+/// the same index) onto `target` at byte `slot`, from the swarm of `cfg`.
+pub fn fetch_to_slot(
+    torrent: &[u8],
+    index: &ContentIndex,
+    target: &Path,
+    slot: u64,
+    cfg: &SwarmConfig,
+) -> Result<SwarmStats, SwarmError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(target)
+        .map_err(|source| SwarmError::Target {
+            path: target.to_path_buf(),
+            source,
+        })?;
+    let total = index.piece_count();
+    let shared = Arc::new(Slot {
+        target: file,
+        slot,
+        index: index.clone(),
+        partial: Mutex::new(HashMap::new()),
+        written: Mutex::new(vec![false; total as usize]),
+        pieces_written: AtomicU64::new(0),
+        bytes_written: AtomicU64::new(0),
+        error: Mutex::new(None),
+    });
+    let rt = runtime()?;
+    let stats = rt.block_on(async {
+        let session = session(cfg.listen, None).await?;
+        let result = leech(&session, torrent, &shared, total, cfg).await;
+        session.stop().await;
+        result
+    })?;
+    rt.shutdown_timeout(Duration::from_secs(5));
+    if shared.pieces_written.load(Ordering::Relaxed) != total {
+        return Err(SwarmError::Io(format!(
+            "librqbit finished with {} of {total} pieces written",
+            shared.pieces_written.load(Ordering::Relaxed)
+        )));
+    }
+    verify_stream(&shared)?;
+    Ok(stats)
+}
+
+async fn leech(
+    session: &Arc<Session>,
+    torrent: &[u8],
+    shared: &Arc<Slot>,
+    total: u64,
+    cfg: &SwarmConfig,
+) -> Result<SwarmStats, SwarmError> {
+    let start = Instant::now();
+    let handle = session
+        .add_torrent(
+            AddTorrent::TorrentFileBytes(torrent.to_vec().into()),
+            Some(AddTorrentOptions {
+                overwrite: true,
+                initial_peers: Some(cfg.peers.clone()),
+                trackers: Some(cfg.trackers.clone()),
+                disable_trackers: cfg.trackers.is_empty(),
+                rarest_first: cfg.rarest_first,
+                storage_factory: Some(SlotFactory(shared.clone()).boxed()),
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(SwarmError::Torrent)?
+        .into_handle()
+        .ok_or_else(|| SwarmError::Torrent(anyhow::anyhow!("the torrent was only listed")))?;
+    let mut last = (0u64, Instant::now());
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let done_at = loop {
+        tick.tick().await;
+        if let Some(e) = shared.error.lock().ok().and_then(|e| e.clone()) {
+            return Err(SwarmError::Io(e));
+        }
+        let have = shared.pieces_written.load(Ordering::Relaxed);
+        if have == total {
+            break start.elapsed();
+        }
+        if have != last.0 {
+            last = (have, Instant::now());
+        } else if last.1.elapsed() >= cfg.stall_timeout {
+            let peers = handle
+                .live()
+                .map(|l| peer_stats(&l.per_peer_stats_snapshot(all_peers()), &cfg.seeders).peers)
+                .unwrap_or(0);
+            return Err(SwarmError::Stalled {
+                secs: cfg.stall_timeout.as_secs(),
+                have,
+                total,
+                peers,
+            });
+        }
+    };
+    if !cfg.seed_after.is_zero() {
+        tokio::time::sleep(cfg.seed_after).await;
+    }
+    let mut stats = handle
+        .live()
+        .map(|l| peer_stats(&l.per_peer_stats_snapshot(all_peers()), &cfg.seeders))
+        .unwrap_or_default();
+    stats.pieces = shared.pieces_written.load(Ordering::Relaxed);
+    stats.bytes_written = shared.bytes_written.load(Ordering::Relaxed);
+    stats.seconds = done_at.as_secs_f64();
+    Ok(stats)
+}
+
+fn all_peers() -> PeerStatsFilter {
+    PeerStatsFilter {
+        state: PeerStatsFilterState::All,
+    }
+}
+
+fn peer_stats(snap: &PeerStatsSnapshot, seeders: &[SocketAddr]) -> SwarmStats {
+    let mut s = SwarmStats::default();
+    for (addr, p) in &snap.peers {
+        let c = &p.counters;
+        s.bytes_uploaded += c.uploaded_bytes;
+        if c.fetched_bytes > 0 {
+            s.peers += 1;
+        }
+        let from_seeder = addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| seeders.contains(&a));
+        if from_seeder {
+            s.bytes_from_seeders += c.fetched_bytes;
+        } else {
+            s.bytes_from_peers += c.fetched_bytes;
+        }
+    }
+    s
+}
+
+/// Reads the stream back from the target in order and compares its SHA-256
+/// with the index's.
+fn verify_stream(shared: &Slot) -> Result<(), SwarmError> {
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let used = shared.index.header.used_bytes;
+    let mut off = 0u64;
+    while off < used {
+        let n = (used - off).min(buf.len() as u64) as usize;
+        shared
+            .read_back(off, &mut buf[..n])
+            .map_err(|e| SwarmError::Io(format!("reading the stream back at {off}: {e}")))?;
+        sha2::Digest::update(&mut h, &buf[..n]);
+        off += n as u64;
+    }
+    let got = hex::encode(sha2::Digest::finalize(h));
+    let want = hex::encode(shared.index.header.stream_sha256);
+    if got != want {
+        return Err(SwarmError::StreamHash { want, got });
+    }
+    Ok(())
+}
+
+/// How long a seeder's start-up check of one stream may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A seeder: serves content streams of a content store to a swarm until
+/// dropped.
+pub struct Seeder {
+    rt: Option<tokio::runtime::Runtime>,
+    session: Arc<Session>,
+    addr: SocketAddr,
+}
+
+impl Seeder {
+    /// Starts seeding each `(torrent, stream file)` on `listen`, announcing
+    /// to `trackers`, sending at most `upload_bps` bytes per second in all
+    /// (none: no cap).
+    pub fn start(
+        listen: SocketAddr,
+        contents: &[(Vec<u8>, PathBuf)],
+        trackers: &[String],
+        upload_bps: Option<u32>,
+    ) -> Result<Self, SwarmError> {
+        let rt = runtime()?;
+        let session = rt.block_on(async {
+            let session = session(listen, upload_bps).await?;
+            for (torrent, stream) in contents {
+                let file = File::open(stream).map_err(|source| SwarmError::Target {
+                    path: stream.clone(),
+                    source,
+                })?;
+                let handle = session
+                    .add_torrent(
+                        AddTorrent::TorrentFileBytes(torrent.clone().into()),
+                        Some(AddTorrentOptions {
+                            overwrite: true,
+                            trackers: Some(trackers.to_vec()),
+                            disable_trackers: trackers.is_empty(),
+                            storage_factory: Some(StreamFactory(Arc::new(file)).boxed()),
+                            ..Default::default()
+                        }),
+                    )
+                    .await
+                    .map_err(SwarmError::Torrent)?
+                    .into_handle()
+                    .ok_or_else(|| {
+                        SwarmError::Torrent(anyhow::anyhow!("the torrent was only listed"))
+                    })?;
+                // The start-up check hashes the stream once: a store whose
+                // stream does not match its torrent is refused here.
+                tokio::time::timeout(CHECK_TIMEOUT, handle.wait_until_completed())
+                    .await
+                    .map_err(|_| {
+                        SwarmError::Torrent(anyhow::anyhow!(
+                            "{} does not match its torrent (checked for {} s)",
+                            stream.display(),
+                            CHECK_TIMEOUT.as_secs()
+                        ))
+                    })?
+                    .map_err(SwarmError::Torrent)?;
+                if !handle.stats().finished {
+                    return Err(SwarmError::Torrent(anyhow::anyhow!(
+                        "{} does not match its torrent",
+                        stream.display()
+                    )));
+                }
+            }
+            Ok::<_, SwarmError>(session)
+        })?;
+        let addr = session
+            .listen_addr()
+            .ok_or_else(|| SwarmError::Start(anyhow::anyhow!("the seeder does not listen")))?;
+        Ok(Self {
+            rt: Some(rt),
+            session,
+            addr,
+        })
+    }
+
+    /// The address peers reach it at.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl std::fmt::Debug for Seeder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seeder").field("addr", &self.addr).finish()
+    }
+}
+
+impl Drop for Seeder {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.block_on(self.session.stop());
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! `anneal_agent::swarm` on loopback: an ext4 partition captured into a
+//! content (64 KiB pieces), seeded by `Seeder` from its stream, fetched by
+//! leechers onto a slot of a target file. What lands in the used blocks is
+//! the source's bytes (a direct restore's), the stream's SHA-256 is checked,
+//! a peer that serves corrupt pieces changes nothing on the target, and a
+//! swarm with no peer fails with a reason instead of hanging.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anneal_agent::swarm::{Seeder, SwarmConfig, SwarmError, fetch_to_slot};
+use anneal_image::capture::{Options, capture_region};
+use anneal_image::format::ContentIndex;
+use anneal_image::torrent::Metainfo;
+
+const PIECE: u32 = 64 << 10;
+const PART: u64 = 48 << 20;
+const SLOT: u64 = 1 << 20;
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct Content {
+    _dir: tempfile::TempDir,
+    part: PathBuf,
+    stream: PathBuf,
+    index: ContentIndex,
+    torrent: Vec<u8>,
+}
+
+/// An ext4 partition holding ~7 MiB of pseudo-random files (three of ten
+/// removed), captured.
+fn content() -> Content {
+    // RUST_LOG=librqbit=debug shows the swarm.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for f in 0..10 {
+        let mut data = Vec::with_capacity(1 << 20);
+        while data.len() < (1 << 20) + f * 4097 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+        std::fs::write(files.join(format!("f{f}")), data).unwrap();
+    }
+    let part = dir.path().join("part.img");
+    std::fs::File::create(&part).unwrap().set_len(PART).unwrap();
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096", "-d"])
+        .arg(&files)
+        .arg(&part));
+    // Files removed from the middle leave free blocks between used ones:
+    // the content has several extents and the slot has gaps.
+    for f in ["f2", "f5", "f7"] {
+        run(Command::new("debugfs")
+            .args(["-w", "-R", &format!("rm {f}")])
+            .arg(&part));
+    }
+    let index_path = dir.path().join("c.index");
+    let stream = dir.path().join("c.stream");
+    let (index, _) = capture_region(
+        &std::fs::File::open(&part).unwrap(),
+        0,
+        PART,
+        &index_path,
+        &stream,
+        Options {
+            piece_length: PIECE,
+        },
+    )
+    .unwrap();
+    assert!(
+        index.extents.len() > 1,
+        "ext4 leaves gaps: {:?}",
+        index.extents.len()
+    );
+    let torrent = Metainfo::from_index(&index, "root", None).to_bytes();
+    Content {
+        _dir: dir,
+        part,
+        stream,
+        index,
+        torrent,
+    }
+}
+
+fn target(dir: &Path, name: &str) -> PathBuf {
+    let t = dir.join(name);
+    std::fs::File::create(&t)
+        .unwrap()
+        .set_len(SLOT + PART)
+        .unwrap();
+    t
+}
+
+fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) -> SwarmConfig {
+    SwarmConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], listen_port)),
+        peers,
+        seeders,
+        trackers: Vec::new(),
+        rarest_first: true,
+        stall_timeout: Duration::from_secs(60),
+        seed_after: Duration::ZERO,
+    }
+}
+
+/// The used blocks of the target's slot are the source partition's.
+fn assert_used_blocks_equal(c: &Content, target: &Path) {
+    let src = std::fs::File::open(&c.part).unwrap();
+    let dst = std::fs::File::open(target).unwrap();
+    let mut a = vec![0u8; 1 << 20];
+    let mut b = vec![0u8; 1 << 20];
+    for e in &c.index.extents {
+        let mut off = 0u64;
+        while off < e.len {
+            let n = (e.len - off).min(a.len() as u64) as usize;
+            src.read_exact_at(&mut a[..n], e.offset + off).unwrap();
+            dst.read_exact_at(&mut b[..n], SLOT + e.offset + off)
+                .unwrap();
+            assert!(
+                a[..n] == b[..n],
+                "{}: used bytes at partition offset {} differ from the source",
+                target.display(),
+                e.offset + off
+            );
+            off += n as u64;
+        }
+    }
+}
+
+/// A free loopback port for a leecher that others must know in advance.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn leechers_write_the_used_blocks_of_a_direct_restore() {
+    let c = content();
+    let seeder = Seeder::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &[(c.torrent.clone(), c.stream.clone())],
+        &[],
+        None,
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let t = target(work.path(), &format!("t{i}"));
+                let mut peers = vec![seeder.addr(), addrs[1 - i]];
+                peers.dedup();
+                let cfg = config(peers, vec![seeder.addr()], ports[i]);
+                let c = &c;
+                s.spawn(move || {
+                    (
+                        t.clone(),
+                        fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (t, r) in results {
+        let stats = r.unwrap_or_else(|e| panic!("{}: {e}", t.display()));
+        assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
+        assert_eq!(stats.bytes_written, c.index.header.used_bytes, "{stats:?}");
+        assert!(
+            stats.bytes_from_seeders + stats.bytes_from_peers >= c.index.header.used_bytes,
+            "{stats:?}"
+        );
+        assert_used_blocks_equal(&c, &t);
+    }
+}
+
+#[test]
+fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
+    let c = content();
+    // The bad peer checks a true copy at start, then serves what the copy
+    // holds from then on: every byte flipped.
+    let work = tempfile::tempdir().unwrap();
+    let bad_stream = work.path().join("bad.stream");
+    std::fs::copy(&c.stream, &bad_stream).unwrap();
+    let bad = Seeder::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &[(c.torrent.clone(), bad_stream.clone())],
+        &[],
+        None,
+    )
+    .unwrap();
+    let flipped: Vec<u8> = std::fs::read(&bad_stream)
+        .unwrap()
+        .iter()
+        .map(|b| !b)
+        .collect();
+    std::fs::File::options()
+        .write(true)
+        .open(&bad_stream)
+        .unwrap()
+        .write_all_at(&flipped, 0)
+        .unwrap();
+    // The good seeder sends 2 MiB/s: the bad peer is surely asked for
+    // pieces before the good one has sent them all.
+    let good = Seeder::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &[(c.torrent.clone(), c.stream.clone())],
+        &[],
+        Some(2 << 20),
+    )
+    .unwrap();
+    let t = target(work.path(), "t");
+    // The bad peer first: it is asked before the good one is even known.
+    let cfg = config(vec![bad.addr(), good.addr()], vec![good.addr()], 0);
+    let stats = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg).unwrap();
+    assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
+    assert_eq!(stats.bytes_written, c.index.header.used_bytes, "{stats:?}");
+    // The bad peer did send (corrupt) bytes; none of them reached the target.
+    assert!(
+        stats.bytes_from_peers > 0,
+        "the bad peer was never asked: {stats:?}"
+    );
+    assert_used_blocks_equal(&c, &t);
+}
+
+#[test]
+fn a_swarm_with_no_peer_fails_with_a_reason() {
+    let c = content();
+    let work = tempfile::tempdir().unwrap();
+    let t = target(work.path(), "t");
+    // A port nobody listens on.
+    let nobody = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut cfg = config(vec![nobody], Vec::new(), 0);
+    cfg.stall_timeout = Duration::from_secs(2);
+    let err = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg).unwrap_err();
+    assert!(matches!(err, SwarmError::Stalled { have: 0, .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("stalled") && msg.contains(&format!("0 of {}", c.index.piece_count())),
+        "{msg}"
+    );
+    // Nothing was written: the slot is still all zeroes.
+    let data = std::fs::read(&t).unwrap();
+    assert!(data.iter().all(|b| *b == 0), "the target was written");
+}
