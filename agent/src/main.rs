@@ -44,6 +44,12 @@ enum Command {
     /// A minimal HTTP BitTorrent tracker (BEP 3 announce, BEP 23 compact
     /// peers): `/announce`, `/stats`.
     Tracker(TrackerArgs),
+    /// Seed contents of a content store over BitTorrent until killed
+    /// (JSON line `seeding` on stdout once checked).
+    Seed(anneal_agent::swarm::SeedArgs),
+    /// Fetch one content over BitTorrent onto a slot of a disk or file,
+    /// verified piece by piece (JSON lines `written`, `done` on stdout).
+    SwarmFetch(anneal_agent::swarm::FetchArgs),
     /// Run a deploy plan locally (no agent API): fetch, verify and write
     /// its contents, write the tables (JSON lines on stdout; exit 1 on
     /// failure).
@@ -204,6 +210,14 @@ fn main() -> anyhow::Result<()> {
             tracing::info!(addr = %tracker.local_addr()?, interval = a.interval, allow_file = ?a.allow_file, "tracker listening");
             tracker.run();
             Ok(())
+        }
+        Command::Seed(a) => {
+            tracing_init();
+            anneal_agent::swarm::run_seed(&a)
+        }
+        Command::SwarmFetch(a) => {
+            tracing_init();
+            anneal_agent::swarm::run_fetch(&a)
         }
         Command::Deploy(args) => {
             tracing_init();

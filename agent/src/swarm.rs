@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use anneal_image::format::{ContentIndex, ranges_for};
 use librqbit::storage::{StorageFactory, StorageFactoryExt as _, TorrentStorage};
 use librqbit::{
-    AddTorrent, AddTorrentOptions, ListenerMode, ListenerOptions, ManagedTorrentShared,
-    PeerStatsFilter, PeerStatsFilterState, PeerStatsSnapshot, Session, SessionOptions,
-    TorrentMetadata,
+    AddTorrent, AddTorrentOptions, ListenerMode, ListenerOptions, ManagedTorrent,
+    ManagedTorrentShared, PeerStatsFilter, PeerStatsFilterState, PeerStatsSnapshot, Session,
+    SessionOptions, TorrentMetadata,
 };
 use librqbit_core::lengths::ValidPieceIndex;
 use sha1::Digest as _;
@@ -94,8 +94,6 @@ pub struct SwarmConfig {
     pub rarest_first: bool,
     /// No piece completed for this long: give up with [`SwarmError::Stalled`].
     pub stall_timeout: Duration,
-    /// Keep serving the other peers this long after the last piece.
-    pub seed_after: Duration,
 }
 
 /// What a swarm fetch did.
@@ -393,15 +391,79 @@ async fn session(listen: SocketAddr, upload_bps: Option<u32>) -> Result<Arc<Sess
     .map_err(SwarmError::Start)
 }
 
+/// A content fetched: the stats at the last piece, and the session that
+/// goes on serving the other peers from the target until dropped.
+#[derive(Debug)]
+pub struct Leeched {
+    /// The swarm's figures when the last piece was written and the stream
+    /// verified.
+    pub stats: SwarmStats,
+    /// Serves the pieces to the other peers until dropped.
+    pub seeding: Seeding,
+}
+
+/// A leecher that has every piece and keeps serving them (the run's other
+/// machines fetch from it) until dropped.
+pub struct Seeding {
+    rt: Option<tokio::runtime::Runtime>,
+    session: Arc<Session>,
+    handle: Arc<ManagedTorrent>,
+    seeders: Vec<SocketAddr>,
+    shared: Arc<Slot>,
+    seconds: f64,
+}
+
+impl Seeding {
+    /// The figures now (bytes uploaded grow while it serves).
+    pub fn stats(&self) -> SwarmStats {
+        stats_of(&self.handle, &self.shared, &self.seeders, self.seconds)
+    }
+}
+
+impl std::fmt::Debug for Seeding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seeding")
+            .field("seconds", &self.seconds)
+            .finish()
+    }
+}
+
+impl Drop for Seeding {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.block_on(self.session.stop());
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+fn stats_of(
+    handle: &ManagedTorrent,
+    shared: &Slot,
+    seeders: &[SocketAddr],
+    seconds: f64,
+) -> SwarmStats {
+    let mut stats = handle
+        .live()
+        .map(|l| peer_stats(&l.per_peer_stats_snapshot(all_peers()), seeders))
+        .unwrap_or_default();
+    stats.pieces = shared.pieces_written.load(Ordering::Relaxed);
+    stats.bytes_written = shared.bytes_written.load(Ordering::Relaxed);
+    stats.seconds = seconds;
+    stats
+}
+
 /// Fetches the content described by `index` (torrent `torrent`, made from
-/// the same index) onto `target` at byte `slot`, from the swarm of `cfg`.
+/// the same index) onto `target` at byte `slot`, from the swarm of `cfg`;
+/// returns once every piece is written and the stream's SHA-256 checked,
+/// with the session still serving the other peers.
 pub fn fetch_to_slot(
     torrent: &[u8],
     index: &ContentIndex,
     target: &Path,
     slot: u64,
     cfg: &SwarmConfig,
-) -> Result<SwarmStats, SwarmError> {
+) -> Result<Leeched, SwarmError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -422,21 +484,30 @@ pub fn fetch_to_slot(
         error: Mutex::new(None),
     });
     let rt = runtime()?;
-    let stats = rt.block_on(async {
-        let session = session(cfg.listen, None).await?;
-        let result = leech(&session, torrent, &shared, total, cfg).await;
-        session.stop().await;
-        result
-    })?;
-    rt.shutdown_timeout(Duration::from_secs(5));
-    if shared.pieces_written.load(Ordering::Relaxed) != total {
-        return Err(SwarmError::Io(format!(
-            "librqbit finished with {} of {total} pieces written",
-            shared.pieces_written.load(Ordering::Relaxed)
-        )));
-    }
+    let session = rt.block_on(session(cfg.listen, None))?;
+    let leeched = rt.block_on(leech(&session, torrent, &shared, total, cfg));
+    let (handle, seconds) = match leeched {
+        Ok(h) => h,
+        Err(e) => {
+            rt.block_on(session.stop());
+            rt.shutdown_timeout(Duration::from_secs(5));
+            return Err(e);
+        }
+    };
+    let seeding = Seeding {
+        rt: Some(rt),
+        session,
+        handle,
+        seeders: cfg.seeders.clone(),
+        shared: shared.clone(),
+        seconds,
+    };
+    // Dropping `seeding` on an error stops the session.
     verify_stream(&shared)?;
-    Ok(stats)
+    Ok(Leeched {
+        stats: seeding.stats(),
+        seeding,
+    })
 }
 
 async fn leech(
@@ -445,7 +516,7 @@ async fn leech(
     shared: &Arc<Slot>,
     total: u64,
     cfg: &SwarmConfig,
-) -> Result<SwarmStats, SwarmError> {
+) -> Result<(Arc<ManagedTorrent>, f64), SwarmError> {
     let start = Instant::now();
     let handle = session
         .add_torrent(
@@ -490,17 +561,7 @@ async fn leech(
             });
         }
     };
-    if !cfg.seed_after.is_zero() {
-        tokio::time::sleep(cfg.seed_after).await;
-    }
-    let mut stats = handle
-        .live()
-        .map(|l| peer_stats(&l.per_peer_stats_snapshot(all_peers()), &cfg.seeders))
-        .unwrap_or_default();
-    stats.pieces = shared.pieces_written.load(Ordering::Relaxed);
-    stats.bytes_written = shared.bytes_written.load(Ordering::Relaxed);
-    stats.seconds = done_at.as_secs_f64();
-    Ok(stats)
+    Ok((handle, done_at.as_secs_f64()))
 }
 
 fn all_peers() -> PeerStatsFilter {
@@ -648,4 +709,128 @@ impl Drop for Seeder {
             rt.shutdown_timeout(Duration::from_secs(5));
         }
     }
+}
+
+/// `anneal-agent seed`: seeds contents of a content store until killed.
+#[derive(Debug, clap::Args)]
+pub struct SeedArgs {
+    /// The content store: `<namespace>/<content>/{index,stream}`.
+    #[arg(long)]
+    pub content_dir: PathBuf,
+    /// A content to seed, `<namespace>/<content>` (repeat for more).
+    #[arg(long = "content", required = true)]
+    pub contents: Vec<String>,
+    /// Listen address for peers (announced as is: no NAT in front).
+    #[arg(long, default_value = "0.0.0.0:6881")]
+    pub listen: SocketAddr,
+    /// Tracker announce URL (repeat for more; none: peers must know us).
+    #[arg(long = "tracker")]
+    pub trackers: Vec<String>,
+    /// Upload cap in bytes per second, all contents together.
+    #[arg(long)]
+    pub upload_bps: Option<u32>,
+}
+
+/// `anneal-agent swarm-fetch`: one content from its swarm onto a slot.
+#[derive(Debug, clap::Args)]
+pub struct FetchArgs {
+    /// The content's index (the torrent is made from it and `--name`).
+    #[arg(long)]
+    pub index: PathBuf,
+    /// The content's name (the torrent's file is `<name>.stream`).
+    #[arg(long)]
+    pub name: String,
+    /// The disk or file to write.
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Byte offset of the slot on the target.
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    /// Listen address for peers.
+    #[arg(long, default_value = "0.0.0.0:6881")]
+    pub listen: SocketAddr,
+    /// A seeder's address (repeat for more).
+    #[arg(long = "seeder")]
+    pub seeders: Vec<SocketAddr>,
+    /// Another peer's address (repeat for more).
+    #[arg(long = "peer")]
+    pub peers: Vec<SocketAddr>,
+    /// Tracker announce URL (repeat for more).
+    #[arg(long = "tracker")]
+    pub trackers: Vec<String>,
+    /// librqbit's stock piece order instead of rarest-first.
+    #[arg(long)]
+    pub stock_order: bool,
+    /// Seconds without a piece before giving up.
+    #[arg(long, default_value_t = 60)]
+    pub stall_timeout: u64,
+    /// Seconds to go on serving the other peers once written.
+    #[arg(long, default_value_t = 0)]
+    pub seed_after: u64,
+}
+
+fn print_json(v: &serde_json::Value) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+/// Runs `anneal-agent seed`: prints `{"event":"seeding",...}` once every
+/// content is checked, then serves until killed. Errors name the content.
+pub fn run_seed(a: &SeedArgs) -> anyhow::Result<()> {
+    let mut items = Vec::new();
+    let mut listed = Vec::new();
+    for c in &a.contents {
+        let (ns, name) = c
+            .split_once('/')
+            .ok_or_else(|| anyhow::anyhow!("--content {c}: expected <namespace>/<content>"))?;
+        let dir = crate::store::content_dir(&a.content_dir, ns, name);
+        let raw = std::fs::read(dir.join("index")).map_err(|e| {
+            anyhow::anyhow!("content {c}: reading {}: {e}", dir.join("index").display())
+        })?;
+        let index = ContentIndex::parse(&raw).map_err(|e| anyhow::anyhow!("content {c}: {e}"))?;
+        let meta = anneal_image::torrent::Metainfo::from_index(
+            &index,
+            name,
+            a.trackers.first().map(String::as_str),
+        );
+        listed.push(serde_json::json!({"content": c, "infoHash": meta.info_hash_hex(), "pieces": index.piece_count()}));
+        items.push((meta.to_bytes(), dir.join("stream")));
+    }
+    let seeder = Seeder::start(a.listen, &items, &a.trackers, a.upload_bps)?;
+    print_json(
+        &serde_json::json!({"event": "seeding", "addr": seeder.addr().to_string(), "contents": listed}),
+    );
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Runs `anneal-agent swarm-fetch`: prints `{"event":"written",...}` when
+/// the content is on the target and verified, serves the others for
+/// `--seed-after` seconds, then prints `{"event":"done",...}`.
+pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
+    let raw = std::fs::read(&a.index)
+        .map_err(|e| anyhow::anyhow!("reading the index {}: {e}", a.index.display()))?;
+    let index = ContentIndex::parse(&raw)
+        .map_err(|e| anyhow::anyhow!("the index {}: {e}", a.index.display()))?;
+    let torrent = anneal_image::torrent::Metainfo::from_index(&index, &a.name, None).to_bytes();
+    let mut peers = a.seeders.clone();
+    peers.extend(a.peers.iter().copied());
+    let cfg = SwarmConfig {
+        listen: a.listen,
+        peers,
+        seeders: a.seeders.clone(),
+        trackers: a.trackers.clone(),
+        rarest_first: !a.stock_order,
+        stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+    };
+    let leeched = fetch_to_slot(&torrent, &index, &a.target, a.offset, &cfg)?;
+    print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));
+    if a.seed_after > 0 {
+        std::thread::sleep(Duration::from_secs(a.seed_after));
+    }
+    print_json(&serde_json::json!({"event": "done", "stats": leeched.seeding.stats()}));
+    Ok(())
 }

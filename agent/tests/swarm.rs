@@ -118,7 +118,6 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         trackers: Vec::new(),
         rarest_first: true,
         stall_timeout: Duration::from_secs(60),
-        seed_after: Duration::ZERO,
     }
 }
 
@@ -190,7 +189,7 @@ fn leechers_write_the_used_blocks_of_a_direct_restore() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (t, r) in results {
-        let stats = r.unwrap_or_else(|e| panic!("{}: {e}", t.display()));
+        let stats = r.unwrap_or_else(|e| panic!("{}: {e}", t.display())).stats;
         assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
         assert_eq!(stats.bytes_written, c.index.header.used_bytes, "{stats:?}");
         assert!(
@@ -239,7 +238,9 @@ fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
     let t = target(work.path(), "t");
     // The bad peer first: it is asked before the good one is even known.
     let cfg = config(vec![bad.addr(), good.addr()], vec![good.addr()], 0);
-    let stats = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg).unwrap();
+    let stats = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg)
+        .unwrap()
+        .stats;
     assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
     assert_eq!(stats.bytes_written, c.index.header.used_bytes, "{stats:?}");
     // The bad peer did send (corrupt) bytes; none of them reached the target.

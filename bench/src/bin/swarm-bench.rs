@@ -1,0 +1,453 @@
+//! Distribution benchmark (issue 14): one content to N hosts at once over
+//! 100 Mbit/s links, the slowest host's time, for N = 1, 4, 8, 16, in one
+//! run, by four methods side by side:
+//!
+//! - `anneal`: `anneal-agent swarm-fetch` (librqbit, rarest-first) from one
+//!   `anneal-agent seed` and the `anneal-agent tracker`, each host writing
+//!   the content onto a target file, verified piece by piece;
+//! - `anneal-stock`: the same with librqbit's stock piece order
+//!   (`--stock-order`), the order the vendored change replaces;
+//! - `aria2c`: aria2c with the same tracker and the same seeder;
+//! - `http`: HTTP unicast, curl from nginx on the seeder's host.
+//!
+//! Every host is a network namespace on one bridge; each host's veth is
+//! shaped to `--rate` (default 100mbit) both ways with tbf. Prints one line
+//! per (method, N), the table, the ratios (anneal at N against anneal at 1,
+//! goal <= 1.3 at 16; anneal against aria2c at every N >= 4, goal < 1) and
+//! the share of bytes the seeder sent; writes target/bench/swarm-bench.json.
+//!
+//! Needs root (namespaces, tc), aria2c, nginx and curl (bench/setup.sh).
+//! Options: `--mib N` (content size, default 256), `--hosts 1,4,8,16`,
+//! `--methods anneal,anneal-stock,aria2c,http`, `--rate 100mbit`,
+//! `--piece-kib K` (default 4096, the content format's default),
+//! `--agent PATH`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anneal_image::capture::{Options, capture_region};
+use anneal_image::torrent::Metainfo;
+use anneal_testinfra::{ChildGroup, Netns};
+use anyhow::{Context, Result, bail};
+
+const NS: &str = "bench";
+const NAME: &str = "disk";
+const SEEDER_IP: &str = "10.77.0.2";
+const PEER_PORT: u16 = 6881;
+const TRACKER_PORT: u16 = 6969;
+const HTTP_PORT: u16 = 8080;
+/// A round that takes longer than this is reported as failed.
+const ROUND_LIMIT: Duration = Duration::from_secs(1800);
+
+fn host_ip(i: usize) -> String {
+    format!("10.77.0.{}", 10 + i)
+}
+
+/// Shapes `dev` (egress) in `ns` to `rate` with tbf.
+fn shape(ns: &Netns, dev: &str, rate: &str) -> Result<()> {
+    anneal_testinfra::run(ns.exec("tc").args([
+        "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb", "latency",
+        "100ms",
+    ]))
+    .map(|_| ())
+}
+
+/// The namespaces; dropped after every process started in them (declared
+/// before them in `main`), deleting every veth with them.
+struct Lab {
+    _hub: Netns,
+    seeder_host: Netns,
+    hosts: Vec<Netns>,
+}
+
+impl Lab {
+    fn new(n: usize, rate: &str) -> Result<Self> {
+        let hub = Netns::create("swb")?;
+        let seeder_host = Netns::bare("sws")?;
+        hub.add_veth_to_bridge(&seeder_host, "vs", "eth0", &format!("{SEEDER_IP}/24"))?;
+        shape(&hub, "vs", rate)?;
+        shape(&seeder_host, "eth0", rate)?;
+        let mut hosts = Vec::new();
+        for i in 0..n {
+            let h = Netns::bare("swh")?;
+            let v = format!("vh{i}");
+            hub.add_veth_to_bridge(&h, &v, "eth0", &format!("{}/24", host_ip(i)))?;
+            shape(&hub, &v, rate)?;
+            shape(&h, "eth0", rate)?;
+            hosts.push(h);
+        }
+        Ok(Self {
+            _hub: hub,
+            seeder_host,
+            hosts,
+        })
+    }
+}
+
+/// Polls `done` until it reports a time for every host or the limit passes.
+fn wait_all(
+    n: usize,
+    start: Instant,
+    mut done: impl FnMut(usize) -> Result<bool>,
+) -> Result<Vec<f64>> {
+    let mut times = vec![None; n];
+    while times.iter().any(Option::is_none) {
+        if start.elapsed() > ROUND_LIMIT {
+            bail!("not every host finished in {} s", ROUND_LIMIT.as_secs());
+        }
+        for (i, t) in times.iter_mut().enumerate() {
+            if t.is_none() && done(i)? {
+                *t = Some(start.elapsed().as_secs_f64());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(times.into_iter().flatten().collect())
+}
+
+struct Round {
+    slowest: f64,
+    seeder_share: Option<f64>,
+}
+
+fn round_agent(
+    lab: &Lab,
+    n: usize,
+    agent: &Path,
+    store: &Path,
+    work: &Path,
+    stock: bool,
+    size: u64,
+) -> Result<Round> {
+    let index = store.join(NS).join(NAME).join("index");
+    let mut procs = Vec::new();
+    let mut logs = Vec::new();
+    let start = Instant::now();
+    for (i, h) in lab.hosts.iter().take(n).enumerate() {
+        let target = work.join(format!("target{i}"));
+        std::fs::File::create(&target)?.set_len(size)?;
+        let log = work.join(format!("fetch{i}.log"));
+        let mut cmd = h.exec(&agent.display().to_string());
+        cmd.arg("swarm-fetch")
+            .arg("--index")
+            .arg(&index)
+            .args(["--name", NAME, "--target"])
+            .arg(&target)
+            .args(["--listen", &format!("{}:{PEER_PORT}", host_ip(i))])
+            .args(["--seeder", &format!("{SEEDER_IP}:{PEER_PORT}")])
+            .args([
+                "--tracker",
+                &format!("http://{SEEDER_IP}:{TRACKER_PORT}/announce"),
+            ])
+            .args(["--stall-timeout", "120", "--seed-after", "3600"]);
+        if stock {
+            cmd.arg("--stock-order");
+        }
+        procs.push(ChildGroup::spawn_logged("swarm-fetch", &mut cmd, &log)?);
+        logs.push(log);
+    }
+    let mut from_seeder = 0u64;
+    let mut total = 0u64;
+    let times = wait_all(n, start, |i| {
+        let text = std::fs::read_to_string(&logs[i]).unwrap_or_default();
+        for line in text.lines() {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
+                && v["event"] == "written"
+            {
+                from_seeder += v["stats"]["bytesFromSeeders"].as_u64().unwrap_or(0);
+                total += v["stats"]["bytesFromSeeders"].as_u64().unwrap_or(0)
+                    + v["stats"]["bytesFromPeers"].as_u64().unwrap_or(0);
+                return Ok(true);
+            }
+        }
+        if procs[i].try_exit().is_some() {
+            bail!(
+                "swarm-fetch on host {i} exited before writing: {}",
+                text.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+            );
+        }
+        Ok(false)
+    })?;
+    drop(procs);
+    for i in 0..n {
+        let _ = std::fs::remove_file(work.join(format!("target{i}")));
+    }
+    Ok(Round {
+        slowest: times.iter().copied().fold(0.0, f64::max),
+        seeder_share: (total > 0).then(|| from_seeder as f64 / total as f64),
+    })
+}
+
+fn round_aria2c(lab: &Lab, n: usize, torrent: &Path, work: &Path) -> Result<Round> {
+    let mut procs = Vec::new();
+    let hook = work.join("aria2-done.sh");
+    std::fs::write(&hook, "#!/bin/sh\ntouch \"$ARIA_DONE\"\n")?;
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let start = Instant::now();
+    let mut marks = Vec::new();
+    for (i, h) in lab.hosts.iter().take(n).enumerate() {
+        let dir = work.join(format!("aria{i}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mark = work.join(format!("aria{i}.done"));
+        let _ = std::fs::remove_file(&mark);
+        let mut cmd = h.exec("aria2c");
+        cmd.env("ARIA_DONE", &mark)
+            .arg(format!("--dir={}", dir.display()))
+            .args([
+                "--enable-dht=false",
+                "--enable-dht6=false",
+                "--bt-enable-lpd=false",
+                "--enable-peer-exchange=true",
+                "--seed-time=60",
+                "--file-allocation=none",
+                "--summary-interval=0",
+                "--console-log-level=warn",
+                &format!("--listen-port={PEER_PORT}"),
+                &format!("--bt-tracker=http://{SEEDER_IP}:{TRACKER_PORT}/announce"),
+                &format!("--on-bt-download-complete={}", hook.display()),
+            ])
+            .arg(torrent);
+        procs.push(ChildGroup::spawn_logged(
+            "aria2c",
+            &mut cmd,
+            &work.join(format!("aria{i}.log")),
+        )?);
+        marks.push(mark);
+    }
+    let times = wait_all(n, start, |i| Ok(marks[i].exists()))?;
+    drop(procs);
+    for i in 0..n {
+        let _ = std::fs::remove_dir_all(work.join(format!("aria{i}")));
+    }
+    Ok(Round {
+        slowest: times.iter().copied().fold(0.0, f64::max),
+        seeder_share: None,
+    })
+}
+
+fn round_http(lab: &Lab, n: usize, work: &Path) -> Result<Round> {
+    let url = format!("http://{SEEDER_IP}:{HTTP_PORT}/{NS}/{NAME}/stream");
+    let mut procs = Vec::new();
+    let start = Instant::now();
+    for (i, h) in lab.hosts.iter().take(n).enumerate() {
+        let out = work.join(format!("http{i}"));
+        let mut cmd = h.exec("curl");
+        cmd.args(["-sSf", "-o"]).arg(&out).arg(&url);
+        procs.push(ChildGroup::spawn_logged(
+            "curl",
+            &mut cmd,
+            &work.join(format!("curl{i}.log")),
+        )?);
+    }
+    let times = wait_all(n, start, |i| match procs[i].try_exit() {
+        Some(s) if s.success() => Ok(true),
+        Some(s) => bail!("curl on host {i}: {s}"),
+        None => Ok(false),
+    })?;
+    for i in 0..n {
+        let _ = std::fs::remove_file(work.join(format!("http{i}")));
+    }
+    Ok(Round {
+        slowest: times.iter().copied().fold(0.0, f64::max),
+        seeder_share: Some(1.0),
+    })
+}
+
+fn nginx(ns: &Netns, store: &Path, dir: &Path) -> Result<ChildGroup> {
+    let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .context("nginx not installed: run bench/setup.sh")?;
+    std::fs::create_dir_all(dir.join("logs"))?;
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes 2;\npid {d}/nginx.pid;\nerror_log {d}/logs/error.log warn;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{ access_log off; sendfile on; tcp_nopush on; default_type application/octet-stream;\n\
+         client_body_temp_path {d}/tb; proxy_temp_path {d}/tp; fastcgi_temp_path {d}/tf;\n\
+         uwsgi_temp_path {d}/tu; scgi_temp_path {d}/ts;\n\
+         server {{ listen {SEEDER_IP}:{HTTP_PORT}; root {}; }} }}\n",
+        store.display()
+    );
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    ChildGroup::spawn_logged(
+        "nginx",
+        ns.exec(bin)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .arg("-p")
+            .arg(dir)
+            .args(["-g", "daemon off;"]),
+        &dir.join("logs/stdout.log"),
+    )
+}
+
+/// Waits for a line of `log` containing `needle`.
+fn wait_log(log: &Path, needle: &str, secs: u64) -> Result<String> {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains(needle)) {
+            return Ok(l.to_string());
+        }
+        if Instant::now() > until {
+            bail!("no {needle:?} in {} after {secs} s: {text}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn main() -> Result<()> {
+    let mib: u64 = anneal_bench::option_or("--mib", 256)?;
+    let piece_kib: u32 = anneal_bench::option_or("--piece-kib", 4096)?;
+    let rate = anneal_bench::option("--rate").unwrap_or_else(|| "100mbit".into());
+    let hosts: Vec<usize> = anneal_bench::option("--hosts")
+        .unwrap_or_else(|| "1,4,8,16".into())
+        .split(',')
+        .map(|s| s.trim().parse().context("--hosts: numbers"))
+        .collect::<Result<_>>()?;
+    let methods: Vec<String> = anneal_bench::option("--methods")
+        .unwrap_or_else(|| "anneal,anneal-stock,aria2c,http".into())
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let agent = anneal_bench::agent_bin()?;
+    let max_n = hosts.iter().copied().max().unwrap_or(1);
+
+    let work = tempfile::Builder::new()
+        .prefix("swarm-bench-")
+        .tempdir_in("/var/tmp")?;
+    // The content: noise captured as a raw partition (every byte used).
+    let raw = work.path().join("part.raw");
+    let size = mib << 20;
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&raw)?;
+        for i in 0..mib {
+            f.write_all(&anneal_bench::noise(i, 1 << 20))?;
+        }
+    }
+    let store = work.path().join("store");
+    let cdir = store.join(NS).join(NAME);
+    std::fs::create_dir_all(&cdir)?;
+    let (index, _) = capture_region(
+        &std::fs::File::open(&raw)?,
+        0,
+        size,
+        &cdir.join("index"),
+        &cdir.join("stream"),
+        Options {
+            piece_length: piece_kib << 10,
+        },
+    )?;
+    std::fs::remove_file(&raw)?;
+    let tracker_url = format!("http://{SEEDER_IP}:{TRACKER_PORT}/announce");
+    let torrent = work.path().join("content.torrent");
+    std::fs::write(
+        &torrent,
+        Metainfo::from_index(&index, NAME, Some(&tracker_url)).to_bytes(),
+    )?;
+    println!(
+        "content: {} MiB stream, {} pieces of {} KiB; links {rate}; hosts {hosts:?}",
+        index.header.used_bytes >> 20,
+        index.piece_count(),
+        piece_kib
+    );
+
+    let lab = Lab::new(max_n, &rate)?;
+    let a = agent.display().to_string();
+    let _tracker = ChildGroup::spawn_logged(
+        "tracker",
+        lab.seeder_host.exec(&a).args([
+            "tracker",
+            "--listen",
+            &format!("{SEEDER_IP}:{TRACKER_PORT}"),
+            "--interval",
+            "5",
+        ]),
+        &work.path().join("tracker.log"),
+    )?;
+    let seed_log = work.path().join("seed.log");
+    let _seeder = ChildGroup::spawn_logged(
+        "seed",
+        lab.seeder_host
+            .exec(&a)
+            .args(["seed", "--content-dir"])
+            .arg(&store)
+            .args(["--content", &format!("{NS}/{NAME}")])
+            .args(["--listen", &format!("{SEEDER_IP}:{PEER_PORT}")])
+            .args(["--tracker", &tracker_url])
+            .stdin(Stdio::null()),
+        &seed_log,
+    )?;
+    wait_log(&seed_log, "\"seeding\"", 600)?;
+    let _nginx = nginx(&lab.seeder_host, &store, &work.path().join("nginx"))?;
+
+    let mut table: BTreeMap<(String, usize), (f64, Option<f64>)> = BTreeMap::new();
+    for &n in &hosts {
+        for m in &methods {
+            let r = match m.as_str() {
+                "anneal" => round_agent(&lab, n, &agent, &store, work.path(), false, size),
+                "anneal-stock" => round_agent(&lab, n, &agent, &store, work.path(), true, size),
+                "aria2c" => round_aria2c(&lab, n, &torrent, work.path()),
+                "http" => round_http(&lab, n, work.path()),
+                other => bail!("unknown method {other}"),
+            }
+            .with_context(|| format!("{m} with {n} hosts"))?;
+            println!(
+                "{m:>12} N={n:<2} slowest {:7.1} s{}",
+                r.slowest,
+                r.seeder_share
+                    .map(|s| format!(", seeder sent {:.0} %", s * 100.0))
+                    .unwrap_or_default()
+            );
+            table.insert((m.clone(), n), (r.slowest, r.seeder_share));
+            // Let the tracker forget this round's peers (2 intervals).
+            std::thread::sleep(Duration::from_secs(11));
+        }
+    }
+
+    println!(
+        "\n| method | {} |",
+        hosts
+            .iter()
+            .map(|n| format!("N={n}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|{}", "---|".repeat(hosts.len()));
+    for m in &methods {
+        let cells: Vec<String> = hosts
+            .iter()
+            .map(|n| {
+                table
+                    .get(&(m.clone(), *n))
+                    .map(|(t, _)| format!("{t:.1} s"))
+                    .unwrap_or_default()
+            })
+            .collect();
+        println!("| {m} | {} |", cells.join(" | "));
+    }
+    let get = |m: &str, n: usize| table.get(&(m.to_string(), n)).map(|(t, _)| *t);
+    let mut json = serde_json::json!({
+        "mib": mib, "pieceKiB": piece_kib, "rate": rate, "hosts": hosts,
+        "load": anneal_bench::load_average(),
+        "results": table.iter().map(|((m, n), (t, s))| serde_json::json!({"method": m, "hosts": n, "slowestSeconds": t, "seederShare": s})).collect::<Vec<_>>(),
+    });
+    if let (Some(one), Some(big)) = (get("anneal", 1), get("anneal", max_n)) {
+        let r = big / one;
+        println!("\nanneal N={max_n} / anneal N=1: {r:.2} (goal <= 1.3)");
+        json["scaling"] = serde_json::json!(r);
+    }
+    for &n in hosts.iter().filter(|n| **n >= 4) {
+        if let (Some(a), Some(b)) = (get("anneal", n), get("aria2c", n)) {
+            println!("anneal / aria2c at N={n}: {:.2} (goal < 1)", a / b);
+        }
+    }
+    let path = anneal_bench::write_json("swarm-bench", &json)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
