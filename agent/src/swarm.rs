@@ -92,8 +92,14 @@ pub struct SwarmConfig {
     /// Rarest-first piece selection (the stock order when false, for the
     /// benchmark's comparison).
     pub rarest_first: bool,
-    /// No piece completed for this long: give up with [`SwarmError::Stalled`].
+    /// No piece completed for this long: the swarm has stalled (no peer
+    /// delivers, the seeder or the tracker is down).
     pub stall_timeout: Duration,
+    /// The content's stream over HTTP (the seeder's or the content server's
+    /// `/content/<namespace>/<content>/stream`): after a stall, the pieces
+    /// still missing are fetched from it in byte ranges, verified the same
+    /// way, while the swarm goes on. None: a stall fails the fetch.
+    pub http_fallback: Option<String>,
 }
 
 /// What a swarm fetch did.
@@ -108,8 +114,13 @@ pub struct SwarmStats {
     pub bytes_from_seeders: u64,
     /// Bytes received from other peers.
     pub bytes_from_peers: u64,
+    /// Bytes received over HTTP ranges after a stall.
+    pub bytes_over_http: u64,
     /// Bytes sent to other peers.
     pub bytes_uploaded: u64,
+    /// Why the HTTP fallback was used (the stall), when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
     /// Peers that sent at least one byte.
     pub peers: usize,
     /// Seconds from start to the last piece written.
@@ -127,6 +138,7 @@ struct Slot {
     written: Mutex<Vec<bool>>,
     pieces_written: AtomicU64,
     bytes_written: AtomicU64,
+    bytes_over_http: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
@@ -171,12 +183,21 @@ impl Slot {
                 Err(format!("piece {i} completed with no data received"))
             };
         };
+        self.write_piece(i, &buf)
+    }
+
+    /// Checks piece `i` against the index's SHA-1 and writes its ranges
+    /// (once: a piece already written is left alone).
+    fn write_piece(&self, i: u64, buf: &[u8]) -> Result<(), String> {
+        if self.is_written(i) {
+            return Ok(());
+        }
         let want = self
             .index
             .piece_hashes
             .get(i as usize)
             .ok_or_else(|| format!("piece {i} is past the index's last piece"))?;
-        if sha1::Sha1::digest(&buf).as_slice() != want {
+        if sha1::Sha1::digest(buf).as_slice() != want {
             return Err(format!(
                 "piece {i} does not match the index's SHA-1 (the torrent and the index disagree)"
             ));
@@ -194,11 +215,14 @@ impl Slot {
                     )
                 })?;
         }
-        if let Ok(mut w) = self.written.lock()
-            && let Some(slot) = w.get_mut(i as usize)
-        {
-            *slot = true;
+        let mut w = self.written.lock().map_err(|_| "poisoned")?;
+        match w.get_mut(i as usize) {
+            // Written meanwhile by the other path: count it once.
+            Some(true) => return Ok(()),
+            Some(slot) => *slot = true,
+            None => return Err(format!("piece {i} is past the index's last piece")),
         }
+        drop(w);
         self.pieces_written.fetch_add(1, Ordering::Relaxed);
         self.bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -449,6 +473,7 @@ fn stats_of(
         .unwrap_or_default();
     stats.pieces = shared.pieces_written.load(Ordering::Relaxed);
     stats.bytes_written = shared.bytes_written.load(Ordering::Relaxed);
+    stats.bytes_over_http = shared.bytes_over_http.load(Ordering::Relaxed);
     stats.seconds = seconds;
     stats
 }
@@ -481,12 +506,14 @@ pub fn fetch_to_slot(
         written: Mutex::new(vec![false; total as usize]),
         pieces_written: AtomicU64::new(0),
         bytes_written: AtomicU64::new(0),
+        bytes_over_http: AtomicU64::new(0),
         error: Mutex::new(None),
     });
     let rt = runtime()?;
     let session = rt.block_on(session(cfg.listen, None))?;
+    let start = Instant::now();
     let leeched = rt.block_on(leech(&session, torrent, &shared, total, cfg));
-    let (handle, seconds) = match leeched {
+    let (handle, stalled) = match leeched {
         Ok(h) => h,
         Err(e) => {
             rt.block_on(session.stop());
@@ -494,20 +521,116 @@ pub fn fetch_to_slot(
             return Err(e);
         }
     };
-    let seeding = Seeding {
+    let mut seeding = Seeding {
         rt: Some(rt),
         session,
         handle,
         seeders: cfg.seeders.clone(),
         shared: shared.clone(),
-        seconds,
+        seconds: 0.0,
     };
-    // Dropping `seeding` on an error stops the session.
+    // From here, dropping `seeding` on an error stops the session.
+    let mut reason = None;
+    if let Some(stall) = stalled {
+        let Some(url) = cfg.http_fallback.as_deref() else {
+            return Err(stall);
+        };
+        tracing::warn!(reason = %stall, url, "the swarm stalled: fetching the missing pieces over HTTP");
+        reason = Some(stall.to_string());
+        // The swarm goes on meanwhile: whichever path brings a piece first
+        // writes it.
+        http_fallback(&shared, url, cfg.stall_timeout)?;
+    }
+    seeding.seconds = start.elapsed().as_secs_f64();
     verify_stream(&shared)?;
-    Ok(Leeched {
-        stats: seeding.stats(),
-        seeding,
-    })
+    let mut stats = seeding.stats();
+    stats.fallback_reason = reason;
+    Ok(Leeched { stats, seeding })
+}
+
+/// Attempts per piece over HTTP before the fetch fails.
+const HTTP_ATTEMPTS: u32 = 4;
+
+/// Fetches every piece not written yet from `url` in byte ranges (runs of
+/// consecutive missing pieces), each checked against the index's SHA-1
+/// before it is written; a range that fails or a piece that does not match
+/// is fetched again, up to [`HTTP_ATTEMPTS`] times.
+fn http_fallback(shared: &Slot, url: &str, timeout: Duration) -> Result<(), SwarmError> {
+    use std::io::Read as _;
+    let url = crate::fetch::Url::parse(url)
+        .map_err(|e| SwarmError::Io(format!("the HTTP fallback URL {url}: {e}")))?;
+    let tls = if url.to_string().starts_with("https") {
+        Some(
+            crate::fetch::tls_config(None)
+                .map_err(|e| SwarmError::Io(format!("TLS for the HTTP fallback: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let pl = u64::from(shared.index.header.piece_length);
+    let total = shared.index.piece_count();
+    let mut attempts: HashMap<u64, u32> = HashMap::new();
+    let mut i = 0;
+    while i < total {
+        if shared.is_written(i) {
+            i += 1;
+            continue;
+        }
+        // A run of missing pieces, at most 16 MiB.
+        let mut end = i + 1;
+        while end < total && !shared.is_written(end) && (end - i) * pl < (16 << 20) {
+            end += 1;
+        }
+        let start_b = i * pl;
+        let end_b = (start_b + (end - i) * pl).min(shared.index.header.used_bytes);
+        let got = crate::fetch::get_range(&url, start_b, end_b, timeout, tls.as_ref());
+        let mut failed = None;
+        match got {
+            Ok(mut body) => {
+                let mut p = i;
+                while p < end {
+                    let len = shared.index.piece_len(p) as usize;
+                    let mut buf = vec![0u8; len];
+                    if let Err(e) = body.read_exact(&mut buf) {
+                        failed = Some(format!("reading piece {p} from {url}: {e}"));
+                        break;
+                    }
+                    shared
+                        .bytes_over_http
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                    if let Err(e) = shared.write_piece(p, &buf) {
+                        if e.contains("SHA-1") {
+                            failed = Some(format!("piece {p} from {url}: {e}"));
+                            break;
+                        }
+                        return Err(SwarmError::Io(e));
+                    }
+                    p += 1;
+                }
+                if failed.is_none() {
+                    i = end;
+                    continue;
+                }
+                i = p;
+            }
+            Err(e) => failed = Some(format!("fetching bytes {start_b}-{end_b} of {url}: {e}")),
+        }
+        let n = attempts.entry(i).or_insert(0);
+        *n += 1;
+        if *n >= HTTP_ATTEMPTS {
+            return Err(SwarmError::Io(format!(
+                "the HTTP fallback gave up after {HTTP_ATTEMPTS} attempts: {}",
+                failed.unwrap_or_default()
+            )));
+        }
+        tracing::warn!(
+            attempt = *n,
+            error = failed.as_deref().unwrap_or(""),
+            "HTTP fallback: retrying"
+        );
+        std::thread::sleep(Duration::from_millis(200 << *n));
+    }
+    Ok(())
 }
 
 async fn leech(
@@ -516,8 +639,7 @@ async fn leech(
     shared: &Arc<Slot>,
     total: u64,
     cfg: &SwarmConfig,
-) -> Result<(Arc<ManagedTorrent>, f64), SwarmError> {
-    let start = Instant::now();
+) -> Result<(Arc<ManagedTorrent>, Option<SwarmError>), SwarmError> {
     let handle = session
         .add_torrent(
             AddTorrent::TorrentFileBytes(torrent.to_vec().into()),
@@ -537,14 +659,14 @@ async fn leech(
         .ok_or_else(|| SwarmError::Torrent(anyhow::anyhow!("the torrent was only listed")))?;
     let mut last = (0u64, Instant::now());
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let done_at = loop {
+    loop {
         tick.tick().await;
         if let Some(e) = shared.error.lock().ok().and_then(|e| e.clone()) {
             return Err(SwarmError::Io(e));
         }
         let have = shared.pieces_written.load(Ordering::Relaxed);
         if have == total {
-            break start.elapsed();
+            return Ok((handle, None));
         }
         if have != last.0 {
             last = (have, Instant::now());
@@ -553,15 +675,17 @@ async fn leech(
                 .live()
                 .map(|l| peer_stats(&l.per_peer_stats_snapshot(all_peers()), &cfg.seeders).peers)
                 .unwrap_or(0);
-            return Err(SwarmError::Stalled {
-                secs: cfg.stall_timeout.as_secs(),
-                have,
-                total,
-                peers,
-            });
+            return Ok((
+                handle,
+                Some(SwarmError::Stalled {
+                    secs: cfg.stall_timeout.as_secs(),
+                    have,
+                    total,
+                    peers,
+                }),
+            ));
         }
-    };
-    Ok((handle, done_at.as_secs_f64()))
+    }
 }
 
 fn all_peers() -> PeerStatsFilter {
@@ -622,6 +746,7 @@ pub struct Seeder {
     rt: Option<tokio::runtime::Runtime>,
     session: Arc<Session>,
     addr: SocketAddr,
+    handles: Vec<Arc<ManagedTorrent>>,
 }
 
 impl Seeder {
@@ -635,8 +760,9 @@ impl Seeder {
         upload_bps: Option<u32>,
     ) -> Result<Self, SwarmError> {
         let rt = runtime()?;
-        let session = rt.block_on(async {
+        let (session, handles) = rt.block_on(async {
             let session = session(listen, upload_bps).await?;
+            let mut handles = Vec::new();
             for (torrent, stream) in contents {
                 let file = File::open(stream).map_err(|source| SwarmError::Target {
                     path: stream.clone(),
@@ -677,8 +803,9 @@ impl Seeder {
                         stream.display()
                     )));
                 }
+                handles.push(handle);
             }
-            Ok::<_, SwarmError>(session)
+            Ok::<_, SwarmError>((session, handles))
         })?;
         let addr = session
             .listen_addr()
@@ -687,7 +814,13 @@ impl Seeder {
             rt: Some(rt),
             session,
             addr,
+            handles,
         })
+    }
+
+    /// Bytes sent to peers so far, all contents together.
+    pub fn uploaded_bytes(&self) -> u64 {
+        self.handles.iter().map(|h| h.stats().uploaded_bytes).sum()
     }
 
     /// The address peers reach it at.
@@ -767,6 +900,9 @@ pub struct FetchArgs {
     /// Seconds to go on serving the other peers once written.
     #[arg(long, default_value_t = 0)]
     pub seed_after: u64,
+    /// The content's stream over HTTP, for the pieces missing after a stall.
+    #[arg(long)]
+    pub http_fallback: Option<String>,
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -825,6 +961,7 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         trackers: a.trackers.clone(),
         rarest_first: !a.stock_order,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
+        http_fallback: a.http_fallback.clone(),
     };
     let leeched = fetch_to_slot(&torrent, &index, &a.target, a.offset, &cfg)?;
     print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));

@@ -118,6 +118,7 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         trackers: Vec::new(),
         rarest_first: true,
         stall_timeout: Duration::from_secs(60),
+        http_fallback: None,
     }
 }
 
@@ -248,6 +249,66 @@ fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
         stats.bytes_from_peers > 0,
         "the bad peer was never asked: {stats:?}"
     );
+    assert_used_blocks_equal(&c, &t);
+}
+
+/// The content in a store (`lab/root`), verified, served over HTTP by
+/// `anneal-agent serve`'s server on 127.0.0.1; returns the stream URL.
+fn content_server(c: &Content, store: &Path) -> String {
+    let dir = anneal_agent::store::content_dir(store, "lab", "root");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(c.stream.with_file_name("c.index"), dir.join("index")).unwrap();
+    std::fs::copy(&c.stream, dir.join("stream")).unwrap();
+    anneal_agent::store::verify(store, "lab", "root", &anneal_agent::jsonl::Out::new()).unwrap();
+    let server = anneal_agent::serve::Server::bind(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        anneal_agent::serve::ServeConfig::new(store),
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    std::thread::spawn(move || server.run());
+    format!("http://{addr}/content/lab/root/stream")
+}
+
+#[test]
+fn the_seeder_killed_at_30_percent_the_http_fallback_finishes() {
+    let c = content();
+    let work = tempfile::tempdir().unwrap();
+    let url = content_server(&c, &work.path().join("store"));
+    // 2 MiB/s: the leecher is still fetching when the seeder dies.
+    let seeder = Seeder::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &[(c.torrent.clone(), c.stream.clone())],
+        &[],
+        Some(2 << 20),
+    )
+    .unwrap();
+    let t = target(work.path(), "t");
+    let mut cfg = config(vec![seeder.addr()], vec![seeder.addr()], 0);
+    cfg.stall_timeout = Duration::from_secs(2);
+    cfg.http_fallback = Some(url);
+    let used = c.index.header.used_bytes;
+    let stats = std::thread::scope(|s| {
+        let fetch = s.spawn(|| fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg));
+        // Killed once it has sent 30 % of the stream.
+        while seeder.uploaded_bytes() < used * 3 / 10 {
+            assert!(
+                !fetch.is_finished(),
+                "the fetch ended before the seeder was killed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(seeder);
+        fetch.join().unwrap().unwrap().stats
+    });
+    assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
+    assert!(
+        stats.bytes_from_seeders >= used * 3 / 10 - u64::from(PIECE),
+        "{stats:?}"
+    );
+    assert!(stats.bytes_over_http > 0, "{stats:?}");
+    let reason = stats.fallback_reason.clone().unwrap_or_default();
+    assert!(reason.contains("stalled"), "{stats:?}");
     assert_used_blocks_equal(&c, &t);
 }
 
