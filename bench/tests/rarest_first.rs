@@ -76,3 +76,21 @@ fn ties_are_broken_uniformly() {
         assert!((800..1200).contains(&n), "uneven tie-break: {seen:?}");
     }
 }
+
+#[test]
+fn a_seeder_is_asked_only_for_pieces_no_leecher_has() {
+    // Two seeders (the seeder and a finished leecher) and a leecher holding
+    // pieces 1 and 2.
+    let mut a = Availability::new(4);
+    a.add_peer(0..4);
+    a.add_peer(0..4);
+    a.add_peer([1, 2]);
+    let seeders = 2;
+    let may: Vec<bool> = (0..4)
+        .map(|p| librqbit::piece_selection::seeder_may_serve(&a, p, seeders))
+        .collect();
+    assert_eq!(may, [true, false, false, true]);
+    // The leecher leaves: the seeders serve everything again.
+    a.remove_peer([1, 2]);
+    assert!((0..4).all(|p| librqbit::piece_selection::seeder_may_serve(&a, p, seeders)));
+}

@@ -80,6 +80,16 @@ impl Availability {
     }
 }
 
+/// Whether a connection to a seeder (a peer with every piece) may be asked
+/// for `piece`: only when no other peer has it, that is when its
+/// availability is no more than the number of connected seeders. What a
+/// leecher holds is fetched from that leecher, so each piece leaves the
+/// seeders about once instead of once per machine (their upload is the
+/// swarm's bottleneck when every machine starts empty).
+pub fn seeder_may_serve(availability: &Availability, piece: usize, live_seeders: u32) -> bool {
+    availability.get(piece) <= live_seeders
+}
+
 /// The candidate with the lowest availability; among equally rare candidates
 /// each is chosen with the same probability (reservoir sampling driven by
 /// `random`, which must return uniformly distributed values). `None` when

@@ -21,7 +21,7 @@ use peer_binary_protocol::Piece;
 use crate::{
     chunk_tracker::{ChunkMarkingResult, ChunkTracker},
     file_info::FileInfo,
-    piece_selection::{Availability, choose_rarest},
+    piece_selection::{Availability, choose_rarest, seeder_may_serve},
     type_aliases::{FileInfos, FilePriorities, PeerHandle},
 };
 
@@ -67,6 +67,10 @@ where
     pub peer_has_piece: P,
     /// Returns true if the piece can be stolen (e.g., not locked for writing).
     pub can_steal: S,
+    /// anneal: the peer has every piece (a seeder).
+    pub peer_is_seeder: bool,
+    /// anneal: connected peers that have every piece.
+    pub live_seeders: u32,
 }
 
 /// Coordinates piece download state.
@@ -197,12 +201,18 @@ impl PieceTracker {
 
         if let Some(availability) = self.availability.as_ref() {
             // anneal: rarest first among the queued pieces this peer has.
+            // A seeder is asked only for pieces no other peer has: what a
+            // leecher holds comes from that leecher, so the seeder's upload
+            // goes to pieces the swarm lacks (each piece leaves the seeder
+            // about once instead of once per machine).
             let lengths = *self.chunks.get_lengths();
+            let seeders = req.live_seeders;
             let rarest = choose_rarest(
                 queued
                     .iter()
                     .filter(|p| (req.peer_has_piece)(**p))
-                    .map(|p| p.get_usize()),
+                    .map(|p| p.get_usize())
+                    .filter(|p| !req.peer_is_seeder || seeder_may_serve(availability, *p, seeders)),
                 availability,
                 rand::random::<u64>,
             )
@@ -459,6 +469,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true, // Peer has all pieces
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         // Should reserve piece 0 (first in queue)
@@ -492,6 +504,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |p| p.get() >= 2,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         match result {
@@ -520,6 +534,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         let piece = match result {
@@ -553,6 +569,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         let piece = match result {
@@ -581,6 +599,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |p| p == piece, // Only has the failed piece
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         match result2 {
@@ -610,6 +630,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         }) {
             AcquireResult::Reserved(p) => p,
             _ => panic!("Expected Reserved"),
@@ -622,6 +644,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         }) {
             AcquireResult::Reserved(p) => p,
             _ => panic!("Expected Reserved"),
@@ -636,6 +660,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         }) {
             AcquireResult::Reserved(p) => p,
             _ => panic!("Expected Reserved"),
@@ -675,6 +701,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
         tracker.acquire_piece(AcquireRequest {
             peer: peer(1),
@@ -684,6 +712,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         assert_eq!(tracker.inflight_count(), 2);
@@ -701,6 +731,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         // Should get piece 0 again (was requeued)
@@ -739,6 +771,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         // Should get piece 3 (first priority piece)
@@ -765,6 +799,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| false, // Peer has nothing
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         match result {
@@ -797,6 +833,8 @@ mod tests {
                 file_infos: &file_infos,
                 peer_has_piece: |p| p.get() != 1,
                 can_steal: |_| false,
+                peer_is_seeder: false,
+                live_seeders: 0,
             }) {
                 AcquireResult::Reserved(p) => got.push(p.get()),
                 r => panic!("expected Reserved, got {r:?}"),
@@ -826,6 +864,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| false,
+            peer_is_seeder: false,
+            live_seeders: 0,
         }) {
             AcquireResult::Reserved(p) => assert_eq!(p.get(), 0),
             r => panic!("expected Reserved(0), got {r:?}"),
@@ -872,6 +912,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         }) {
             AcquireResult::Reserved(p) => {
                 assert_eq!(p.get(), 0);
@@ -888,6 +930,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |_| true,
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         }) {
             AcquireResult::Reserved(p) => {
                 assert_eq!(p.get(), 4);
@@ -910,6 +954,8 @@ mod tests {
             file_infos: &file_infos,
             peer_has_piece: |p| p.get() == 4, // Peer B only has piece 4
             can_steal: |_| true,
+            peer_is_seeder: false,
+            live_seeders: 0,
         });
 
         // Should steal piece 4 (which peer B has), NOT piece 0 (which peer B doesn't have)

@@ -1469,6 +1469,13 @@ impl PeerHandler {
                             .try_write()
                             .is_some()
                     },
+                    peer_is_seeder: live.seeder,
+                    live_seeders: self
+                        .state
+                        .peers
+                        .stats
+                        .live_seeders
+                        .load(std::sync::atomic::Ordering::Relaxed),
                 });
 
                 match result {
