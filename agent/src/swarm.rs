@@ -85,7 +85,8 @@ pub struct SwarmConfig {
     pub listen: SocketAddr,
     /// Peers known from the start (the seeder, the run's other machines).
     pub peers: Vec<SocketAddr>,
-    /// Addresses whose bytes count as "from the seeder" in the stats.
+    /// Seeders' addresses: bytes from their IP addresses (any port) count as
+    /// "from the seeders" in the stats.
     pub seeders: Vec<SocketAddr>,
     /// Tracker announce URLs (none: peers only from `peers`).
     pub trackers: Vec<String>,
@@ -702,9 +703,11 @@ fn peer_stats(snap: &PeerStatsSnapshot, seeders: &[SocketAddr]) -> SwarmStats {
         if c.fetched_bytes > 0 {
             s.peers += 1;
         }
+        // By address, not port: a seeder that connects to us comes from an
+        // ephemeral port.
         let from_seeder = addr
             .parse::<SocketAddr>()
-            .is_ok_and(|a| seeders.contains(&a));
+            .is_ok_and(|a| seeders.iter().any(|s| s.ip() == a.ip()));
         if from_seeder {
             s.bytes_from_seeders += c.fetched_bytes;
         } else {

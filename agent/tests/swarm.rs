@@ -209,8 +209,9 @@ fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
     let work = tempfile::tempdir().unwrap();
     let bad_stream = work.path().join("bad.stream");
     std::fs::copy(&c.stream, &bad_stream).unwrap();
+    // On its own loopback address: the stats tell seeders by address.
     let bad = Seeder::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
+        SocketAddr::from(([127, 0, 0, 2], 0)),
         &[(c.torrent.clone(), bad_stream.clone())],
         &[],
         None,
