@@ -231,6 +231,29 @@ impl Slot {
     }
 }
 
+/// The `TorrentStorage` methods about files, for a storage that is no
+/// file tree (a slot on a disk, a stream of a content store): nothing to
+/// remove or size; `take` shares the same state.
+macro_rules! no_files {
+    () => {
+        fn remove_file(&self, _: usize, _: &Path) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn remove_directory_if_empty(&self, _: &Path) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn ensure_file_length(&self, _: usize, _: u64) -> anyhow::Result<()> {
+            Ok(())
+        }
+
+        fn take(&self) -> anyhow::Result<Box<dyn TorrentStorage>> {
+            Ok(Box::new(self.clone()))
+        }
+    };
+}
+
 /// librqbit storage of a leecher: one file (the content stream) mapped onto
 /// the slot through the index.
 #[derive(Debug, Clone)]
@@ -283,21 +306,7 @@ impl TorrentStorage for SlotStorage {
         Ok(())
     }
 
-    fn remove_file(&self, _: usize, _: &Path) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn remove_directory_if_empty(&self, _: &Path) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn ensure_file_length(&self, _: usize, _: u64) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn take(&self) -> anyhow::Result<Box<dyn TorrentStorage>> {
-        Ok(Box::new(self.clone()))
-    }
+    no_files!();
 
     fn on_piece_completed(&self, piece: ValidPieceIndex) -> anyhow::Result<()> {
         let i = u64::from(piece.get());
@@ -344,21 +353,7 @@ impl TorrentStorage for StreamStorage {
         anyhow::bail!("a seeder does not write its content store")
     }
 
-    fn remove_file(&self, _: usize, _: &Path) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn remove_directory_if_empty(&self, _: &Path) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn ensure_file_length(&self, _: usize, _: u64) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    fn take(&self) -> anyhow::Result<Box<dyn TorrentStorage>> {
-        Ok(Box::new(self.clone()))
-    }
+    no_files!();
 }
 
 #[derive(Debug, Clone)]

@@ -155,16 +155,22 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A seeder of `c`'s stream on 127.0.0.`host` (any port), sending at most
+/// `upload_bps` (none: no cap).
+fn seeder(c: &Content, stream: &Path, host: u8, upload_bps: Option<u32>) -> Seeder {
+    Seeder::start(
+        SocketAddr::from(([127, 0, 0, host], 0)),
+        &[(c.torrent.clone(), stream.to_path_buf())],
+        &[],
+        upload_bps,
+    )
+    .unwrap()
+}
+
 #[test]
 fn leechers_write_the_used_blocks_of_a_direct_restore() {
     let c = content();
-    let seeder = Seeder::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        &[(c.torrent.clone(), c.stream.clone())],
-        &[],
-        None,
-    )
-    .unwrap();
+    let seeder = seeder(&c, &c.stream, 1, None);
     let work = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
     let addrs: Vec<SocketAddr> = ports
@@ -210,13 +216,7 @@ fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
     let bad_stream = work.path().join("bad.stream");
     std::fs::copy(&c.stream, &bad_stream).unwrap();
     // On its own loopback address: the stats tell seeders by address.
-    let bad = Seeder::start(
-        SocketAddr::from(([127, 0, 0, 2], 0)),
-        &[(c.torrent.clone(), bad_stream.clone())],
-        &[],
-        None,
-    )
-    .unwrap();
+    let bad = seeder(&c, &bad_stream, 2, None);
     let flipped: Vec<u8> = std::fs::read(&bad_stream)
         .unwrap()
         .iter()
@@ -230,13 +230,7 @@ fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
         .unwrap();
     // The good seeder sends 2 MiB/s: the bad peer is surely asked for
     // pieces before the good one has sent them all.
-    let good = Seeder::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        &[(c.torrent.clone(), c.stream.clone())],
-        &[],
-        Some(2 << 20),
-    )
-    .unwrap();
+    let good = seeder(&c, &c.stream, 1, Some(2 << 20));
     let t = target(work.path(), "t");
     // The bad peer first: it is asked before the good one is even known.
     let cfg = config(vec![bad.addr(), good.addr()], vec![good.addr()], 0);
@@ -277,13 +271,7 @@ fn the_seeder_killed_at_30_percent_the_http_fallback_finishes() {
     let work = tempfile::tempdir().unwrap();
     let url = content_server(&c, &work.path().join("store"));
     // 2 MiB/s: the leecher is still fetching when the seeder dies.
-    let seeder = Seeder::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        &[(c.torrent.clone(), c.stream.clone())],
-        &[],
-        Some(2 << 20),
-    )
-    .unwrap();
+    let seeder = seeder(&c, &c.stream, 1, Some(2 << 20));
     let t = target(work.path(), "t");
     let mut cfg = config(vec![seeder.addr()], vec![seeder.addr()], 0);
     cfg.stall_timeout = Duration::from_secs(2);

@@ -44,20 +44,6 @@ async fn session(dir: &Path, upload_bps: Option<u32>) -> Result<std::sync::Arc<S
     .with_context(|| format!("starting a librqbit session in {}", dir.display()))
 }
 
-fn content() -> Vec<u8> {
-    // Deterministic, incompressible-looking bytes (xorshift64).
-    let mut x: u64 = 0x853c_49e6_748f_ea9b;
-    let mut v = Vec::with_capacity(CONTENT);
-    while v.len() < CONTENT {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(CONTENT);
-    v
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leechers_trade_pieces_and_end_with_the_seeds_bytes() -> Result<()> {
     let _ = tracing_subscriber::fmt()
@@ -66,7 +52,8 @@ async fn leechers_trade_pieces_and_end_with_the_seeds_bytes() -> Result<()> {
     let root = tempfile::tempdir()?;
     let seed_dir = root.path().join("seed");
     std::fs::create_dir_all(&seed_dir)?;
-    let data = content();
+    // Deterministic, incompressible-looking bytes.
+    let data = anneal_bench::noise(0x853c_49e6_748f_ea9b, CONTENT);
     let want = Sha256::digest(&data);
     std::fs::write(seed_dir.join("content.bin"), &data)?;
     let torrent = create_torrent(
