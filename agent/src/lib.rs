@@ -16,5 +16,6 @@ pub mod net;
 pub mod posthook;
 pub mod serve;
 pub mod store;
+#[cfg(feature = "swarm")]
 pub mod swarm;
 pub mod tracker;

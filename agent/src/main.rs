@@ -46,9 +46,11 @@ enum Command {
     Tracker(TrackerArgs),
     /// Seed contents of a content store over BitTorrent until killed
     /// (JSON line `seeding` on stdout once checked).
+    #[cfg(feature = "swarm")]
     Seed(anneal_agent::swarm::SeedArgs),
     /// Fetch one content over BitTorrent onto a slot of a disk or file,
     /// verified piece by piece (JSON lines `written`, `done` on stdout).
+    #[cfg(feature = "swarm")]
     SwarmFetch(anneal_agent::swarm::FetchArgs),
     /// Run a deploy plan locally (no agent API): fetch, verify and write
     /// its contents, write the tables (JSON lines on stdout; exit 1 on
@@ -211,10 +213,12 @@ fn main() -> anyhow::Result<()> {
             tracker.run();
             Ok(())
         }
+        #[cfg(feature = "swarm")]
         Command::Seed(a) => {
             tracing_init();
             anneal_agent::swarm::run_seed(&a)
         }
+        #[cfg(feature = "swarm")]
         Command::SwarmFetch(a) => {
             tracing_init();
             anneal_agent::swarm::run_fetch(&a)
