@@ -32,15 +32,21 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
             }
         })
         .await;
-    let console = lab.console();
     let elapsed = match res {
         Ok(t) => t,
-        Err(e) => panic!("{e:#}"),
+        Err(e) => panic!("{e:#}\nconsole:\n{}", e2e::tail(&lab.console(), 60)),
     };
     println!(
         "e2e: QEMU launch → Machine Available in {:.1} s",
         elapsed.as_secs_f64()
     );
+    // The Machine is Available once the manager has the hardware; the agent
+    // prints "hardware sent" after the answer reaches it, which can be after
+    // the test sees Available: wait for the line, then read the console.
+    lab.wait_console("anneal: hardware sent", 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let console = lab.console();
     let (after_init, after_net, line) =
         e2e::registration_times(&console).expect("registration line on the console");
     println!(
