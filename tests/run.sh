@@ -43,9 +43,9 @@ cargo fmt --all -- --check
 # directories separately: it builds beside clippy and the test build, filling
 # the cores they leave idle. The exact command of tests/src/artifacts.rs
 # `agent_musl`, so the tests find it fresh.
-step "static agent (release, musl): building in the background"
+step "static agent (profile agent, musl): building in the background"
 musl_log="$logdir/agent-musl-build.log"
-setsid cargo build --quiet --locked --release --target x86_64-unknown-linux-musl \
+setsid cargo build --quiet --locked --profile agent --target x86_64-unknown-linux-musl \
   -p anneal-agent --bin anneal-agent >"$musl_log" 2>&1 &
 musl_pid=$!
 trap 'kill -- "-$musl_pid" 2>/dev/null || true' EXIT
@@ -64,7 +64,7 @@ step "test artifacts (bootd, anneal-initramfs, examples)"
 cargo build --workspace --locked --bin bootd --bin anneal-initramfs --bin anneal-agent \
   --example fake_manager --example posthook_run
 
-step "static agent (release, musl): waiting for the background build"
+step "static agent (profile agent, musl): waiting for the background build"
 musl_rc=0
 wait "$musl_pid" || musl_rc=$?
 trap - EXIT

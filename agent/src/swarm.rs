@@ -68,6 +68,9 @@ pub enum SwarmError {
     /// Writing or reading the target failed.
     #[error("{0}")]
     Io(String),
+    /// The caller's progress callback asked to stop.
+    #[error("stopped on request")]
+    Aborted,
     /// The stream read back does not hash to the index's SHA-256.
     #[error("the stream written has SHA-256 {got}, the index says {want}")]
     StreamHash {
@@ -493,6 +496,21 @@ pub fn fetch_to_slot(
             path: target.to_path_buf(),
             source,
         })?;
+    fetch_file_to_slot(torrent, index, file, slot, cfg, &mut |_| true)
+}
+
+/// [`fetch_to_slot`] onto an open target (read and write), calling
+/// `progress` with the figures every 100 ms while it fetches (over the
+/// swarm or HTTP); `progress` returning false stops the fetch
+/// ([`SwarmError::Aborted`]).
+pub fn fetch_file_to_slot(
+    torrent: &[u8],
+    index: &ContentIndex,
+    file: File,
+    slot: u64,
+    cfg: &SwarmConfig,
+    progress: &mut dyn FnMut(&SwarmStats) -> bool,
+) -> Result<Leeched, SwarmError> {
     let total = index.piece_count();
     let shared = Arc::new(Slot {
         target: file,
@@ -508,7 +526,7 @@ pub fn fetch_to_slot(
     let rt = runtime()?;
     let session = rt.block_on(session(cfg.listen, None))?;
     let start = Instant::now();
-    let leeched = rt.block_on(leech(&session, torrent, &shared, total, cfg));
+    let leeched = rt.block_on(leech(&session, torrent, &shared, total, cfg, progress));
     let (handle, stalled) = match leeched {
         Ok(h) => h,
         Err(e) => {
@@ -535,7 +553,9 @@ pub fn fetch_to_slot(
         reason = Some(stall.to_string());
         // The swarm goes on meanwhile: whichever path brings a piece first
         // writes it.
-        http_fallback(&shared, url, cfg.stall_timeout)?;
+        http_fallback(&shared, url, cfg.stall_timeout, &mut || {
+            progress(&stats_of(&seeding.handle, &shared, &cfg.seeders, 0.0))
+        })?;
     }
     seeding.seconds = start.elapsed().as_secs_f64();
     verify_stream(&shared)?;
@@ -551,7 +571,12 @@ const HTTP_ATTEMPTS: u32 = 4;
 /// consecutive missing pieces), each checked against the index's SHA-1
 /// before it is written; a range that fails or a piece that does not match
 /// is fetched again, up to [`HTTP_ATTEMPTS`] times.
-fn http_fallback(shared: &Slot, url: &str, timeout: Duration) -> Result<(), SwarmError> {
+fn http_fallback(
+    shared: &Slot,
+    url: &str,
+    timeout: Duration,
+    progress: &mut dyn FnMut() -> bool,
+) -> Result<(), SwarmError> {
     use std::io::Read as _;
     let url = crate::fetch::Url::parse(url)
         .map_err(|e| SwarmError::Io(format!("the HTTP fallback URL {url}: {e}")))?;
@@ -571,6 +596,9 @@ fn http_fallback(shared: &Slot, url: &str, timeout: Duration) -> Result<(), Swar
         if shared.is_written(i) {
             i += 1;
             continue;
+        }
+        if !progress() {
+            return Err(SwarmError::Aborted);
         }
         // A run of missing pieces, at most 16 MiB.
         let mut end = i + 1;
@@ -635,6 +663,7 @@ async fn leech(
     shared: &Arc<Slot>,
     total: u64,
     cfg: &SwarmConfig,
+    progress: &mut dyn FnMut(&SwarmStats) -> bool,
 ) -> Result<(Arc<ManagedTorrent>, Option<SwarmError>), SwarmError> {
     let handle = session
         .add_torrent(
@@ -663,6 +692,9 @@ async fn leech(
         let have = shared.pieces_written.load(Ordering::Relaxed);
         if have == total {
             return Ok((handle, None));
+        }
+        if !progress(&stats_of(&handle, shared, &cfg.seeders, 0.0)) {
+            return Err(SwarmError::Aborted);
         }
         if have != last.0 {
             last = (have, Instant::now());

@@ -147,23 +147,37 @@ fn fixture() -> Fixture {
         )
         .unwrap();
     }
-    let mut server = agent()
-        .arg("serve")
-        .arg("--content-dir")
-        .arg(&store)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
+    let (server, addr) = spawn_listening(
+        agent()
+            .arg("serve")
+            .arg("--content-dir")
+            .arg(&store)
+            .arg("--listen")
+            .arg("127.0.0.1:0"),
+    );
+    Fixture {
+        dir,
+        raw,
+        cap,
+        server,
+        addr,
+    }
+}
+
+/// Starts `cmd` and waits for the stderr line that names the address it
+/// bound on 127.0.0.1; its later stderr is drained.
+fn spawn_listening(cmd: &mut Command) -> (Child, SocketAddr) {
+    let mut child = cmd
         .env("NO_COLOR", "1")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // synchronise on the line that names the bound address
-    let stderr = server.stderr.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
     let addr = loop {
         let Some(Ok(line)) = lines.next() else {
-            let _ = server.kill();
-            panic!("the content server ended before naming its address");
+            let _ = child.kill();
+            panic!("{cmd:?} ended before naming its address");
         };
         if let Some(i) = line.find("127.0.0.1:") {
             let port: String = line[i + 10..]
@@ -174,13 +188,7 @@ fn fixture() -> Fixture {
         }
     };
     std::thread::spawn(move || for _ in lines {});
-    Fixture {
-        dir,
-        raw,
-        cap,
-        server,
-        addr,
-    }
+    (child, addr)
 }
 
 /// A plan for `target` with the contents at `http://addr`.
@@ -599,4 +607,196 @@ fn wipe_of_a_loop_device_discards_and_asks_for_a_table_reread() {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&o.stdout), "", "at {off}");
     }
+}
+
+/// Gives every content of `plan` a swarm: `trackers`, a stall timeout of
+/// `stall` seconds, the HTTP fallback when `fallback`; the agent listens on
+/// any port and seeds until 3 s without upload.
+fn with_swarm(
+    plan: &mut serde_json::Value,
+    f: &Fixture,
+    trackers: &[String],
+    stall: u32,
+    fallback: bool,
+) {
+    use anneal_image::format::ContentIndex;
+    use anneal_image::torrent::Metainfo;
+    for c in plan["disks"][0]["contents"].as_array_mut().unwrap() {
+        let name = c["name"].as_str().unwrap().to_string();
+        let raw = std::fs::read(f.cap.join(format!("{name}.index"))).unwrap();
+        let index = ContentIndex::parse(&raw).unwrap();
+        c["swarm"] = serde_json::json!({
+            "infoHash": Metainfo::from_index(&index, &name, None).info_hash_hex(),
+            "trackers": trackers,
+            "seederHosts": [],
+            "listenPort": 0,
+            "stallTimeoutSeconds": stall,
+            "httpFallback": fallback,
+        });
+    }
+    plan["seeding"] = serde_json::json!({"idleSeconds": 3, "maxSeconds": 60});
+}
+
+/// Kills a child process when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two machines deploy the same plan at once through the swarm (a tracker,
+/// a seeder capped at 1 MB/s): both disks equal a local restore, each
+/// machine sent pieces to the other, and each seeded after writing.
+#[test]
+fn two_machines_deploy_at_once_through_the_swarm() {
+    let f = fixture();
+    let store = f.dir.path().join("store");
+    let (tracker, taddr) =
+        spawn_listening(agent().args(["tracker", "--listen", "127.0.0.1:0", "--interval", "2"]));
+    let _tracker = Killed(tracker);
+    let announce = format!("http://{taddr}/announce");
+    let mut seeder = agent()
+        .arg("seed")
+        .arg("--content-dir")
+        .arg(&store)
+        .args([
+            "--content",
+            &format!("{NS}/p1"),
+            "--content",
+            &format!("{NS}/p3"),
+        ])
+        .args(["--listen", "0.0.0.0:0", "--tracker", &announce])
+        .args(["--upload-bps", "1000000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(seeder.stdout.take().unwrap()).lines();
+    let _seeder = Killed(seeder);
+    // synchronise on the seeder's line: both contents checked and served
+    let line = out.next().unwrap().unwrap();
+    assert!(line.contains("\"seeding\""), "{line}");
+    std::thread::spawn(move || for _ in out {});
+
+    let reference = reference(&f);
+    let runs: Vec<Deployed> = std::thread::scope(|s| {
+        let handles: Vec<_> = ["m1", "m2"]
+            .iter()
+            .map(|m| {
+                let d = f.dir.path().join(m);
+                std::fs::create_dir_all(&d).unwrap();
+                let target = d.join("target.img");
+                let mut p = plan(&f, f.addr, &target);
+                with_swarm(&mut p, &f, std::slice::from_ref(&announce), 60, false);
+                p["runId"] = format!("{m}-run-1").into();
+                s.spawn(move || (deploy(&d, &p, &[]), target))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (out, target) = h.join().unwrap();
+                assert!(out.ok, "{}", out.stdout);
+                assert!(
+                    std::fs::read(&target).unwrap() == reference,
+                    "{} differs from a local restore",
+                    target.display()
+                );
+                out
+            })
+            .collect()
+    });
+    let used: u64 = ["p1", "p3"]
+        .iter()
+        .map(|n| {
+            std::fs::metadata(f.cap.join(format!("{n}.stream")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    let mut uploaded = 0;
+    for out in &runs {
+        let result = events(out, "result")[0];
+        let t = &result["transfer"];
+        println!("transfer: {t}");
+        // every byte came from the swarm (peers: the seeder and the other
+        // machine, all on 127.0.0.1), none over HTTP ranges
+        assert!(t["peerBytes"].as_u64().unwrap() >= used, "{t}");
+        assert!(t.get("fallbackReason").is_none(), "{t}");
+        uploaded += t["uploadedBytes"].as_u64().unwrap();
+        assert!(
+            out.stdout.contains("seeding to the run's other machines"),
+            "{}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("seeding stopped after"),
+            "{}",
+            out.stdout
+        );
+    }
+    // the machines traded pieces (a seeder never downloads)
+    assert!(uploaded > 0, "no machine sent the other a byte");
+}
+
+/// The tracker is down from the start and no peer is known: after the
+/// stall timeout the contents come over HTTP ranges, verified the same
+/// way; the reason is in the run's transfer figures.
+#[test]
+fn tracker_down_at_start_the_http_fallback_completes_the_run() {
+    let f = fixture();
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let target = f.dir.path().join("target.img");
+    let mut p = plan(&f, f.addr, &target);
+    with_swarm(&mut p, &f, &[format!("http://{closed}/announce")], 2, true);
+    let out = deploy(f.dir.path(), &p, &[]);
+    assert!(out.ok, "{}", out.stdout);
+    assert!(std::fs::read(&target).unwrap() == reference(&f));
+    let result = events(&out, "result")[0];
+    let reason = result["transfer"]["fallbackReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("the swarm stalled: no piece for 2 s"),
+        "{result}"
+    );
+    assert!(result["httpBytes"].as_u64().unwrap() > 6 << 20, "{result}");
+    assert!(
+        out.stdout.contains("HTTP fallback after a stall"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// Without the HTTP fallback a stalled swarm fails the run, naming the
+/// content, and the disk is left without a partition table.
+#[test]
+fn a_stalled_swarm_without_fallback_fails_and_leaves_no_table() {
+    let f = fixture();
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let target = f.dir.path().join("target.img");
+    let mut p = plan(&f, f.addr, &target);
+    with_swarm(&mut p, &f, &[format!("http://{closed}/announce")], 2, false);
+    let out = deploy(f.dir.path(), &p, &[]);
+    assert!(!out.ok, "{}", out.stdout);
+    let err = events(&out, "error")[0];
+    let msg = err["message"].as_str().unwrap();
+    assert!(
+        msg.contains(
+            "content p1: fetching over BitTorrent failed: the swarm stalled: no piece for 2 s with 0 of"
+        ) && msg.matches("stalled").count() == 1,
+        "{err}"
+    );
+    assert_eq!(err["phase"], "WritingContent", "{err}");
+    assert_eq!(err["diskInvalidated"], true, "{err}");
+    let mut t = std::fs::File::open(&target).unwrap();
+    assert!(anneal_image::layout::read_layout(&mut t).is_err());
 }

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod patch;
 pub mod readiness;
 mod run;
+pub mod swarm;
 pub mod validity;
 pub mod workload;
 

@@ -181,6 +181,7 @@ impl ContentArgs {
             ingest_deadline_secs: self.ingest_deadline_secs,
             server_listen: self.content_listen.clone(),
             upload,
+            swarm: None,
         }))
     }
 }
@@ -214,7 +215,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         &args.lifecycle.agent_api_names,
     )?;
     let mut runtime = anneal_manager::Runtime::new(client, cfg);
-    if let Some(content) = content {
+    if let Some(mut content) = content {
+        content.swarm = Some(args.lifecycle.swarm.clone());
         runtime = runtime.with_content(content);
     }
     if let Some((lifecycle, agent_api)) = args

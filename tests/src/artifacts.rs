@@ -56,7 +56,8 @@ fn cargo(args: &[&str]) {
 /// command early, beside clippy, so the tests find it fresh.
 pub fn agent_musl() -> PathBuf {
     cargo(&[
-        "--release",
+        "--profile",
+        "agent",
         "--target",
         "x86_64-unknown-linux-musl",
         "-p",
@@ -64,7 +65,7 @@ pub fn agent_musl() -> PathBuf {
         "--bin",
         "anneal-agent",
     ]);
-    target_dir().join("x86_64-unknown-linux-musl/release/anneal-agent")
+    target_dir().join("x86_64-unknown-linux-musl/agent/anneal-agent")
 }
 
 /// The initramfs builder (debug build).

@@ -270,6 +270,7 @@ impl Lab {
                         ingest_deadline_secs: 1800,
                         server_listen: Some(format!("127.0.0.1:{port}")),
                         upload: None,
+                        swarm: None,
                     });
             let shutdown = runtime.shutdown_token();
             let c = cancel.clone();

@@ -43,13 +43,23 @@ pub fn run(
     let mut report = |p: &Progress| {
         let done: u64 = p.partitions.iter().map(|x| x.bytes_done).sum();
         let secs = start.elapsed().as_secs_f64().max(0.001);
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let swarm = p.transfer.as_ref().map_or(String::new(), |t| {
+            format!(
+                ", swarm: {} peers, {:.0} MiB from peers, {:.0} MiB from the seeder, {:.0} MiB uploaded",
+                t.peers,
+                mib(t.peer_bytes),
+                mib(t.seeder_bytes),
+                mib(t.uploaded_bytes)
+            )
+        });
         say!(
-            "deploy: {} {}% ({:.0}/{:.0} MiB, {:.1} MiB/s over HTTP)",
+            "deploy: {} {}% ({:.0}/{:.0} MiB, {:.1} MiB/s over HTTP{swarm})",
             p.phase.as_str(),
             (done * 100).checked_div(total).unwrap_or(100),
-            done as f64 / (1u64 << 20) as f64,
-            total as f64 / (1u64 << 20) as f64,
-            p.http_bytes as f64 / (1u64 << 20) as f64 / secs
+            mib(done),
+            mib(total),
+            mib(p.http_bytes) / secs
         );
         for l in &p.log_lines {
             say!("deploy: {l}");
@@ -59,6 +69,7 @@ pub fn run(
             phase: p.phase.as_str().to_string(),
             partitions: p.partitions.clone(),
             http_bytes: p.http_bytes,
+            transfer: p.transfer.clone(),
             log_lines: p.log_lines.iter().map(|l| sanitize_reason(l)).collect(),
         };
         match client.progress(&req) {

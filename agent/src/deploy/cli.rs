@@ -87,6 +87,7 @@ pub fn run_with_hooks(args: &DeployArgs, hooks: &mut HookRunner<'_>) -> bool {
                 "seconds": f.seconds,
                 "httpBytes": f.http_bytes,
                 "contentBytes": f.content_bytes,
+                "transfer": f.transfer,
                 "timings": f.timings,
             }));
             true

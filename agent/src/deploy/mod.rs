@@ -14,6 +14,8 @@
 //! is invalidated again (no partition table: it cannot boot half-written).
 
 mod stream;
+#[cfg(feature = "swarm")]
+mod swarm;
 mod wipe;
 
 pub mod agent;
@@ -193,6 +195,17 @@ pub enum DeployError {
         #[source]
         source: std::io::Error,
     },
+    /// The content's swarm fetch failed (stalled without HTTP fallback, a
+    /// write or the stream check failed).
+    #[cfg(feature = "swarm")]
+    #[error("content {content}: fetching over BitTorrent failed")]
+    Swarm {
+        /// the content
+        content: String,
+        /// cause
+        #[source]
+        source: crate::swarm::SwarmError,
+    },
     /// The progress callback answered abort.
     #[error("aborted by the manager during {phase}")]
     Aborted {
@@ -239,6 +252,9 @@ pub struct Progress {
     pub partitions: Vec<PartitionProgress>,
     /// Bytes fetched over HTTP so far.
     pub http_bytes: u64,
+    /// BitTorrent figures (contents with a swarm).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<anneal_api::agent::SwarmTransfer>,
     /// Lines since the last report (retries).
     pub log_lines: Vec<String>,
 }
@@ -339,6 +355,8 @@ pub struct Finished {
     pub content_bytes: u64,
     /// Wall time.
     pub seconds: f64,
+    /// BitTorrent figures (contents with a swarm).
+    pub transfer: Option<anneal_api::agent::SwarmTransfer>,
 }
 
 /// A run that failed.
@@ -464,6 +482,7 @@ pub fn run_plan(
             phase: Phase::Partitioning,
             partitions: Vec::new(),
             http_bytes: 0,
+            transfer: None,
             log_lines: Vec::new(),
         },
         timings: Vec::new(),
@@ -478,6 +497,7 @@ pub fn run_plan(
             http_bytes: rep.counters.http_bytes.load(Ordering::Relaxed),
             content_bytes,
             seconds: started.elapsed().as_secs_f64(),
+            transfer: rep.progress.transfer.clone(),
         }),
         Err(error) => {
             let mut wrote = false;
@@ -584,12 +604,29 @@ fn run_inner<'p>(
     }
     rep.phase(Phase::WritingContent)?;
     let mut content_bytes = 0u64;
+    #[cfg(feature = "swarm")]
+    let mut swarms = swarm::Swarms::default();
     for d in disks.iter_mut() {
         for (si, slot) in d.layout.slots.iter().enumerate() {
             let Some((c, index, row)) = &d.contents[si] else {
                 continue;
             };
             tracing::info!(disk = %d.disk.device_name, slot = slot.number, content = %c.name, bytes = c.stream_bytes, "writing content");
+            #[cfg(feature = "swarm")]
+            if let Some(sw) = &c.swarm {
+                swarms.fetch((d.target.file(), slot.start_bytes), c, sw, index, rep, *row)?;
+                content_bytes += c.stream_bytes;
+                continue;
+            }
+            #[cfg(not(feature = "swarm"))]
+            if c.swarm.is_some() {
+                let line = format!(
+                    "content {}: this agent was built without BitTorrent; fetching it over HTTP",
+                    c.name
+                );
+                tracing::warn!(line = %line, "deploy");
+                rep.progress.log_lines.push(line);
+            }
             let counters = rep.counters.clone();
             let mut tick = ContentTick {
                 rep: &mut *rep,
@@ -614,6 +651,10 @@ fn run_inner<'p>(
         finalize(d)?;
         rep.send(false)?;
     }
+    // The run's other machines fetch from this one until the seed policy
+    // ends it; the post-install steps may change what it serves.
+    #[cfg(feature = "swarm")]
+    swarms.linger(plan.seeding, rep)?;
     rep.phase(Phase::RunningPostHook)?;
     let ctx = HookContext {
         run_id: plan.run_id.clone(),

@@ -360,6 +360,10 @@ pub struct DeployPlan {
     /// The machine's architecture (`x86_64` or `aarch64`): picks the
     /// removable-media fallback path (`BOOTX64.EFI` or `BOOTAA64.EFI`).
     pub architecture: String,
+    /// Seeding after the last content is written (contents with a swarm
+    /// only); absent: the agent stops serving at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeding: Option<SeedPolicy>,
 }
 
 /// What the agent does after a successful run.
@@ -417,6 +421,45 @@ pub struct PlannedContent {
     pub stream_sha256: String,
     /// Stream length in bytes (used bytes).
     pub stream_bytes: u64,
+    /// The content's swarm (issue 14); absent: the content comes over HTTP
+    /// from `stream_url` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swarm: Option<PlannedSwarm>,
+}
+
+/// How the agent fetches one content over BitTorrent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlannedSwarm {
+    /// The content's BitTorrent v1 info hash (PartitionContent
+    /// `status.infoHash`): the agent makes the torrent from the index it
+    /// verified and refuses the content when the two hashes differ.
+    pub info_hash: String,
+    /// Announce URLs of the Site's tracker.
+    pub trackers: Vec<String>,
+    /// Addresses (IP, no port) the Site's seeders run on: bytes from them
+    /// count as "from the seeder" in the run's transfer figures.
+    #[serde(default)]
+    pub seeder_hosts: Vec<String>,
+    /// TCP port the agent listens on for the other machines of the run.
+    pub listen_port: u16,
+    /// Seconds without a verified piece before the swarm counts as stalled.
+    pub stall_timeout_seconds: u32,
+    /// After a stall, fetch the missing pieces over HTTP ranges of
+    /// `stream_url` (verified the same way); false: a stall fails the run.
+    pub http_fallback: bool,
+}
+
+/// How long an agent keeps seeding what it wrote before its post-install
+/// steps (the run's other machines fetch from it meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SeedPolicy {
+    /// Stop once nothing was uploaded for this many seconds (the run's other
+    /// machines have what they need from this one).
+    pub idle_seconds: u32,
+    /// Stop after this many seconds in any case.
+    pub max_seconds: u32,
 }
 
 /// One resolved post-install step.
@@ -468,10 +511,30 @@ pub struct ProgressRequest {
     /// Bytes fetched over HTTP so far in this run.
     #[serde(default)]
     pub http_bytes: u64,
+    /// BitTorrent figures of the run so far (contents with a swarm only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<SwarmTransfer>,
     /// Console lines since the last report (kept in ConfigMap
     /// `<run>-log`, bounded).
     #[serde(default)]
     pub log_lines: Vec<String>,
+}
+
+/// A run's BitTorrent figures, summed over its contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SwarmTransfer {
+    /// Peers connected now (the seeder included).
+    pub peers: u32,
+    /// Bytes received from other machines (not the seeder).
+    pub peer_bytes: u64,
+    /// Bytes received from the Site's seeders.
+    pub seeder_bytes: u64,
+    /// Bytes sent to other machines.
+    pub uploaded_bytes: u64,
+    /// Why pieces came over HTTP (the stall), when they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
 }
 
 /// The answer to a progress report.

@@ -232,6 +232,15 @@ pub async fn progress(
         .collect();
     let mut transfer = st.transfer.clone().unwrap_or_default();
     transfer.http_bytes = i64::try_from(req.http_bytes).unwrap_or(i64::MAX);
+    if let Some(t) = &req.transfer {
+        transfer.peers = i32::try_from(t.peers).unwrap_or(i32::MAX);
+        transfer.downloaded_bytes = i64::try_from(t.peer_bytes).unwrap_or(i64::MAX);
+        transfer.seeder_bytes = i64::try_from(t.seeder_bytes).unwrap_or(i64::MAX);
+        transfer.uploaded_bytes = i64::try_from(t.uploaded_bytes).unwrap_or(i64::MAX);
+        if let Some(r) = &t.fallback_reason {
+            transfer.fallback_reason = Some(anneal_api::agent::sanitize_reason(r));
+        }
+    }
     st.transfer = Some(TransferStatus { ..transfer });
     write_status(client, &run, &st).await?;
     if let Err(e) = append_log(client, &run, &req.log_lines).await {

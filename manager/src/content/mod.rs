@@ -38,6 +38,8 @@ pub struct ContentConfig {
     pub server_listen: Option<String>,
     /// The staged upload endpoint (`None`: none).
     pub upload: Option<upload::UploadConfig>,
+    /// Trackers and seeders of the Sites (`None`: none run).
+    pub swarm: Option<crate::swarm::SwarmConfig>,
 }
 
 /// The content server workload: `anneal-agent serve` over the store, one
@@ -165,7 +167,13 @@ pub async fn controller(scope: crate::controller::Scope, cfg: ContentConfig) {
             }
         }
     };
+    let swarm = async {
+        if let Some(sw) = cfg.swarm {
+            crate::swarm::controller(scope.clone(), ctx.executor.clone(), sw).await;
+        }
+    };
     futures::join!(
+        swarm,
         uploads,
         imports::controller(scope.clone(), ctx.clone()),
         contents::controller(scope.clone(), ctx.clone()),

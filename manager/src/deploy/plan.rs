@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anneal_api::agent::{
     AfterDeploy as PlanAfterDeploy, DeployPlan, PlannedContent, PlannedDisk, PlannedStep,
+    PlannedSwarm,
 };
 use anneal_api::{
     AfterDeploy, Builtin, DataImage, DeployRunSpec, DiskHints, HardwareDisk, Image, MachineClaim,
@@ -135,6 +136,23 @@ pub struct Inputs<'a> {
     pub progress_interval_seconds: u32,
     /// Seed for generated GUIDs (the Machine's UID), so a replan is stable.
     pub seed: &'a str,
+    /// The swarm of the Machine's Site (None: contents over HTTP only).
+    pub swarm: Option<&'a SwarmInputs>,
+}
+
+/// The Site's swarm, as the plan hands it to the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwarmInputs {
+    /// The Site's tracker announce URL(s).
+    pub trackers: Vec<String>,
+    /// Where the Site's seeders run (IP addresses).
+    pub seeder_hosts: Vec<String>,
+    /// The agent's first BitTorrent port (one per content from there).
+    pub listen_port: u16,
+    /// Seconds without a verified piece before HTTP takes over.
+    pub stall_timeout_seconds: u32,
+    /// How long an agent serves the run's other machines once written.
+    pub seeding: anneal_api::agent::SeedPolicy,
 }
 
 /// The planned run: the DeployRun spec and the plan (without its run id).
@@ -389,6 +407,7 @@ pub fn layout_for(
     disk: &HardwareDisk,
     seed: &str,
     content_url: &str,
+    swarm: Option<(&SwarmInputs, bool)>,
 ) -> Result<(Layout, Vec<PlannedContent>), PlanError> {
     let name = image.name_any();
     let ns = image.namespace().unwrap_or_default();
@@ -422,6 +441,16 @@ pub fn layout_for(
                 index_sha256: st.index_sha256.unwrap_or_default(),
                 stream_sha256: st.sha256.unwrap_or_default(),
                 stream_bytes: u64::try_from(pc.spec.used_bytes).unwrap_or(0),
+                swarm: swarm
+                    .zip(st.info_hash.clone())
+                    .map(|((sw, http_fallback), info_hash)| PlannedSwarm {
+                        info_hash,
+                        trackers: sw.trackers.clone(),
+                        seeder_hosts: sw.seeder_hosts.clone(),
+                        listen_port: sw.listen_port,
+                        stall_timeout_seconds: sw.stall_timeout_seconds,
+                        http_fallback,
+                    }),
             });
             content_ref = Some(r.name.clone());
         }
@@ -568,7 +597,14 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
     let mut planned_disks = Vec::new();
     let mut resolved_disks = Vec::new();
     for (i, d, os) in &targets {
-        let (layout, contents) = layout_for(i, inp.contents, d, inp.seed, inp.content_url)?;
+        let http_fallback = claim
+            .spec
+            .transfer
+            .as_ref()
+            .and_then(|t| t.http_fallback)
+            .unwrap_or(true);
+        let swarm = inp.swarm.map(|s| (s, http_fallback));
+        let (layout, contents) = layout_for(i, inp.contents, d, inp.seed, inp.content_url, swarm)?;
         planned_disks.push(PlannedDisk {
             image: i.name_any(),
             os: *os,
@@ -600,6 +636,7 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
         },
         progress_interval_seconds: inp.progress_interval_seconds,
         architecture: inp.architecture.to_string(),
+        seeding: inp.swarm.map(|s| s.seeding),
     };
     Ok(Planned { spec, plan })
 }
@@ -806,6 +843,7 @@ mod tests {
                 content_url: "http://10.0.0.1:8081",
                 progress_interval_seconds: 2,
                 seed: "uid-1",
+                swarm: None,
             })
         }
     }

@@ -47,6 +47,9 @@ pub struct DeployConfig {
     /// A started run whose agent reports nothing for this long fails (the
     /// machine lost power, the agent died); None: never.
     pub stall_timeout: Option<std::time::Duration>,
+    /// Distribution settings: a Machine whose Site has a tracker gets its
+    /// contents over BitTorrent.
+    pub swarm: crate::swarm::SwarmConfig,
 }
 
 fn run_image(spec: &DeployRunSpec) -> Option<String> {
@@ -298,6 +301,7 @@ async fn gather_and_plan(
     };
     let seed = m.uid().unwrap_or_default();
     let disks = hw.as_ref().map(|h| h.spec.disks.as_slice());
+    let swarm = crate::swarm::plan_inputs(client, m, &cfg.swarm).await?;
     let inputs = Inputs {
         claim,
         machine: &machine,
@@ -310,6 +314,7 @@ async fn gather_and_plan(
         content_url: content_url.trim_end_matches('/'),
         progress_interval_seconds: cfg.progress_interval_seconds.max(1),
         seed: &seed,
+        swarm: swarm.as_ref(),
     };
     Ok(plan::plan(&inputs).map_err(|e| e.to_string()))
 }

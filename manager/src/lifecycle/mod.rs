@@ -109,6 +109,7 @@ impl Default for LifecycleConfig {
                 content_url: None,
                 progress_interval_seconds: 2,
                 stall_timeout: Some(Duration::from_secs(600)),
+                swarm: crate::swarm::SwarmConfig::default(),
             },
             fast_track_window: None,
             allow_insecure_bmc: false,
@@ -428,6 +429,9 @@ pub struct LifecycleArgs {
     /// `http://10.0.0.1:8088`); without it no deploy can be planned.
     #[arg(long)]
     pub content_url: Option<String>,
+    /// Distribution: trackers, seeders, the agents' swarm (docs/distribution.md).
+    #[command(flatten)]
+    pub swarm: crate::swarm::SwarmConfig,
     /// How often a deploying agent reports progress (`2s`).
     #[arg(long, default_value = "2s")]
     pub deploy_progress_interval: String,
@@ -485,6 +489,7 @@ impl LifecycleArgs {
                 )
                 .unwrap_or(2),
                 stall_timeout: Some(dur(&self.deploy_stall_timeout)?),
+                swarm: self.swarm.clone(),
             },
             fast_track_window: self.fast_track_window.as_deref().map(dur).transpose()?,
             allow_insecure_bmc: self.allow_insecure_bmc,

@@ -571,6 +571,14 @@ pub struct TransferStatus {
     /// Bytes fetched over the HTTP fallback.
     #[serde(default)]
     pub http_bytes: i64,
+    /// Bytes received from the Site's seeders (`downloadedBytes` counts
+    /// the other machines only).
+    #[serde(default)]
+    pub seeder_bytes: i64,
+    /// Why pieces came over HTTP ranges instead of the swarm (the stall:
+    /// no piece for the stall timeout, with the pieces and peers it had).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
 }
 
 /// Observed state of a DeployRun.

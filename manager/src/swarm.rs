@@ -1,0 +1,656 @@
+//! Distribution (issue 14): the Site controller (its Subnets, its tracker
+//! URL, its seeders' readiness), the Site's tracker and the seeders per
+//! (Image, Site) as workloads, and the swarm a deploy plan hands to the
+//! agent. See docs/distribution.md.
+//!
+//! - **Tracker**: a Site with `spec.tracker.ip` gets `anneal-agent tracker`
+//!   listening on `<ip>:<--tracker-port>` (workload `tracker-<site>`); with
+//!   `spec.tracker.externalURL` anneal runs none. `status.trackerURL` is the
+//!   announce URL either way.
+//! - **Seeders**: while a DeployRun of an Image is active on a Machine of
+//!   the Site, and for `--seeder-grace-secs` after the last one ended, the
+//!   workload `seed-<image>-<site>` seeds every Ready content of the Image
+//!   from the content store on `<seeder address>:<any port>`, announcing to
+//!   the Site's tracker. The seeder address is `--seeder-address`, else the
+//!   Site's `spec.tracker.ip`. PartitionContent `status.seeders` lists the
+//!   Sites seeding it with the number of machines deploying there.
+//! - **Plans**: a Machine whose Site has a tracker and a seeder address gets
+//!   a swarm in each content of its plan ([`plan_inputs`]).
+//!
+//! One pass every few seconds under the leader's scope; with the process
+//! executor the workloads started in a term are stopped when it ends.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anneal_api::agent::SeedPolicy;
+use anneal_api::{
+    ContentState, DeployRun, Image, Machine, PartitionContent, RunPhase, SeederStatus, Site, Subnet,
+};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, Resource as _, ResourceExt};
+use serde_json::json;
+
+use crate::controller::Scope;
+use crate::deploy::plan::SwarmInputs;
+use crate::workload::{
+    Executor, Kind, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name,
+};
+
+/// The field manager of this controller's status writes.
+pub const FIELD_MANAGER: &str = "anneal-swarm";
+
+/// Distribution settings of the manager.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SwarmConfig {
+    /// Address seeders listen on (an address of the host they run on, on
+    /// the seeder network); default: the Site's `spec.tracker.ip`.
+    #[arg(long)]
+    pub seeder_address: Option<String>,
+    /// Port of the trackers anneal runs (`spec.tracker.ip`).
+    #[arg(long, default_value_t = 6969)]
+    pub tracker_port: u16,
+    /// Announce interval the trackers hand out, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub tracker_interval_secs: u32,
+    /// First TCP port a deploying agent listens on for its peers.
+    #[arg(long, default_value_t = 6881)]
+    pub agent_peer_port: u16,
+    /// Seconds without a verified piece before an agent fetches the rest
+    /// over HTTP ranges.
+    #[arg(long, default_value_t = 30)]
+    pub swarm_stall_timeout_secs: u32,
+    /// An agent keeps seeding until nothing was uploaded for this long.
+    #[arg(long, default_value_t = 15)]
+    pub seed_idle_secs: u32,
+    /// An agent seeds at most this long after writing its contents.
+    #[arg(long, default_value_t = 300)]
+    pub seed_max_secs: u32,
+    /// Seeders stay this long after the last deploy of their Image in their
+    /// Site ended.
+    #[arg(long, default_value_t = 600)]
+    pub seeder_grace_secs: u64,
+    /// Upload cap of each seeder in bytes per second (none: no cap).
+    #[arg(long)]
+    pub seeder_upload_bps: Option<u32>,
+}
+
+impl Default for SwarmConfig {
+    fn default() -> Self {
+        Self {
+            seeder_address: None,
+            tracker_port: 6969,
+            tracker_interval_secs: 15,
+            agent_peer_port: 6881,
+            swarm_stall_timeout_secs: 30,
+            seed_idle_secs: 15,
+            seed_max_secs: 300,
+            seeder_grace_secs: 600,
+            seeder_upload_bps: None,
+        }
+    }
+}
+
+/// The announce URL of a Site's tracker.
+pub fn tracker_url(site: &Site, cfg: &SwarmConfig) -> Option<String> {
+    let t = site.spec.tracker.as_ref()?;
+    site.spec.seeder_subnet_ref.as_ref()?;
+    match (&t.ip, &t.external_url) {
+        (Some(ip), _) => Some(format!("http://{ip}:{}/announce", cfg.tracker_port)),
+        (None, Some(u)) => Some(u.clone()),
+        (None, None) => None,
+    }
+}
+
+/// Where a Site's seeders listen.
+pub fn seeder_host(site: &Site, cfg: &SwarmConfig) -> Option<String> {
+    site.spec.seeder_subnet_ref.as_ref()?;
+    cfg.seeder_address
+        .clone()
+        .or_else(|| site.spec.tracker.as_ref().and_then(|t| t.ip.clone()))
+}
+
+/// The Site of a Machine (through its Subnet), when both exist.
+async fn machine_site(client: &Client, m: &Machine) -> Result<Option<Site>, kube::Error> {
+    let ns = m.namespace().unwrap_or_default();
+    let sref = &m.spec.subnet_ref;
+    let sns = sref.namespace_or(&ns).to_string();
+    let Some(subnet) = Api::<Subnet>::namespaced(client.clone(), &sns)
+        .get_opt(&sref.name)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let site_ref = &subnet.spec.site_ref;
+    Api::<Site>::namespaced(client.clone(), site_ref.namespace_or(&sns))
+        .get_opt(&site_ref.name)
+        .await
+}
+
+/// The swarm a plan for `m` carries: its Site's tracker and seeders, or
+/// None (the Site has no tracker or no seeder address: HTTP only).
+pub async fn plan_inputs(
+    client: &Client,
+    m: &Machine,
+    cfg: &SwarmConfig,
+) -> Result<Option<SwarmInputs>, kube::Error> {
+    let Some(site) = machine_site(client, m).await? else {
+        return Ok(None);
+    };
+    Ok(inputs_for(&site, cfg))
+}
+
+/// [`plan_inputs`] for a known Site.
+pub fn inputs_for(site: &Site, cfg: &SwarmConfig) -> Option<SwarmInputs> {
+    let url = tracker_url(site, cfg)?;
+    let host = seeder_host(site, cfg)?;
+    Some(SwarmInputs {
+        trackers: vec![url],
+        seeder_hosts: vec![host],
+        listen_port: cfg.agent_peer_port,
+        stall_timeout_seconds: cfg.swarm_stall_timeout_secs.max(1),
+        seeding: SeedPolicy {
+            idle_seconds: cfg.seed_idle_secs,
+            max_seconds: cfg.seed_max_secs,
+        },
+    })
+}
+
+/// The tracker workload of a Site with `spec.tracker.ip`.
+pub fn tracker_spec(site: &Site, cfg: &SwarmConfig) -> Option<WorkloadSpec> {
+    let ip = site.spec.tracker.as_ref()?.ip.as_ref()?;
+    site.spec.seeder_subnet_ref.as_ref()?;
+    let ns = site.namespace().unwrap_or_default();
+    Some(WorkloadSpec {
+        namespace: ns.clone(),
+        name: workload_name("tracker", &ns, &site.name_any()),
+        kind: Kind::Server,
+        program: Program::Agent,
+        args: vec![
+            "tracker".into(),
+            "--listen".into(),
+            format!("{ip}:{}", cfg.tracker_port),
+            "--interval".into(),
+            cfg.tracker_interval_secs.max(1).to_string(),
+        ],
+        volumes: Vec::new(),
+        env: BTreeMap::new(),
+        labels: [
+            ("app.kubernetes.io/component".into(), "tracker".into()),
+            ("anneal.dev/site".into(), site.name_any()),
+        ]
+        .into(),
+        owner: site.controller_owner_ref(&()),
+        deadline_secs: None,
+    })
+}
+
+/// The seeder workload of `image` in `site`, seeding `contents`.
+pub fn seeder_spec(
+    image: &Image,
+    site: &Site,
+    contents: &[String],
+    cfg: &SwarmConfig,
+) -> Option<WorkloadSpec> {
+    let url = tracker_url(site, cfg)?;
+    let host = seeder_host(site, cfg)?;
+    let ns = image.namespace().unwrap_or_default();
+    let mut args = vec![
+        "seed".into(),
+        "--content-dir".into(),
+        "${volume:store}".into(),
+    ];
+    for c in contents {
+        args.push("--content".into());
+        args.push(format!("{ns}/{c}"));
+    }
+    args.extend([
+        "--listen".into(),
+        format!("{host}:0"),
+        "--tracker".into(),
+        url,
+    ]);
+    if let Some(bps) = cfg.seeder_upload_bps {
+        args.extend(["--upload-bps".into(), bps.to_string()]);
+    }
+    Some(WorkloadSpec {
+        namespace: ns.clone(),
+        name: workload_name(
+            "seed",
+            &ns,
+            &format!("{}-{}", image.name_any(), site.name_any()),
+        ),
+        kind: Kind::Server,
+        program: Program::Agent,
+        args,
+        volumes: vec![Volume {
+            name: "store".into(),
+            mount_path: "/store".into(),
+            source: VolumeSource::ContentStore,
+        }],
+        env: BTreeMap::new(),
+        labels: [
+            ("app.kubernetes.io/component".into(), "seeder".into()),
+            ("anneal.dev/image".into(), image.name_any()),
+            ("anneal.dev/site".into(), site.name_any()),
+        ]
+        .into(),
+        owner: image.controller_owner_ref(&()),
+        deadline_secs: None,
+    })
+}
+
+/// When a run ended (its last phase's end or its last progress), if it has.
+fn run_ended(r: &DeployRun) -> Option<k8s_openapi::jiff::Timestamp> {
+    let st = r.status.as_ref()?;
+    if !matches!(st.phase, Some(RunPhase::Succeeded | RunPhase::Failed)) {
+        return None;
+    }
+    st.phase_timings
+        .iter()
+        .filter_map(|t| t.end.as_ref().or(t.start.as_ref()))
+        .map(|t| t.0)
+        .max()
+        .or_else(|| st.last_progress_time.as_ref().map(|t| t.0))
+        .or_else(|| r.creation_timestamp().map(|t| t.0))
+}
+
+/// Desired state of one pass.
+#[derive(Debug, Default)]
+struct Desired {
+    /// Workload key (`ns/name`) to spec.
+    workloads: BTreeMap<String, WorkloadSpec>,
+    /// Site key to the seeder keys it needs.
+    site_seeders: BTreeMap<String, Vec<String>>,
+    /// Content key (`ns/name`) to its seeding Sites (site name to machines).
+    content_seeders: BTreeMap<String, BTreeMap<String, i32>>,
+}
+
+fn key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+/// Keeps the trackers and seeders of every Site as they should be, and the
+/// Sites' and contents' status, until `scope` is cancelled.
+pub async fn controller(scope: Scope, executor: Executor, cfg: SwarmConfig) {
+    let mut started: BTreeMap<String, WorkloadSpec> = BTreeMap::new();
+    loop {
+        if let Err(e) = pass(&scope, &executor, &cfg, &mut started).await {
+            tracing::warn!(error = %anneal_api::error_chain(&e), "swarm pass failed; retrying");
+        }
+        tokio::select! {
+            () = scope.cancelled() => break,
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
+    if matches!(executor, Executor::Process(_)) {
+        for spec in started.values() {
+            if let Err(e) = executor.remove(spec).await {
+                tracing::warn!(workload = %spec.name, error = %e, "stopping a swarm workload failed");
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Workload(#[from] crate::workload::WorkloadError),
+}
+
+async fn pass(
+    scope: &Scope,
+    executor: &Executor,
+    cfg: &SwarmConfig,
+    started: &mut BTreeMap<String, WorkloadSpec>,
+) -> Result<(), PassError> {
+    let lp = ListParams::default();
+    let sites = scope.api::<Site>().list(&lp).await?.items;
+    let subnets = scope.api::<Subnet>().list(&lp).await?.items;
+    let runs = scope.api::<DeployRun>().list(&lp).await?.items;
+    let contents = scope.api::<PartitionContent>().list(&lp).await?.items;
+    let site_by_key: BTreeMap<String, &Site> = sites
+        .iter()
+        .map(|s| (key(&s.namespace().unwrap_or_default(), &s.name_any()), s))
+        .collect();
+    let subnet_site: BTreeMap<String, String> = subnets
+        .iter()
+        .map(|s| {
+            let ns = s.namespace().unwrap_or_default();
+            (
+                key(&ns, &s.name_any()),
+                key(s.spec.site_ref.namespace_or(&ns), &s.spec.site_ref.name),
+            )
+        })
+        .collect();
+    let ready: BTreeSet<String> = contents
+        .iter()
+        .filter(|c| c.status.as_ref().and_then(|s| s.state) == Some(ContentState::Ready))
+        .map(|c| key(&c.namespace().unwrap_or_default(), &c.name_any()))
+        .collect();
+
+    let mut want = Desired::default();
+    for s in &sites {
+        if let Some(spec) = tracker_spec(s, cfg) {
+            want.workloads
+                .insert(key(&spec.namespace, &spec.name), spec);
+        }
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let grace = k8s_openapi::jiff::SignedDuration::from_secs(
+        i64::try_from(cfg.seeder_grace_secs).unwrap_or(i64::MAX),
+    );
+    let mut images: BTreeMap<String, Option<Image>> = BTreeMap::new();
+    for r in &runs {
+        let active = match run_ended(r) {
+            None => true,
+            Some(t) => now.duration_since(t) < grace,
+        };
+        if !active {
+            continue;
+        }
+        let ns = r.namespace().unwrap_or_default();
+        let Some(m) = Api::<Machine>::namespaced(scope.client.clone(), &ns)
+            .get_opt(&r.spec.machine_ref.name)
+            .await?
+        else {
+            continue;
+        };
+        let subnet = key(
+            m.spec
+                .subnet_ref
+                .namespace_or(&m.namespace().unwrap_or_default()),
+            &m.spec.subnet_ref.name,
+        );
+        let Some(site) = subnet_site.get(&subnet).and_then(|k| site_by_key.get(k)) else {
+            continue;
+        };
+        let mut names: Vec<String> = r.spec.image_ref.iter().map(|i| i.name.clone()).collect();
+        names.extend(r.spec.data_images.iter().map(|d| d.image_ref.name.clone()));
+        for n in names {
+            let ik = key(&ns, &n);
+            if !images.contains_key(&ik) {
+                let got = Api::<Image>::namespaced(scope.client.clone(), &ns)
+                    .get_opt(&n)
+                    .await?;
+                images.insert(ik.clone(), got);
+            }
+            let Some(Some(image)) = images.get(&ik) else {
+                continue;
+            };
+            let cs: Vec<String> = image
+                .spec
+                .layout
+                .slots
+                .iter()
+                .filter_map(|s| s.content_ref.as_ref().map(|c| c.name.clone()))
+                .filter(|c| ready.contains(&key(&ns, c)))
+                .collect();
+            if cs.is_empty() {
+                continue;
+            }
+            let Some(spec) = seeder_spec(image, site, &cs, cfg) else {
+                continue;
+            };
+            let wk = key(&spec.namespace, &spec.name);
+            let sk = key(&site.namespace().unwrap_or_default(), &site.name_any());
+            let list = want.site_seeders.entry(sk).or_default();
+            if !list.contains(&wk) {
+                list.push(wk.clone());
+            }
+            for c in &cs {
+                let n = want
+                    .content_seeders
+                    .entry(key(&ns, c))
+                    .or_default()
+                    .entry(site.name_any())
+                    .or_insert(0);
+                if run_ended(r).is_none() {
+                    *n += 1;
+                }
+            }
+            want.workloads.insert(wk, spec);
+        }
+    }
+
+    // Workloads: start, restart, stop.
+    let mut running = BTreeSet::new();
+    for (k, spec) in &want.workloads {
+        let changed = started.get(k).is_some_and(|old| old.args != spec.args);
+        if changed {
+            executor.remove(&started[k]).await?;
+        }
+        match executor.observe(spec).await?.phase {
+            Phase::Running if !changed => {
+                running.insert(k.clone());
+            }
+            Phase::Running | Phase::Absent => {
+                executor.ensure(spec).await?;
+                tracing::info!(workload = %k, args = ?spec.args, "swarm workload started");
+            }
+            Phase::Failed | Phase::Succeeded => {
+                tracing::warn!(workload = %k, "swarm workload ended; restarting it");
+                executor.remove(spec).await?;
+                executor.ensure(spec).await?;
+            }
+        }
+        started.insert(k.clone(), spec.clone());
+    }
+    let gone: Vec<String> = started
+        .keys()
+        .filter(|k| !want.workloads.contains_key(*k))
+        .cloned()
+        .collect();
+    for k in gone {
+        if let Some(spec) = started.remove(&k) {
+            executor.remove(&spec).await?;
+            tracing::info!(workload = %k, "swarm workload stopped (no active deploy, grace period over)");
+        }
+    }
+
+    // Site status.
+    for s in &sites {
+        let ns = s.namespace().unwrap_or_default();
+        let sk = key(&ns, &s.name_any());
+        let subnet_refs: Vec<serde_json::Value> = subnets
+            .iter()
+            .filter(|n| {
+                subnet_site.get(&key(&n.namespace().unwrap_or_default(), &n.name_any()))
+                    == Some(&sk)
+            })
+            .map(|n| json!({"name": n.name_any()}))
+            .collect();
+        let tracker_ok =
+            tracker_spec(s, cfg).is_none_or(|t| running.contains(&key(&t.namespace, &t.name)));
+        let seeders_ok = want
+            .site_seeders
+            .get(&sk)
+            .is_none_or(|l| l.iter().all(|k| running.contains(k)));
+        let seeder_ready = s.spec.seeder_subnet_ref.is_some()
+            && seeder_host(s, cfg).is_some()
+            && tracker_url(s, cfg).is_some()
+            && tracker_ok
+            && seeders_ok;
+        let st = s.status.clone().unwrap_or_default();
+        let url = tracker_url(s, cfg);
+        let refs_now: Vec<serde_json::Value> = st
+            .subnet_refs
+            .iter()
+            .map(|r| json!({"name": r.name}))
+            .collect();
+        if st.tracker_url != url || st.seeder_ready != Some(seeder_ready) || refs_now != subnet_refs
+        {
+            Api::<Site>::namespaced(scope.client.clone(), &ns)
+                .patch_status(
+                    &s.name_any(),
+                    &PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(&json!({"status": {
+                        "subnetRefs": subnet_refs,
+                        "trackerURL": url,
+                        "seederReady": seeder_ready,
+                    }})),
+                )
+                .await?;
+        }
+    }
+
+    // PartitionContent status.seeders.
+    for c in &contents {
+        let ns = c.namespace().unwrap_or_default();
+        let ck = key(&ns, &c.name_any());
+        let now: Vec<SeederStatus> = c
+            .status
+            .as_ref()
+            .map(|s| s.seeders.clone())
+            .unwrap_or_default();
+        let want_list: Vec<SeederStatus> = want
+            .content_seeders
+            .get(&ck)
+            .map(|m| {
+                m.iter()
+                    .map(|(site, machines)| SeederStatus {
+                        site: site.clone(),
+                        machines: *machines,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if now != want_list {
+            Api::<PartitionContent>::namespaced(scope.client.clone(), &ns)
+                .patch_status(
+                    &c.name_any(),
+                    &PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(&json!({"status": {"seeders": want_list}})),
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anneal_api::{NameRef, SiteSpec, TrackerSpec};
+
+    fn site(tracker: Option<TrackerSpec>, seeder_subnet: bool) -> Site {
+        let mut s = Site::new(
+            "rack1",
+            SiteSpec {
+                seeder_subnet_ref: seeder_subnet.then(|| NameRef::new("prov")),
+                tracker,
+            },
+        );
+        s.metadata.namespace = Some("default".into());
+        s.metadata.uid = Some("uid-site".into());
+        s
+    }
+
+    #[test]
+    fn tracker_and_seeders_follow_the_site() {
+        let cfg = SwarmConfig::default();
+        let pinned = site(
+            Some(TrackerSpec {
+                ip: Some("10.77.0.1".into()),
+                external_url: None,
+            }),
+            true,
+        );
+        assert_eq!(
+            tracker_url(&pinned, &cfg).as_deref(),
+            Some("http://10.77.0.1:6969/announce")
+        );
+        assert_eq!(seeder_host(&pinned, &cfg).as_deref(), Some("10.77.0.1"));
+        let t = tracker_spec(&pinned, &cfg).unwrap();
+        assert_eq!(t.name, "tracker-rack1");
+        assert_eq!(
+            t.args,
+            ["tracker", "--listen", "10.77.0.1:6969", "--interval", "15"]
+        );
+        let inputs = inputs_for(&pinned, &cfg).unwrap();
+        assert_eq!(inputs.trackers, ["http://10.77.0.1:6969/announce"]);
+        assert_eq!(inputs.seeder_hosts, ["10.77.0.1"]);
+
+        // An external tracker: anneal runs none, seeders need an address.
+        let external = site(
+            Some(TrackerSpec {
+                ip: None,
+                external_url: Some("http://tracker.example:6969/announce".into()),
+            }),
+            true,
+        );
+        assert!(tracker_spec(&external, &cfg).is_none());
+        assert!(inputs_for(&external, &cfg).is_none());
+        let with_addr = SwarmConfig {
+            seeder_address: Some("10.0.0.5".into()),
+            ..SwarmConfig::default()
+        };
+        assert_eq!(
+            inputs_for(&external, &with_addr).unwrap().seeder_hosts,
+            ["10.0.0.5"]
+        );
+
+        // No tracker, or no seeder Subnet: HTTP only.
+        assert!(inputs_for(&site(None, true), &cfg).is_none());
+        let no_subnet = site(
+            Some(TrackerSpec {
+                ip: Some("10.77.0.1".into()),
+                external_url: None,
+            }),
+            false,
+        );
+        assert!(inputs_for(&no_subnet, &cfg).is_none());
+        assert!(tracker_spec(&no_subnet, &cfg).is_none());
+    }
+
+    #[test]
+    fn seeder_seeds_the_ready_contents() {
+        let cfg = SwarmConfig {
+            seeder_upload_bps: Some(1000),
+            ..SwarmConfig::default()
+        };
+        let s = site(
+            Some(TrackerSpec {
+                ip: Some("10.77.0.1".into()),
+                external_url: None,
+            }),
+            true,
+        );
+        let mut image: Image = serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Image",
+            "metadata": {"name": "debian", "namespace": "default", "uid": "uid-img"},
+            "spec": {"osFamily": "Linux", "layout": {"partitionTable": "gpt", "slots": []}}
+        }))
+        .unwrap();
+        image.metadata.namespace = Some("default".into());
+        let spec = seeder_spec(&image, &s, &["root".into(), "esp".into()], &cfg).unwrap();
+        assert_eq!(spec.name, "seed-debian-rack1");
+        assert_eq!(
+            spec.args,
+            [
+                "seed",
+                "--content-dir",
+                "${volume:store}",
+                "--content",
+                "default/root",
+                "--content",
+                "default/esp",
+                "--listen",
+                "10.77.0.1:0",
+                "--tracker",
+                "http://10.77.0.1:6969/announce",
+                "--upload-bps",
+                "1000"
+            ]
+        );
+        assert_eq!(spec.owner.unwrap().uid, "uid-img");
+    }
+}
