@@ -968,6 +968,11 @@ pub fn run_seed(a: &SeedArgs) -> anyhow::Result<()> {
     print_json(
         &serde_json::json!({"event": "seeding", "addr": seeder.addr().to_string(), "contents": listed}),
     );
+    // The workload protocol's form of the same news (the manager reads the
+    // last `progress` line: the seeder is ready).
+    print_json(
+        &serde_json::json!({"event": "progress", "state": "seeding", "addr": seeder.addr().to_string()}),
+    );
     loop {
         std::thread::park();
     }

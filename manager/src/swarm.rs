@@ -422,9 +422,15 @@ async fn pass(
         if changed {
             executor.remove(&started[k]).await?;
         }
-        match executor.observe(spec).await?.phase {
+        let seen = executor.observe(spec).await?;
+        match seen.phase {
             Phase::Running if !changed => {
-                running.insert(k.clone());
+                // A seeder is ready once it has checked its contents and
+                // serves them (its `progress` line); a tracker once it runs.
+                if spec.args.first().map(String::as_str) != Some("seed") || seen.progress.is_some()
+                {
+                    running.insert(k.clone());
+                }
             }
             Phase::Running | Phase::Absent => {
                 executor.ensure(spec).await?;

@@ -1,0 +1,289 @@
+//! Distribution in the manager (issue 14), against a real kube-apiserver and
+//! the process executor: a Site with a pinned tracker gets its tracker
+//! (`anneal-agent tracker` on the Site's `spec.tracker.ip`) and
+//! `status.trackerURL`, `status.subnetRefs`; an active DeployRun of an Image
+//! on a Machine of the Site starts the seeder of (Image, Site), which
+//! announces the Image's contents to the tracker; PartitionContent
+//! `status.seeders` counts the machines deploying; the plan's swarm names
+//! the tracker; once the run has ended and the grace period is over the
+//! seeder is stopped and `status.seeders` emptied.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anneal_api::{DeployRun, Image, Machine, PartitionContent, Site, Subnet};
+use anneal_manager::swarm::SwarmConfig;
+use anneal_manager::workload::{Executor, Phase, process::ProcessExecutor};
+use anneal_testinfra::ControlPlane;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const NS: &str = "rack";
+
+async fn create<K>(client: &Client, obj: Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + k8s_openapi::serde::de::DeserializeOwned
+        + k8s_openapi::serde::Serialize,
+    K::DynamicType: Default,
+{
+    let o: K = serde_json::from_value(obj).unwrap();
+    Api::<K>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap()
+}
+
+async fn status<K>(client: &Client, name: &str, status: Value)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + k8s_openapi::serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), NS)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": status })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Polls `f` every 200 ms until it gives Some, at most `secs`.
+async fn until<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The tracker's `/stats`, or None while it does not answer.
+fn tracker_stats(port: u16) -> Option<Value> {
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "5"])
+        .arg(format!("http://127.0.0.1:{port}/stats"))
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
+    // A content in the store: the root partition of a small GPT disk.
+    let agent = tokio::task::spawn_blocking(anneal_tests::artifacts::agent_host)
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let disk = anneal_tests::images::gpt_disk(work.path(), 96, 4);
+    let cap = work.path().join("cap");
+    let st = Command::new(&agent)
+        .arg("capture")
+        .arg(&disk)
+        .arg("--out")
+        .arg(&cap)
+        .args(["--piece-length", "262144"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let store = work.path().join("store");
+    let dir = store.join(NS).join("root");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(cap.join("p3.index"), dir.join("index")).unwrap();
+    std::fs::copy(cap.join("p3.stream"), dir.join("stream")).unwrap();
+    let index =
+        anneal_image::format::ContentIndex::parse(&std::fs::read(dir.join("index")).unwrap())
+            .unwrap();
+    let info_hash =
+        anneal_image::torrent::Metainfo::from_index(&index, "root", None).info_hash_hex();
+
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+
+    let _: Site = create(
+        &client,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
+            "metadata": {"name": "rack1", "namespace": NS},
+            "spec": {"seederSubnetRef": {"name": "prov"}, "tracker": {"ip": "127.0.0.1"}}}),
+    )
+    .await;
+    let _: Subnet = create(
+        &client,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+            "metadata": {"name": "prov", "namespace": NS},
+            "spec": {"siteRef": {"name": "rack1"}, "cidr": "10.77.0.0/24",
+                "bootd": {"serverIP": "10.77.0.1", "mode": "External"},
+                "dhcp": {"mode": "proxy"}}}),
+    )
+    .await;
+    let m: Machine = create(
+        &client,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "node1", "namespace": NS},
+            "spec": {"subnetRef": {"name": "prov"}}}),
+    )
+    .await;
+    let _: PartitionContent = create(
+        &client,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "PartitionContent",
+            "metadata": {"name": "root", "namespace": NS},
+            "spec": {"fsType": "ext4", "usedBytes": index.header.used_bytes,
+                "sizeBytes": 16 << 20, "lastExtentEnd": 16 << 20, "blockSize": 4096,
+                "pieceLength": 262_144}}),
+    )
+    .await;
+    status::<PartitionContent>(
+        &client,
+        "root",
+        json!({"state": "Ready", "infoHash": info_hash}),
+    )
+    .await;
+    let _: Image = create(
+        &client,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Image",
+            "metadata": {"name": "debian", "namespace": NS},
+            "spec": {"osFamily": "Linux", "bootable": false, "layout": {"partitionTable": "gpt",
+                "slots": [{"number": 1, "role": "data", "contentRef": {"name": "root"}}]}}}),
+    )
+    .await;
+
+    let tracker_port = anneal_testinfra::free_port().unwrap();
+    let cfg = SwarmConfig {
+        tracker_port,
+        tracker_interval_secs: 1,
+        seeder_grace_secs: 3,
+        ..SwarmConfig::default()
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let scope = anneal_manager::controller::Scope::standalone(client.clone(), cancel.clone());
+    let executor = Executor::Process(ProcessExecutor::new(
+        agent.parent().unwrap().to_path_buf(),
+        &store,
+    ));
+    let observer = executor.clone();
+    let controller = tokio::spawn(anneal_manager::swarm::controller(
+        scope,
+        executor,
+        cfg.clone(),
+    ));
+
+    // The Site: its Subnet, its tracker's URL, the tracker answering.
+    let sites: Api<Site> = Api::namespaced(client.clone(), NS);
+    let url = format!("http://127.0.0.1:{tracker_port}/announce");
+    let s = until("the Site's status", 60, || async {
+        let s = sites.get("rack1").await.ok()?;
+        let st = s.status.clone()?;
+        (st.tracker_url.as_deref() == Some(url.as_str()) && st.seeder_ready == Some(true))
+            .then_some(st)
+    })
+    .await;
+    assert_eq!(
+        s.subnet_refs
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["prov"]
+    );
+    let stats = until("the tracker", 60, || async { tracker_stats(tracker_port) }).await;
+    assert_eq!(stats["torrents"], json!([]), "{stats}");
+
+    // The plan of a Machine of the Site names the tracker.
+    let inputs = anneal_manager::swarm::plan_inputs(&client, &m, &cfg)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(inputs.trackers, [url.clone()]);
+    assert_eq!(inputs.seeder_hosts, ["127.0.0.1"]);
+
+    // An active run of the Image: its seeder announces the content.
+    let _: DeployRun = create(
+        &client,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "DeployRun",
+            "metadata": {"name": "node1-run-1", "namespace": NS},
+            "spec": {"machineRef": {"name": "node1"}, "claimRef": {"name": "c1"},
+                "imageRef": {"name": "debian"}}}),
+    )
+    .await;
+    status::<DeployRun>(&client, "node1-run-1", json!({"phase": "WritingContent"})).await;
+    let stats = until("the seeder's announce", 120, || async {
+        let s = tracker_stats(tracker_port)?;
+        s["torrents"]
+            .as_array()?
+            .iter()
+            .any(|t| t["infoHash"] == info_hash.as_str() && t["seeders"] == 1)
+            .then_some(s)
+    })
+    .await;
+    println!("tracker: {stats}");
+    let contents: Api<PartitionContent> = Api::namespaced(client.clone(), NS);
+    until("status.seeders", 60, || async {
+        let c = contents.get("root").await.ok()?;
+        let s = c.status?.seeders;
+        (s.len() == 1 && s[0].site == "rack1" && s[0].machines == 1).then_some(())
+    })
+    .await;
+    until("the Site ready with its seeder", 60, || async {
+        let s = sites.get("rack1").await.ok()?.status?;
+        (s.seeder_ready == Some(true)).then_some(())
+    })
+    .await;
+
+    // The run ends: after the grace period the seeder stops (it leaves the
+    // tracker's table when its announce expires; status.seeders empties).
+    let now = k8s_openapi::jiff::Timestamp::now();
+    status::<DeployRun>(
+        &client,
+        "node1-run-1",
+        json!({"phase": "Succeeded", "phaseTimings": [{"phase": "WritingContent",
+            "start": now.to_string(), "end": now.to_string()}]}),
+    )
+    .await;
+    until("status.seeders emptied", 60, || async {
+        let c = contents.get("root").await.ok()?;
+        c.status?.seeders.is_empty().then_some(())
+    })
+    .await;
+    let image = Api::<Image>::namespaced(client.clone(), NS)
+        .get("debian")
+        .await
+        .unwrap();
+    let site = sites.get("rack1").await.unwrap();
+    let seeder = anneal_manager::swarm::seeder_spec(&image, &site, &["root".into()], &cfg).unwrap();
+    until("the seeder to stop", 60, || async {
+        let o = observer.observe(&seeder).await.ok()?;
+        (o.phase == Phase::Absent).then_some(())
+    })
+    .await;
+
+    cancel.cancel();
+    controller.await.unwrap();
+    // The tracker went with the controller's term (process executor).
+    until("the tracker to stop", 30, || async {
+        tracker_stats(tracker_port).is_none().then_some(())
+    })
+    .await;
+}
