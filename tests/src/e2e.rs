@@ -97,6 +97,8 @@ pub struct Lab {
     /// [`LabOptions::secure_boot`].
     secure_boot: bool,
     _content_forward: Option<TcpForward>,
+    /// The second VM, once launched.
+    pub peer: Option<PeerVm>,
 }
 
 /// What a lab runs besides the inspection spine.
@@ -116,6 +118,32 @@ pub struct LabOptions {
     /// `OVMF_VARS_4M.ms.fd`), the Machine with `bootLoader: shim`: Debian's
     /// signed shim, network GRUB and kernel (tests/setup.d/secureboot.sh).
     pub secure_boot: bool,
+    /// Distribution (issue 14, deploy lab only): the Site gets a tracker on
+    /// [`SERVER_IP`] (`spec.tracker.ip`, the lab Subnet as its seeder
+    /// Subnet), the manager runs it and the seeders inside the lab's
+    /// namespace (on the VMs' bridge: no NAT in front of a peer), and plans
+    /// carry each content's swarm.
+    pub swarm: bool,
+}
+
+/// The lab's second machine ([`Lab::launch_peer`]).
+pub const PEER: &str = "peer-vm";
+/// Its boot MAC.
+pub const PEER_MAC: &str = "52:54:00:e2:e0:02";
+
+/// A second VM of the lab with its own BMC and disks (under `<lab>/peer`).
+#[derive(Debug)]
+pub struct PeerVm {
+    /// The VM.
+    pub vm: Vm,
+    _bmc: RunningBmc,
+}
+
+impl PeerVm {
+    /// Its serial console so far.
+    pub fn console(&self) -> String {
+        self.vm.serial_text()
+    }
 }
 
 impl Drop for Lab {
@@ -123,6 +151,9 @@ impl Drop for Lab {
         self.cancel.cancel();
         if let Some(mut vm) = self.vm.take() {
             vm.kill();
+        }
+        if let Some(mut p) = self.peer.take() {
+            p.vm.kill();
         }
     }
 }
@@ -136,6 +167,27 @@ fn build_artifacts(dir: PathBuf, modules: PathBuf) -> PathBuf {
     let initrd = dir.join("agent.cpio.zst");
     crate::artifacts::build_initramfs(&tool, &agent, &modules, &initrd);
     initrd
+}
+
+/// A directory whose `anneal-agent` runs the real one (in `bin`), but the
+/// Site's tracker and seeders inside the lab's namespace `ns`: they listen
+/// on the VMs' bridge, as they would on a provisioning network, where the
+/// manager's host in the lab (the root namespace) has no address.
+fn swarm_bin_dir(dir: &Path, bin: &Path, ns: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let out = dir.join("swarm-bin");
+    std::fs::create_dir_all(&out)?;
+    let real = bin.join("anneal-agent");
+    let script = out.join("anneal-agent");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  seed|tracker) exec ip netns exec {ns} {real} \"$@\" ;;\nesac\nexec {real} \"$@\"\n",
+            real = real.display()
+        ),
+    )?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    Ok(out)
 }
 
 /// Sends the manager's and bootd's logs to `path` (first caller wins).
@@ -203,6 +255,13 @@ impl Lab {
             lc.deploy.content_url = Some(CONTENT_URL.into());
             lc.health_interval = Duration::from_secs(10);
         }
+        let swarm = opts.swarm.then(|| anneal_manager::swarm::SwarmConfig {
+            tracker_interval_secs: 5,
+            ..anneal_manager::swarm::SwarmConfig::default()
+        });
+        if let Some(sw) = &swarm {
+            lc.deploy.swarm = sw.clone();
+        }
         lc.fast_track_window = opts.fast_track_window;
         if opts.stall_timeout.is_some() {
             lc.deploy.stall_timeout = opts.stall_timeout;
@@ -244,6 +303,21 @@ impl Lab {
                 }))?,
             )
             .await?;
+        if opts.swarm {
+            // The Site: its tracker on the bridge, the lab Subnet its seeder
+            // Subnet.
+            let sites: Api<anneal_api::Site> = Api::namespaced(client.clone(), NAMESPACE);
+            sites
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(serde_json::json!({
+                        "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
+                        "metadata": {"name": "site"},
+                        "spec": {"seederSubnetRef": {"name": SUBNET}, "tracker": {"ip": SERVER_IP}},
+                    }))?,
+                )
+                .await?;
+        }
         // The manager's reservations controller fills status.dhcp; the
         // deploy lab runs the whole controller set (claims, images,
         // reservations) as `manager run` does, the lifecycle half aside.
@@ -252,10 +326,13 @@ impl Lab {
         if opts.deploy {
             let dir_store = dir.join("store");
             std::fs::create_dir_all(&dir_store)?;
-            let bin_dir = crate::artifacts::agent_host()
+            let mut bin_dir = crate::artifacts::agent_host()
                 .parent()
                 .map(std::path::Path::to_path_buf)
                 .context("agent binary directory")?;
+            if swarm.is_some() {
+                bin_dir = swarm_bin_dir(&dir, &bin_dir, ns.name())?;
+            }
             let port = anneal_testinfra::free_port()?;
             let runtime =
                 anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
@@ -270,7 +347,7 @@ impl Lab {
                         ingest_deadline_secs: 1800,
                         server_listen: Some(format!("127.0.0.1:{port}")),
                         upload: None,
-                        swarm: None,
+                        swarm: swarm.clone(),
                     });
             let shutdown = runtime.shutdown_token();
             let c = cancel.clone();
@@ -379,14 +456,41 @@ impl Lab {
             store,
             _content_forward: content_forward,
             secure_boot: opts.secure_boot,
+            peer: None,
         })
     }
 
     /// Launches the VM powered off (QEMU paused) and starts its BMC.
     pub async fn launch_vm(&mut self) -> anyhow::Result<()> {
+        let launched = Instant::now();
+        let (vm, bmc) = self.launch_one(MACHINE, MAC, &self.dir.clone()).await?;
+        self.vm = Some(vm);
+        self.bmc = Some(bmc);
+        self.vm_launched = Some(launched);
+        Ok(())
+    }
+
+    /// Launches the second VM ([`PEER`], [`PEER_MAC`], its disks and BMC
+    /// files under `<lab>/peer`) powered off, and enrols its Machine.
+    pub async fn launch_peer(&mut self) -> anyhow::Result<()> {
+        let dir = self.dir.join("peer");
+        std::fs::create_dir_all(&dir)?;
+        let (vm, bmc) = self.launch_one(PEER, PEER_MAC, &dir).await?;
+        let address = format!("redfish+http://127.0.0.1:{}", bmc.addr().port());
+        self.peer = Some(PeerVm { vm, _bmc: bmc });
+        self.enrol_machine(PEER, PEER_MAC, &address).await
+    }
+
+    /// One VM (disks and BMC files in `dir`), paused, and its BMC.
+    async fn launch_one(
+        &mut self,
+        name: &str,
+        mac: &str,
+        dir: &Path,
+    ) -> anyhow::Result<(Vm, RunningBmc)> {
         let mut disks = Vec::new();
         for &(bus, serial, mib, _) in &self.disks {
-            let path = self.dir.join(format!("{serial}.raw"));
+            let path = dir.join(format!("{serial}.raw"));
             std::fs::File::create(&path)?.set_len(mib << 20)?;
             disks.push(DiskConfig {
                 path,
@@ -396,7 +500,7 @@ impl Lab {
             });
         }
         let tap = self.ns.add_tap()?;
-        let mut nic = NicConfig::virtio(&tap, MAC);
+        let mut nic = NicConfig::virtio(&tap, mac);
         // OVMF's own PXE client fetches the first stage, as on real hardware.
         nic.option_rom = false;
         let cfg = VmConfig {
@@ -413,7 +517,7 @@ impl Lab {
                 let mut a = vec!["-S".to_string(), "-no-shutdown".to_string()];
                 if self.store.is_some() {
                     // The deployed test OS prints the DMI serial as its name.
-                    a.extend(["-smbios".to_string(), format!("type=1,serial={MACHINE}")]);
+                    a.extend(["-smbios".to_string(), format!("type=1,serial={name}")]);
                 }
                 a
             },
@@ -434,18 +538,15 @@ impl Lab {
         let bmc = anneal_qemu_bmc::start(BmcConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             qmp: vm.qmp_path().to_path_buf(),
-            state_file: self.dir.join("bmc-state.json"),
-            request_log: Some(self.dir.join("bmc-requests.jsonl")),
+            state_file: dir.join("bmc-state.json"),
+            request_log: Some(dir.join("bmc-requests.jsonl")),
             username: BMC_USER.into(),
             password: BMC_PASSWORD.into(),
             system_id: "vm0".into(),
             tls: None,
         })
         .await?;
-        self.vm = Some(vm);
-        self.bmc = Some(bmc);
-        self.vm_launched = Some(launched);
-        Ok(())
+        Ok((vm, bmc))
     }
 
     /// The BMC's address as a Machine names it.
@@ -461,6 +562,11 @@ impl Lab {
 
     /// Enrols the Machine: its BMC credentials and the Machine itself.
     pub async fn enrol(&self) -> anyhow::Result<()> {
+        self.enrol_machine(MACHINE, MAC, &self.bmc_address()).await
+    }
+
+    /// Enrols Machine `name` (boot MAC `mac`, its BMC at `bmc`).
+    async fn enrol_machine(&self, name: &str, mac: &str, bmc: &str) -> anyhow::Result<()> {
         let client = self.cp.client();
         let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
         secrets
@@ -468,7 +574,7 @@ impl Lab {
                 &PostParams::default(),
                 &serde_json::from_value(serde_json::json!({
                     "apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": format!("{MACHINE}-bmc")},
+                    "metadata": {"name": format!("{name}-bmc")},
                     "stringData": {"username": BMC_USER, "password": BMC_PASSWORD},
                 }))?,
             )
@@ -479,15 +585,15 @@ impl Lab {
                 &PostParams::default(),
                 &serde_json::from_value(serde_json::json!({
                     "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
-                    "metadata": {"name": MACHINE},
+                    "metadata": {"name": name},
                     "spec": {
                         "subnetRef": {"name": SUBNET},
-                        "bootMACAddress": MAC,
+                        "bootMACAddress": mac,
                         "console": ["ttyS0"],
                         "bootLoader": if self.secure_boot { "shim" } else { "ipxe" },
                         "bmc": {
-                            "address": self.bmc_address(),
-                            "credentialsSecretRef": {"name": format!("{MACHINE}-bmc")},
+                            "address": bmc,
+                            "credentialsSecretRef": {"name": format!("{name}-bmc")},
                         },
                     },
                 }))?,
@@ -496,14 +602,19 @@ impl Lab {
         Ok(())
     }
 
-    /// The Machine's `status.state` (empty before the first write).
-    pub async fn state(&self) -> anyhow::Result<String> {
+    /// Machine `name`'s `status.state` (empty before the first write).
+    pub async fn state_of(&self, name: &str) -> anyhow::Result<String> {
         let machines: Api<Machine> = Api::namespaced(self.cp.client(), NAMESPACE);
-        let m = serde_json::to_value(machines.get(MACHINE).await?)?;
+        let m = serde_json::to_value(machines.get(name).await?)?;
         Ok(m["status"]["state"]
             .as_str()
             .unwrap_or_default()
             .to_string())
+    }
+
+    /// The Machine's `status.state` (empty before the first write).
+    pub async fn state(&self) -> anyhow::Result<String> {
+        self.state_of(MACHINE).await
     }
 
     /// The Machine's `status.poweredOn`.
@@ -712,8 +823,20 @@ impl Lab {
         serial: &str,
         extra: serde_json::Value,
     ) -> anyhow::Result<()> {
+        self.claim_for(MACHINE, name, image, serial, extra).await
+    }
+
+    /// [`Lab::claim`] for Machine `machine`.
+    pub async fn claim_for(
+        &self,
+        machine: &str,
+        name: &str,
+        image: &str,
+        serial: &str,
+        extra: serde_json::Value,
+    ) -> anyhow::Result<()> {
         let mut spec = serde_json::json!({
-            "machineName": MACHINE,
+            "machineName": machine,
             "imageRef": {"name": image},
             "targetDisk": {"serialNumber": serial},
         });

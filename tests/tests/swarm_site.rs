@@ -216,7 +216,7 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(inputs.trackers, [url.clone()]);
+    assert_eq!(inputs.trackers, std::slice::from_ref(&url));
     assert_eq!(inputs.seeder_hosts, ["127.0.0.1"]);
 
     // An active run of the Image: its seeder announces the content.
