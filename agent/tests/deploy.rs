@@ -741,11 +741,9 @@ fn two_machines_deploy_at_once_through_the_swarm() {
     assert!(uploaded > 0, "no machine sent the other a byte");
 }
 
-/// The tracker is down from the start and no peer is known: after the
-/// stall timeout the contents come over HTTP ranges, verified the same
-/// way; the reason is in the run's transfer figures.
-#[test]
-fn tracker_down_at_start_the_http_fallback_completes_the_run() {
+/// Deploys a plan whose swarm's tracker is down (its port closed), with a
+/// 2 s stall timeout and the HTTP fallback when `fallback`.
+fn deploy_with_tracker_down(fallback: bool) -> (Fixture, PathBuf, Deployed) {
     let f = fixture();
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -753,8 +751,23 @@ fn tracker_down_at_start_the_http_fallback_completes_the_run() {
     };
     let target = f.dir.path().join("target.img");
     let mut p = plan(&f, f.addr, &target);
-    with_swarm(&mut p, &f, &[format!("http://{closed}/announce")], 2, true);
+    with_swarm(
+        &mut p,
+        &f,
+        &[format!("http://{closed}/announce")],
+        2,
+        fallback,
+    );
     let out = deploy(f.dir.path(), &p, &[]);
+    (f, target, out)
+}
+
+/// The tracker is down from the start and no peer is known: after the
+/// stall timeout the contents come over HTTP ranges, verified the same
+/// way; the reason is in the run's transfer figures.
+#[test]
+fn tracker_down_at_start_the_http_fallback_completes_the_run() {
+    let (f, target, out) = deploy_with_tracker_down(true);
     assert!(out.ok, "{}", out.stdout);
     assert!(std::fs::read(&target).unwrap() == reference(&f));
     let result = events(&out, "result")[0];
@@ -777,15 +790,7 @@ fn tracker_down_at_start_the_http_fallback_completes_the_run() {
 /// content, and the disk is left without a partition table.
 #[test]
 fn a_stalled_swarm_without_fallback_fails_and_leaves_no_table() {
-    let f = fixture();
-    let closed = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let target = f.dir.path().join("target.img");
-    let mut p = plan(&f, f.addr, &target);
-    with_swarm(&mut p, &f, &[format!("http://{closed}/announce")], 2, false);
-    let out = deploy(f.dir.path(), &p, &[]);
+    let (_fixture, target, out) = deploy_with_tracker_down(false);
     assert!(!out.ok, "{}", out.stdout);
     let err = events(&out, "error")[0];
     let msg = err["message"].as_str().unwrap();

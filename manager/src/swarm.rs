@@ -27,7 +27,7 @@ use anneal_api::agent::SeedPolicy;
 use anneal_api::{
     ContentState, DeployRun, Image, Machine, PartitionContent, RunPhase, SeederStatus, Site, Subnet,
 };
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch};
 use kube::{Client, Resource as _, ResourceExt};
 use serde_json::json;
 
@@ -491,10 +491,7 @@ async fn pass(
             Api::<Site>::namespaced(scope.client.clone(), &ns)
                 .patch_status(
                     &s.name_any(),
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..PatchParams::default()
-                    },
+                    &crate::controller::patch_params(FIELD_MANAGER),
                     &Patch::Merge(&json!({"status": {
                         "subnetRefs": subnet_refs,
                         "trackerURL": url,
@@ -530,10 +527,7 @@ async fn pass(
             Api::<PartitionContent>::namespaced(scope.client.clone(), &ns)
                 .patch_status(
                     &c.name_any(),
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..PatchParams::default()
-                    },
+                    &crate::controller::patch_params(FIELD_MANAGER),
                     &Patch::Merge(&json!({"status": {"seeders": want_list}})),
                 )
                 .await?;
