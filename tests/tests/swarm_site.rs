@@ -10,12 +10,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anneal_api::{DeployRun, Image, Machine, PartitionContent, Site, Subnet};
 use anneal_manager::swarm::SwarmConfig;
 use anneal_manager::workload::{Executor, Phase, process::ProcessExecutor};
 use anneal_testinfra::ControlPlane;
+use anneal_tests::wait::eventually;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -55,25 +56,6 @@ where
         )
         .await
         .unwrap();
-}
-
-/// Polls `f` every 200 ms until it gives Some, at most `secs`.
-async fn until<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The tracker's `/stats`, or None while it does not answer.
@@ -194,7 +176,7 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
     // The Site: its Subnet, its tracker's URL, the tracker answering.
     let sites: Api<Site> = Api::namespaced(client.clone(), NS);
     let url = format!("http://127.0.0.1:{tracker_port}/announce");
-    let s = until("the Site's status", 60, || async {
+    let s = eventually("the Site's status", Duration::from_secs(60), || async {
         let s = sites.get("rack1").await.ok()?;
         let st = s.status.clone()?;
         (st.tracker_url.as_deref() == Some(url.as_str()) && st.seeder_ready == Some(true))
@@ -208,7 +190,10 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
             .collect::<Vec<_>>(),
         ["prov"]
     );
-    let stats = until("the tracker", 60, || async { tracker_stats(tracker_port) }).await;
+    let stats = eventually("the tracker", Duration::from_secs(60), || async {
+        tracker_stats(tracker_port)
+    })
+    .await;
     assert_eq!(stats["torrents"], json!([]), "{stats}");
 
     // The plan of a Machine of the Site names the tracker.
@@ -229,27 +214,35 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
     )
     .await;
     status::<DeployRun>(&client, "node1-run-1", json!({"phase": "WritingContent"})).await;
-    let stats = until("the seeder's announce", 120, || async {
-        let s = tracker_stats(tracker_port)?;
-        s["torrents"]
-            .as_array()?
-            .iter()
-            .any(|t| t["infoHash"] == info_hash.as_str() && t["seeders"] == 1)
-            .then_some(s)
-    })
+    let stats = eventually(
+        "the seeder's announce",
+        Duration::from_secs(120),
+        || async {
+            let s = tracker_stats(tracker_port)?;
+            s["torrents"]
+                .as_array()?
+                .iter()
+                .any(|t| t["infoHash"] == info_hash.as_str() && t["seeders"] == 1)
+                .then_some(s)
+        },
+    )
     .await;
     println!("tracker: {stats}");
     let contents: Api<PartitionContent> = Api::namespaced(client.clone(), NS);
-    until("status.seeders", 60, || async {
+    eventually("status.seeders", Duration::from_secs(60), || async {
         let c = contents.get("root").await.ok()?;
         let s = c.status?.seeders;
         (s.len() == 1 && s[0].site == "rack1" && s[0].machines == 1).then_some(())
     })
     .await;
-    until("the Site ready with its seeder", 60, || async {
-        let s = sites.get("rack1").await.ok()?.status?;
-        (s.seeder_ready == Some(true)).then_some(())
-    })
+    eventually(
+        "the Site ready with its seeder",
+        Duration::from_secs(60),
+        || async {
+            let s = sites.get("rack1").await.ok()?.status?;
+            (s.seeder_ready == Some(true)).then_some(())
+        },
+    )
     .await;
 
     // The run ends: after the grace period the seeder stops (it leaves the
@@ -262,10 +255,14 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
             "start": now.to_string(), "end": now.to_string()}]}),
     )
     .await;
-    until("status.seeders emptied", 60, || async {
-        let c = contents.get("root").await.ok()?;
-        c.status?.seeders.is_empty().then_some(())
-    })
+    eventually(
+        "status.seeders emptied",
+        Duration::from_secs(60),
+        || async {
+            let c = contents.get("root").await.ok()?;
+            c.status?.seeders.is_empty().then_some(())
+        },
+    )
     .await;
     let image = Api::<Image>::namespaced(client.clone(), NS)
         .get("debian")
@@ -273,7 +270,7 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
         .unwrap();
     let site = sites.get("rack1").await.unwrap();
     let seeder = anneal_manager::swarm::seeder_spec(&image, &site, &["root".into()], &cfg).unwrap();
-    until("the seeder to stop", 60, || async {
+    eventually("the seeder to stop", Duration::from_secs(60), || async {
         let o = observer.observe(&seeder).await.ok()?;
         (o.phase == Phase::Absent).then_some(())
     })
@@ -282,7 +279,7 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
     cancel.cancel();
     controller.await.unwrap();
     // The tracker went with the controller's term (process executor).
-    until("the tracker to stop", 30, || async {
+    eventually("the tracker to stop", Duration::from_secs(30), || async {
         tracker_stats(tracker_port).is_none().then_some(())
     })
     .await;
