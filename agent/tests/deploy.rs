@@ -241,6 +241,10 @@ fn deploy(d: &Path, plan: &serde_json::Value, extra: &[&str]) -> Deployed {
         .arg(&p)
         .args(["--range-mib", "1", "--backoff-ms", "50", "--retries", "2"])
         .args(extra)
+        // as in the initramfs: no CA certificate anywhere (the swarm's
+        // HTTP client must still build)
+        .env("SSL_CERT_FILE", d.join("no-ca-certificates.pem"))
+        .env("SSL_CERT_DIR", d.join("no-ca-certificates"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -744,6 +748,11 @@ fn two_machines_deploy_at_once_through_the_swarm() {
 /// Deploys a plan whose swarm's tracker is down (its port closed), with a
 /// 2 s stall timeout and the HTTP fallback when `fallback`.
 fn deploy_with_tracker_down(fallback: bool) -> (Fixture, PathBuf, Deployed) {
+    deploy_with_tracker_down_on(fallback, None)
+}
+
+/// [`deploy_with_tracker_down`], the agent listening on `port` when given.
+fn deploy_with_tracker_down_on(fallback: bool, port: Option<u16>) -> (Fixture, PathBuf, Deployed) {
     let f = fixture();
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -758,8 +767,39 @@ fn deploy_with_tracker_down(fallback: bool) -> (Fixture, PathBuf, Deployed) {
         2,
         fallback,
     );
+    if let Some(port) = port {
+        for c in p["disks"][0]["contents"].as_array_mut().unwrap() {
+            c["swarm"]["listenPort"] = port.into();
+        }
+    }
     let out = deploy(f.dir.path(), &p, &[]);
     (f, target, out)
+}
+
+/// A swarm that cannot start (the port it must listen on is taken): the
+/// content comes over HTTP ranges and the reason is in the run's figures.
+#[test]
+fn a_swarm_that_cannot_start_falls_back_to_http() {
+    let taken = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (f, target, out) = deploy_with_tracker_down_on(true, Some(port));
+    assert!(out.ok, "{}", out.stdout);
+    assert!(std::fs::read(&target).unwrap() == reference(&f));
+    let result = events(&out, "result")[0];
+    let reason = result["transfer"]["fallbackReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("the BitTorrent session did not start"),
+        "{result}"
+    );
+    assert!(
+        out.stdout
+            .contains("content p1: HTTP fallback: the BitTorrent session did not start"),
+        "{}",
+        out.stdout
+    );
+    drop(taken);
 }
 
 /// The tracker is down from the start and no peer is known: after the

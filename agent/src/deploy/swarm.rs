@@ -37,7 +37,9 @@ impl Swarms {
     }
 
     /// Fetches content `c` onto `at` (the target and the slot's first byte)
-    /// from its swarm; reports progress through row `row` of `rep`.
+    /// from its swarm; reports progress through row `row` of `rep`. False
+    /// when the swarm could not start and the plan allows the HTTP
+    /// fallback: the caller writes the content over HTTP ranges.
     pub(super) fn fetch(
         &mut self,
         at: (&File, u64),
@@ -46,7 +48,7 @@ impl Swarms {
         index: &ContentIndex,
         rep: &mut Reporter<'_>,
         row: usize,
-    ) -> Result<(), DeployError> {
+    ) -> Result<bool, DeployError> {
         let fail = |source: SwarmError| DeployError::Swarm {
             content: c.name.clone(),
             source,
@@ -114,6 +116,18 @@ impl Swarms {
         let res = fetch_file_to_slot(&meta.to_bytes(), index, target, slot, &cfg, &mut progress);
         let leeched = match res {
             Ok(l) => l,
+            // A swarm that cannot start at all (no socket, no session) is
+            // a stall from the first byte: the whole content comes over
+            // HTTP when the plan allows it.
+            Err(SwarmError::Start(e)) if abort.is_none() && sw.http_fallback => {
+                let reason = format!("the BitTorrent session did not start: {e:#}");
+                let line = format!("content {}: HTTP fallback: {reason}", c.name);
+                tracing::warn!(line = %line, "deploy");
+                rep.progress.log_lines.push(line);
+                self.fallback_reason.get_or_insert(reason);
+                rep.progress.transfer = Some(self.transfer());
+                return Ok(false);
+            }
             Err(e) => return Err(abort.take().unwrap_or_else(|| fail(e))),
         };
         if let Some(r) = &leeched.stats.fallback_reason {
@@ -140,7 +154,7 @@ impl Swarms {
         }
         self.seeding.push(leeched.seeding);
         rep.progress.transfer = Some(self.transfer());
-        rep.send(true)
+        rep.send(true).map(|()| true)
     }
 
     /// Serves what was fetched to the run's other machines until nothing

@@ -724,24 +724,39 @@ impl Session {
             let _ = rustls::crypto::ring::default_provider().install_default();
 
             let reqwest_client = {
-                let builder = if let Some(proxy_url) = proxy_url {
-                    let proxy = reqwest::Proxy::all(proxy_url)
-                        .context("error creating socks5 proxy for HTTP")?;
-                    reqwest::Client::builder().proxy(proxy)
-                } else {
-                    #[allow(unused_mut)]
-                    let mut b = reqwest::Client::builder();
-                    #[cfg(not(windows))]
-                    if let Some(bd) = opts.bind_device_name.as_ref() {
-                        b = b.interface(bd);
-                    }
-                    b
+                let builder = || -> anyhow::Result<reqwest::ClientBuilder> {
+                    let builder = if let Some(proxy_url) = proxy_url {
+                        let proxy = reqwest::Proxy::all(proxy_url)
+                            .context("error creating socks5 proxy for HTTP")?;
+                        reqwest::Client::builder().proxy(proxy)
+                    } else {
+                        #[allow(unused_mut)]
+                        let mut b = reqwest::Client::builder();
+                        #[cfg(not(windows))]
+                        if let Some(bd) = opts.bind_device_name.as_ref() {
+                            b = b.interface(bd);
+                        }
+                        b
+                    };
+                    Ok(builder.user_agent(&client_name_and_version))
                 };
-
-                builder
-                    .user_agent(&client_name_and_version)
-                    .build()
-                    .context("error building HTTP(S) client")?
+                match builder()?.build() {
+                    Ok(client) => client,
+                    // anneal: a host without CA certificates (an initramfs)
+                    // still reaches HTTP trackers: the client is built with
+                    // an empty root store, so an HTTPS tracker fails to
+                    // verify instead of the whole session failing to start.
+                    #[cfg(feature = "rust-tls")]
+                    Err(e) => {
+                        warn!(error = %e, "the HTTP(S) client did not build with the system CA certificates: HTTPS trackers will not verify");
+                        builder()?
+                            .tls_certs_only([])
+                            .build()
+                            .context("error building HTTP(S) client")?
+                    }
+                    #[cfg(not(feature = "rust-tls"))]
+                    Err(e) => return Err(e).context("error building HTTP(S) client"),
+                }
             };
 
             let stream_connector = Arc::new(
