@@ -96,6 +96,10 @@ pub struct SwarmConfig {
     /// Rarest-first piece selection (the stock order when false, for the
     /// benchmark's comparison).
     pub rarest_first: bool,
+    /// With rarest-first, ask seeders only for this leecher's stripe of the
+    /// pieces (the leechers connected to each other split them by peer id;
+    /// vendored librqbit's `seeder_stripes`), the rest from the leechers.
+    pub seeder_stripes: bool,
     /// No piece completed for this long: the swarm has stalled (no peer
     /// delivers, the seeder or the tracker is down).
     pub stall_timeout: Duration,
@@ -674,6 +678,7 @@ async fn leech(
                 trackers: Some(cfg.trackers.clone()),
                 disable_trackers: cfg.trackers.is_empty(),
                 rarest_first: cfg.rarest_first,
+                seeder_stripes: cfg.seeder_stripes,
                 storage_factory: Some(SlotFactory(shared.clone()).boxed()),
                 ..Default::default()
             }),
@@ -924,6 +929,10 @@ pub struct FetchArgs {
     /// librqbit's stock piece order instead of rarest-first.
     #[arg(long)]
     pub stock_order: bool,
+    /// Ask the seeders for any piece no leecher has, not only this
+    /// leecher's stripe.
+    #[arg(long)]
+    pub no_seeder_stripes: bool,
     /// Seconds without a piece before giving up.
     #[arg(long, default_value_t = 60)]
     pub stall_timeout: u64,
@@ -995,6 +1004,7 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         seeders: a.seeders.clone(),
         trackers: a.trackers.clone(),
         rarest_first: !a.stock_order,
+        seeder_stripes: !a.no_seeder_stripes,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
         http_fallback: a.http_fallback.clone(),
     };

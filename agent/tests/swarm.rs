@@ -117,6 +117,7 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         seeders,
         trackers: Vec::new(),
         rarest_first: true,
+        seeder_stripes: true,
         stall_timeout: Duration::from_secs(60),
         http_fallback: None,
     }

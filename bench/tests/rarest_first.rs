@@ -1,7 +1,7 @@
 //! The rarest-first bookkeeping and choice added to the vendored librqbit
 //! (vendor/librqbit/NOTICE.anneal), through its public API.
 
-use librqbit::piece_selection::{Availability, choose_rarest};
+use librqbit::piece_selection::{Availability, Stripe, choose_rarest, stripe_allows};
 
 fn counts(a: &Availability) -> Vec<u32> {
     (0..a.len()).map(|p| a.get(p)).collect()
@@ -93,4 +93,46 @@ fn a_seeder_is_asked_only_for_pieces_no_leecher_has() {
     // The leecher leaves: the seeders serve everything again.
     a.remove_peer([1, 2]);
     assert!((0..4).all(|p| librqbit::piece_selection::seeder_may_serve(&a, p, seeders)));
+}
+
+#[test]
+fn seeder_stripes_give_each_piece_to_one_leecher() {
+    // 16 leechers with distinct ids, each seeing the 15 others.
+    let ids: Vec<[u8; 20]> = (0..16u8)
+        .map(|i| {
+            let mut id = [0u8; 20];
+            id[0] = i.wrapping_mul(97);
+            id[19] = i;
+            id
+        })
+        .collect();
+    let stripes: Vec<Stripe> = ids.iter().map(|own| Stripe::of(own, ids.iter())).collect();
+    let mut ranks: Vec<usize> = stripes.iter().map(|s| s.index).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, (0..16).collect::<Vec<_>>());
+    for p in 0..64 {
+        assert_eq!(
+            stripes.iter().filter(|s| s.contains(p)).count(),
+            1,
+            "piece {p}"
+        );
+    }
+    // One leecher gone: the 15 left re-split every piece among themselves.
+    let left: Vec<Stripe> = ids[1..]
+        .iter()
+        .map(|own| Stripe::of(own, ids[1..].iter()))
+        .collect();
+    for p in 0..64 {
+        assert_eq!(
+            left.iter().filter(|s| s.contains(p)).count(),
+            1,
+            "piece {p}"
+        );
+    }
+    // Off-stripe pieces only once the stripe is complete and starved.
+    let s = Some(stripes[0]);
+    let off = (0..64).find(|p| !stripes[0].contains(*p)).unwrap();
+    assert!(!stripe_allows(s, off, true, false));
+    assert!(!stripe_allows(s, off, false, true));
+    assert!(stripe_allows(s, off, true, true));
 }

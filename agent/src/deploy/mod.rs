@@ -613,11 +613,11 @@ fn run_inner<'p>(
             };
             tracing::info!(disk = %d.disk.device_name, slot = slot.number, content = %c.name, bytes = c.stream_bytes, "writing content");
             #[cfg(feature = "swarm")]
-            if let Some(sw) = &c.swarm {
-                if swarms.fetch((d.target.file(), slot.start_bytes), c, sw, index, rep, *row)? {
-                    content_bytes += c.stream_bytes;
-                    continue;
-                }
+            if let Some(sw) = &c.swarm
+                && swarms.fetch((d.target.file(), slot.start_bytes), c, sw, index, rep, *row)?
+            {
+                content_bytes += c.stream_bytes;
+                continue;
             }
             #[cfg(not(feature = "swarm"))]
             if c.swarm.is_some() {

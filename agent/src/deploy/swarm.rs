@@ -81,6 +81,7 @@ impl Swarms {
             seeders,
             trackers: sw.trackers.clone(),
             rarest_first: true,
+            seeder_stripes: true,
             stall_timeout: Duration::from_secs(u64::from(sw.stall_timeout_seconds.max(1))),
             http_fallback: sw.http_fallback.then(|| c.stream_url.clone()),
         };

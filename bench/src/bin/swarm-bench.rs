@@ -5,6 +5,9 @@
 //! - `anneal`: `anneal-agent swarm-fetch` (librqbit, rarest-first) from one
 //!   `anneal-agent seed` and the `anneal-agent tracker`, each host writing
 //!   the content onto a target file, verified piece by piece;
+//! - `anneal-nostripe`: the same without seeder stripes
+//!   (`--no-seeder-stripes`: the seeder is asked for any piece no leecher
+//!   has, not only the asking leecher's stripe);
 //! - `anneal-stock`: the same with librqbit's stock piece order
 //!   (`--stock-order`), the order the vendored change replaces;
 //! - `aria2c`: aria2c with the same tracker and the same seeder;
@@ -18,7 +21,7 @@
 //!
 //! Needs root (namespaces, tc), aria2c, nginx and curl (bench/setup.sh).
 //! Options: `--mib N` (content size, default 256), `--hosts 1,4,8,16`,
-//! `--methods anneal,anneal-stock,aria2c,http`, `--rate 100mbit`,
+//! `--methods anneal,anneal-nostripe,anneal-stock,aria2c,http`, `--rate 100mbit`,
 //! `--piece-kib K` (default 4096, the content format's default),
 //! `--agent PATH`.
 
@@ -118,7 +121,7 @@ fn round_agent(
     agent: &Path,
     store: &Path,
     work: &Path,
-    stock: bool,
+    extra: &[&str],
     size: u64,
 ) -> Result<Round> {
     let index = store.join(NS).join(NAME).join("index");
@@ -142,9 +145,7 @@ fn round_agent(
                 &format!("http://{SEEDER_IP}:{TRACKER_PORT}/announce"),
             ])
             .args(["--stall-timeout", "120", "--seed-after", "3600"]);
-        if stock {
-            cmd.arg("--stock-order");
-        }
+        cmd.args(extra);
         procs.push(ChildGroup::spawn_logged("swarm-fetch", &mut cmd, &log)?);
         logs.push(log);
     }
@@ -310,7 +311,7 @@ fn main() -> Result<()> {
         .map(|s| s.trim().parse().context("--hosts: numbers"))
         .collect::<Result<_>>()?;
     let methods: Vec<String> = anneal_bench::option("--methods")
-        .unwrap_or_else(|| "anneal,anneal-stock,aria2c,http".into())
+        .unwrap_or_else(|| "anneal,anneal-nostripe,anneal-stock,aria2c,http".into())
         .split(',')
         .map(str::to_string)
         .collect();
@@ -390,8 +391,25 @@ fn main() -> Result<()> {
     for &n in &hosts {
         for m in &methods {
             let r = match m.as_str() {
-                "anneal" => round_agent(&lab, n, &agent, &store, work.path(), false, size),
-                "anneal-stock" => round_agent(&lab, n, &agent, &store, work.path(), true, size),
+                "anneal" => round_agent(&lab, n, &agent, &store, work.path(), &[], size),
+                "anneal-nostripe" => round_agent(
+                    &lab,
+                    n,
+                    &agent,
+                    &store,
+                    work.path(),
+                    &["--no-seeder-stripes"],
+                    size,
+                ),
+                "anneal-stock" => round_agent(
+                    &lab,
+                    n,
+                    &agent,
+                    &store,
+                    work.path(),
+                    &["--stock-order"],
+                    size,
+                ),
                 "aria2c" => round_aria2c(&lab, n, &torrent, work.path()),
                 "http" => round_http(&lab, n, work.path()),
                 other => bail!("unknown method {other}"),

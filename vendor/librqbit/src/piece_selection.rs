@@ -90,6 +90,62 @@ pub fn seeder_may_serve(availability: &Availability, piece: usize, live_seeders:
     availability.get(piece) <= live_seeders
 }
 
+/// anneal: this leecher's share of what the seeders send (opt in with
+/// `AddTorrentOptions::seeder_stripes`, on top of rarest-first). The
+/// leechers connected to each other rank themselves by peer id; the one of
+/// rank `index` among `count` asks the seeders only for the pieces `p` with
+/// `p % count == index`, and gets the others from the leechers that hold
+/// them. Every leecher computes the same split from the same set of ids, so
+/// each piece leaves the seeders once instead of once per leecher that
+/// happened to want it while its holder was still receiving it. A leecher
+/// that leaves (or finishes and becomes a seeder) drops out of the ranking
+/// and the split is recomputed, so no piece is left without a leecher to
+/// fetch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stripe {
+    /// This leecher's rank.
+    pub index: usize,
+    /// Number of leechers in the split (this one included).
+    pub count: usize,
+}
+
+impl Stripe {
+    /// The stripe of the leecher `own` among itself and the connected
+    /// leechers `others` (their peer ids; duplicates and `own` ignored).
+    pub fn of<'a>(own: &'a [u8; 20], others: impl IntoIterator<Item = &'a [u8; 20]>) -> Self {
+        let mut ids: Vec<&[u8; 20]> = others.into_iter().filter(|id| *id != own).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let index = ids.iter().filter(|id| **id < own).count();
+        Self {
+            index,
+            count: ids.len() + 1,
+        }
+    }
+
+    /// Whether `piece` is this leecher's to fetch from the seeders.
+    pub fn contains(&self, piece: usize) -> bool {
+        self.count <= 1 || piece % self.count == self.index
+    }
+
+    /// The pieces of the stripe among `total`.
+    pub fn pieces(&self, total: usize) -> impl Iterator<Item = usize> {
+        (self.index.min(total)..total).step_by(self.count.max(1))
+    }
+}
+
+/// anneal: whether a seeder may be asked for `piece` by the leecher of
+/// `stripe`: a piece of its stripe, or any piece no leecher has once the
+/// stripe is complete (`stripe_done`) and no leecher has a piece this one
+/// still needs (`starved`): the leecher that owns it may be gone or stuck,
+/// and the seeders have little else to send by then.
+pub fn stripe_allows(stripe: Option<Stripe>, piece: usize, stripe_done: bool, starved: bool) -> bool {
+    match stripe {
+        None => true,
+        Some(s) => s.contains(piece) || (stripe_done && starved),
+    }
+}
+
 /// The candidate with the lowest availability; among equally rare candidates
 /// each is chosen with the same probability (reservoir sampling driven by
 /// `random`, which must return uniformly distributed values). `None` when
@@ -139,6 +195,44 @@ mod tests {
         assert_eq!(a.get(0), 0);
         a.add_peer([7, 9]);
         assert_eq!(a.len(), 4);
+    }
+
+    #[test]
+    fn stripes_split_every_piece_once_among_the_leechers() {
+        let ids: Vec<[u8; 20]> = [7u8, 3, 250, 42, 9].iter().map(|b| [*b; 20]).collect();
+        let stripes: Vec<Stripe> = ids
+            .iter()
+            .map(|own| Stripe::of(own, ids.iter()))
+            .collect();
+        // ranks by id: 3, 7, 9, 42, 250
+        let idx: Vec<usize> = stripes.iter().map(|s| s.index).collect();
+        assert_eq!(idx, [1, 0, 4, 3, 2]);
+        assert!(stripes.iter().all(|s| s.count == 5));
+        // every piece of 23 belongs to exactly one stripe
+        for p in 0..23 {
+            assert_eq!(stripes.iter().filter(|s| s.contains(p)).count(), 1, "piece {p}");
+        }
+        let mut all: Vec<usize> = stripes.iter().flat_map(|s| s.pieces(23)).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..23).collect::<Vec<_>>());
+        // alone: everything; a duplicate id or our own counts once
+        let alone = Stripe::of(&ids[0], [&ids[0], &ids[0]]);
+        assert_eq!(alone, Stripe { index: 0, count: 1 });
+        assert!((0..10).all(|p| alone.contains(p)));
+        // more leechers than pieces: the high ranks have none
+        let s = Stripe { index: 6, count: 8 };
+        assert_eq!(s.pieces(4).count(), 0);
+    }
+
+    #[test]
+    fn off_stripe_pieces_only_when_done_and_starved() {
+        let s = Some(Stripe { index: 1, count: 3 });
+        assert!(stripe_allows(s, 4, false, false));
+        assert!(!stripe_allows(s, 3, false, false));
+        assert!(!stripe_allows(s, 3, true, false));
+        assert!(!stripe_allows(s, 3, false, true));
+        assert!(stripe_allows(s, 3, true, true));
+        assert!(stripe_allows(None, 3, false, false));
     }
 
     #[test]

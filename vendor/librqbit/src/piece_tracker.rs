@@ -21,7 +21,7 @@ use peer_binary_protocol::Piece;
 use crate::{
     chunk_tracker::{ChunkMarkingResult, ChunkTracker},
     file_info::FileInfo,
-    piece_selection::{Availability, choose_rarest, seeder_may_serve},
+    piece_selection::{Availability, Stripe, choose_rarest, seeder_may_serve, stripe_allows},
     type_aliases::{FileInfos, FilePriorities, PeerHandle},
 };
 
@@ -67,6 +67,9 @@ where
     pub peer_has_piece: P,
     /// Returns true if the piece can be stolen (e.g., not locked for writing).
     pub can_steal: S,
+    /// anneal: this leecher's stripe of what seeders are asked for
+    /// (`piece_selection::Stripe`), when seeder stripes are on.
+    pub stripe: Option<Stripe>,
     /// anneal: the peer has every piece (a seeder).
     pub peer_is_seeder: bool,
     /// anneal: connected peers that have every piece.
@@ -207,12 +210,29 @@ impl PieceTracker {
             // about once instead of once per machine).
             let lengths = *self.chunks.get_lengths();
             let seeders = req.live_seeders;
+            // anneal: seeder stripes. Off-stripe pieces only once the
+            // stripe is complete and no leecher has a piece we need.
+            let stripe = req.stripe.filter(|_| req.peer_is_seeder);
+            let (stripe_done, starved) = match stripe {
+                Some(st) => (
+                    st.pieces(lengths.total_pieces() as usize).all(|p| {
+                        lengths
+                            .validate_piece_index(p as u32)
+                            .is_none_or(|v| self.chunks.is_piece_have(v))
+                    }),
+                    queued
+                        .iter()
+                        .all(|p| availability.get(p.get_usize()) <= seeders),
+                ),
+                None => (true, true),
+            };
             let rarest = choose_rarest(
                 queued
                     .iter()
                     .filter(|p| (req.peer_has_piece)(**p))
                     .map(|p| p.get_usize())
-                    .filter(|p| !req.peer_is_seeder || seeder_may_serve(availability, *p, seeders)),
+                    .filter(|p| !req.peer_is_seeder || seeder_may_serve(availability, *p, seeders))
+                    .filter(|p| stripe_allows(stripe, *p, stripe_done, starved)),
                 availability,
                 rand::random::<u64>,
             )
@@ -471,6 +491,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         // Should reserve piece 0 (first in queue)
@@ -506,6 +527,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         match result {
@@ -536,6 +558,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         let piece = match result {
@@ -571,6 +594,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         let piece = match result {
@@ -601,6 +625,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         match result2 {
@@ -632,6 +657,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         }) {
             AcquireResult::Reserved(p) => p,
             _ => panic!("Expected Reserved"),
@@ -646,6 +672,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         }) {
             AcquireResult::Reserved(p) => p,
             _ => panic!("Expected Reserved"),
@@ -662,6 +689,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         }) {
             AcquireResult::Reserved(p) => p,
             _ => panic!("Expected Reserved"),
@@ -703,6 +731,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
         tracker.acquire_piece(AcquireRequest {
             peer: peer(1),
@@ -714,6 +743,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         assert_eq!(tracker.inflight_count(), 2);
@@ -733,6 +763,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         // Should get piece 0 again (was requeued)
@@ -773,6 +804,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         // Should get piece 3 (first priority piece)
@@ -801,6 +833,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         match result {
@@ -835,6 +868,7 @@ mod tests {
                 can_steal: |_| false,
                 peer_is_seeder: false,
                 live_seeders: 0,
+                stripe: None,
             }) {
                 AcquireResult::Reserved(p) => got.push(p.get()),
                 r => panic!("expected Reserved, got {r:?}"),
@@ -847,6 +881,52 @@ mod tests {
         tracker.on_peer_gone([0, 1, 3, 4]);
         let a = tracker.availability().unwrap();
         assert_eq!((0..5).map(|p| a.get(p)).collect::<Vec<_>>(), [3, 1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn a_seeder_is_asked_only_for_the_leechers_stripe_until_it_is_starved() {
+        let file_infos = make_test_file_infos(6);
+        let file_priorities = make_default_file_priorities(&file_infos);
+        let mut tracker = PieceTracker::new(make_test_chunk_tracker(6)).with_rarest_first(true);
+        // The seeder holds everything; a leecher holds piece 0.
+        tracker.on_peer_pieces([], 0..6);
+        tracker.on_peer_pieces([], [0]);
+        let stripe = Some(Stripe { index: 1, count: 3 });
+        let ask = |tracker: &mut PieceTracker| {
+            match tracker.acquire_piece(AcquireRequest {
+                peer: peer(9),
+                peer_avg_time: None,
+                priority_pieces: std::iter::empty(),
+                file_priorities: &file_priorities,
+                file_infos: &file_infos,
+                peer_has_piece: |_| true,
+                can_steal: |_| false,
+                peer_is_seeder: true,
+                live_seeders: 1,
+                stripe,
+            }) {
+                AcquireResult::Reserved(p) => Some(p.get()),
+                AcquireResult::NoneAvailable => None,
+                r => panic!("expected Reserved or NoneAvailable, got {r:?}"),
+            }
+        };
+        let mut got = vec![ask(&mut tracker), ask(&mut tracker)];
+        got.sort();
+        assert_eq!(got, [Some(1), Some(4)]);
+        // The stripe is in flight, not complete: nothing else from the seeder.
+        assert_eq!(ask(&mut tracker), None);
+        for p in [1, 4] {
+            let v = tracker.chunks().get_lengths().validate_piece_index(p).unwrap();
+            tracker.take_inflight(v);
+            tracker.mark_piece_hash_ok(v);
+        }
+        // Complete, but a leecher has piece 0, which we need: not starved.
+        assert_eq!(ask(&mut tracker), None);
+        // The leecher leaves: starved, the seeder serves the rest.
+        tracker.on_peer_gone([0]);
+        let mut rest: Vec<_> = (0..4).map(|_| ask(&mut tracker).unwrap()).collect();
+        rest.sort();
+        assert_eq!(rest, [0, 2, 3, 5]);
     }
 
     #[test]
@@ -866,6 +946,7 @@ mod tests {
             can_steal: |_| false,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         }) {
             AcquireResult::Reserved(p) => assert_eq!(p.get(), 0),
             r => panic!("expected Reserved(0), got {r:?}"),
@@ -914,6 +995,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         }) {
             AcquireResult::Reserved(p) => {
                 assert_eq!(p.get(), 0);
@@ -932,6 +1014,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         }) {
             AcquireResult::Reserved(p) => {
                 assert_eq!(p.get(), 4);
@@ -956,6 +1039,7 @@ mod tests {
             can_steal: |_| true,
             peer_is_seeder: false,
             live_seeders: 0,
+            stripe: None,
         });
 
         // Should steal piece 4 (which peer B has), NOT piece 0 (which peer B doesn't have)

@@ -305,6 +305,14 @@ pub struct AddTorrentOptions {
     /// what a swarm of leechers starting together from one seed needs.
     #[serde(default)]
     pub rarest_first: bool,
+
+    /// anneal: with `rarest_first`, ask seeders only for this leecher's
+    /// stripe of the pieces (`piece_selection::Stripe`: the leechers
+    /// connected to each other split the pieces by peer-id rank), the rest
+    /// from the leechers holding them, so each piece leaves the seeders
+    /// about once. Off by default.
+    #[serde(default)]
+    pub seeder_stripes: bool,
 }
 
 pub struct ListOnlyResponse {
@@ -1398,6 +1406,7 @@ impl Session {
                     initial_peers: opts.initial_peers.clone().unwrap_or_default(),
                     peer_limit: opts.peer_limit.or(self.peer_limit),
                     rarest_first: opts.rarest_first,
+                    seeder_stripes: opts.seeder_stripes,
                     #[cfg(feature = "disable-upload")]
                     _disable_upload: self._disable_upload,
                 },

@@ -120,6 +120,8 @@ pub(crate) struct ManagedTorrentOptions {
     pub peer_limit: Option<usize>,
     /// anneal: rarest-first piece selection (`AddTorrentOptions::rarest_first`).
     pub rarest_first: bool,
+    /// anneal: seeder stripes (`AddTorrentOptions::seeder_stripes`).
+    pub seeder_stripes: bool,
     #[cfg(feature = "disable-upload")]
     pub _disable_upload: bool,
 }

@@ -1443,6 +1443,21 @@ impl PeerHandler {
         // Steal info to process after releasing the peer lock
         let mut steal_info: Option<(SocketAddr, ValidPieceIndex)> = None;
 
+        // anneal: seeder stripes, from the ids of the live leechers (peers
+        // without every piece), computed before any peer entry is locked.
+        let stripe = (self.state.shared.options.rarest_first
+            && self.state.shared.options.seeder_stripes)
+            .then(|| {
+                let others: Vec<[u8; 20]> = self
+                    .state
+                    .peers
+                    .states
+                    .iter()
+                    .filter_map(|e| e.value().get_live().filter(|l| !l.seeder).map(|l| l.peer_id.0))
+                    .collect();
+                crate::piece_selection::Stripe::of(&self.state.shared.peer_id.0, others.iter())
+            });
+
         let result = self
             .state
             .peers
@@ -1470,6 +1485,7 @@ impl PeerHandler {
                             .is_some()
                     },
                     peer_is_seeder: live.seeder,
+                    stripe,
                     live_seeders: self
                         .state
                         .peers

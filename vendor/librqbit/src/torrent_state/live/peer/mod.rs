@@ -250,8 +250,7 @@ impl Peer {
 
 #[derive(Debug)]
 pub(crate) struct LivePeerState {
-    #[allow(dead_code)]
-    peer_id: Id20,
+    pub(crate) peer_id: Id20,
 
     pub client_name: Option<String>,
 
