@@ -257,6 +257,8 @@ impl Lab {
         }
         let swarm = opts.swarm.then(|| anneal_manager::swarm::SwarmConfig {
             tracker_interval_secs: 5,
+            // the lab's two machines finish within seconds of each other
+            seed_idle_secs: 5,
             ..anneal_manager::swarm::SwarmConfig::default()
         });
         if let Some(sw) = &swarm {
