@@ -776,6 +776,25 @@ fn deploy_with_tracker_down_on(fallback: bool, port: Option<u16>) -> (Fixture, P
     (f, target, out)
 }
 
+/// Checks a run that fell back to HTTP: it succeeded, the target equals a
+/// local restore, and the result's `transfer.fallbackReason` contains
+/// `reason`. Returns the result line.
+fn fell_back<'a>(
+    f: &Fixture,
+    target: &Path,
+    out: &'a Deployed,
+    reason: &str,
+) -> &'a serde_json::Value {
+    assert!(out.ok, "{}", out.stdout);
+    assert!(std::fs::read(target).unwrap() == reference(f));
+    let result = events(out, "result")[0];
+    let got = result["transfer"]["fallbackReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(got.contains(reason), "{result}");
+    result
+}
+
 /// A swarm that cannot start (the port it must listen on is taken): the
 /// content comes over HTTP ranges and the reason is in the run's figures.
 #[test]
@@ -783,16 +802,7 @@ fn a_swarm_that_cannot_start_falls_back_to_http() {
     let taken = TcpListener::bind("0.0.0.0:0").unwrap();
     let port = taken.local_addr().unwrap().port();
     let (f, target, out) = deploy_with_tracker_down_on(true, Some(port));
-    assert!(out.ok, "{}", out.stdout);
-    assert!(std::fs::read(&target).unwrap() == reference(&f));
-    let result = events(&out, "result")[0];
-    let reason = result["transfer"]["fallbackReason"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(
-        reason.contains("the BitTorrent session did not start"),
-        "{result}"
-    );
+    fell_back(&f, &target, &out, "the BitTorrent session did not start");
     assert!(
         out.stdout
             .contains("content p1: HTTP fallback: the BitTorrent session did not start"),
@@ -808,16 +818,7 @@ fn a_swarm_that_cannot_start_falls_back_to_http() {
 #[test]
 fn tracker_down_at_start_the_http_fallback_completes_the_run() {
     let (f, target, out) = deploy_with_tracker_down(true);
-    assert!(out.ok, "{}", out.stdout);
-    assert!(std::fs::read(&target).unwrap() == reference(&f));
-    let result = events(&out, "result")[0];
-    let reason = result["transfer"]["fallbackReason"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(
-        reason.contains("the swarm stalled: no piece for 2 s"),
-        "{result}"
-    );
+    let result = fell_back(&f, &target, &out, "the swarm stalled: no piece for 2 s");
     assert!(result["httpBytes"].as_u64().unwrap() > 6 << 20, "{result}");
     assert!(
         out.stdout.contains("HTTP fallback after a stall"),
