@@ -191,12 +191,15 @@ impl Slot {
                 Err(format!("piece {i} completed with no data received"))
             };
         };
-        self.write_piece(i, &buf)
+        // librqbit checked it against the torrent's SHA-1, which is the
+        // index's (`fetch_file_to_slot` refuses a torrent that disagrees).
+        self.write_piece(i, &buf, Checked::Already)
     }
 
-    /// Checks piece `i` against the index's SHA-1 and writes its ranges
-    /// (once: a piece already written is left alone).
-    fn write_piece(&self, i: u64, buf: &[u8]) -> Result<(), String> {
+    /// Checks piece `i` against the index's SHA-1 (unless `checked` says it
+    /// was) and writes its ranges (once: a piece already written is left
+    /// alone).
+    fn write_piece(&self, i: u64, buf: &[u8], checked: Checked) -> Result<(), String> {
         if self.is_written(i) {
             return Ok(());
         }
@@ -205,10 +208,8 @@ impl Slot {
             .piece_hashes
             .get(i as usize)
             .ok_or_else(|| format!("piece {i} is past the index's last piece"))?;
-        if sha1::Sha1::digest(buf).as_slice() != want {
-            return Err(format!(
-                "piece {i} does not match the index's SHA-1 (the torrent and the index disagree)"
-            ));
+        if checked == Checked::No && sha1::Sha1::digest(buf).as_slice() != want {
+            return Err(format!("piece {i} does not match the index's SHA-1"));
         }
         let pl = u64::from(self.index.header.piece_length);
         let start = i * pl;
@@ -236,6 +237,15 @@ impl Slot {
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Whether a piece's SHA-1 was checked before [`Slot::write_piece`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checked {
+    /// By librqbit, against the torrent's hash (the index's).
+    Already,
+    /// Not yet (bytes over HTTP).
+    No,
 }
 
 /// The `TorrentStorage` methods about files, for a storage that is no
@@ -503,6 +513,27 @@ pub fn fetch_to_slot(
     fetch_file_to_slot(torrent, index, file, slot, cfg, &mut |_| true)
 }
 
+/// Refuses a torrent whose pieces are not the index's: librqbit checks each
+/// piece against the torrent, so the pieces it hands over are the index's
+/// only when the two agree.
+fn torrent_matches(torrent: &[u8], index: &ContentIndex) -> anyhow::Result<()> {
+    let meta = anneal_image::torrent::Metainfo::parse(torrent)?;
+    anyhow::ensure!(
+        meta.length == index.header.used_bytes
+            && meta.piece_length == u64::from(index.header.piece_length)
+            && meta.pieces == index.piece_hashes,
+        "the torrent ({} bytes in {} pieces of {}) does not match the content's index \
+         ({} bytes in {} pieces of {}, or other piece hashes): it was made from another content",
+        meta.length,
+        meta.pieces.len(),
+        meta.piece_length,
+        index.header.used_bytes,
+        index.piece_hashes.len(),
+        index.header.piece_length,
+    );
+    Ok(())
+}
+
 /// [`fetch_to_slot`] onto an open target (read and write), calling
 /// `progress` with the figures every 100 ms while it fetches (over the
 /// swarm or HTTP); `progress` returning false stops the fetch
@@ -516,6 +547,7 @@ pub fn fetch_file_to_slot(
     progress: &mut dyn FnMut(&SwarmStats) -> bool,
 ) -> Result<Leeched, SwarmError> {
     let total = index.piece_count();
+    torrent_matches(torrent, index).map_err(SwarmError::Torrent)?;
     let shared = Arc::new(Slot {
         target: file,
         slot,
@@ -626,7 +658,7 @@ fn http_fallback(
                     shared
                         .bytes_over_http
                         .fetch_add(len as u64, Ordering::Relaxed);
-                    if let Err(e) = shared.write_piece(p, &buf) {
+                    if let Err(e) = shared.write_piece(p, &buf, Checked::No) {
                         if e.contains("SHA-1") {
                             failed = Some(format!("piece {p} from {url}: {e}"));
                             break;

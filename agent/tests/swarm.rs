@@ -322,3 +322,22 @@ fn a_swarm_with_no_peer_fails_with_a_reason() {
     let data = std::fs::read(&t).unwrap();
     assert!(data.iter().all(|b| *b == 0), "the target was written");
 }
+
+#[test]
+fn a_torrent_of_another_content_is_refused_before_anything_is_written() {
+    let c = content();
+    let work = tempfile::tempdir().unwrap();
+    let t = target(work.path(), "t");
+    // The same content's torrent with one piece hash changed: librqbit would
+    // accept pieces that are not the index's.
+    let mut other = Metainfo::parse(&c.torrent).unwrap();
+    other.pieces[1][0] ^= 1;
+    let seeder = seeder(&c, &c.stream, 1, None);
+    let cfg = config(vec![seeder.addr()], vec![seeder.addr()], 0);
+    let err = fetch_to_slot(&other.to_bytes(), &c.index, &t, SLOT, &cfg).unwrap_err();
+    assert!(matches!(err, SwarmError::Torrent(_)), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("does not match the content's index"), "{msg}");
+    let data = std::fs::read(&t).unwrap();
+    assert!(data.iter().all(|b| *b == 0), "the target was written");
+}
