@@ -7,15 +7,18 @@
 //!
 //! The content format's pieces are the torrent's pieces
 //! (`anneal_image::torrent`), so a piece librqbit has checked against the
-//! torrent's SHA-1 is a piece of the index. [`SlotStorage`] keeps the chunks
-//! of a piece in memory until librqbit has verified it, checks the SHA-1
-//! again against the index, and only then writes the piece's disk ranges at
-//! `slot + disk offset`: a corrupt chunk from a peer is never written (the
-//! peer is dropped by librqbit and the piece fetched again). Verified pieces
-//! are read back from the target to serve other peers. At the end the whole
-//! stream is read back in order and its SHA-256 compared with the index's.
+//! torrent's SHA-1 is a piece of the index (a torrent that disagrees with the
+//! index is refused at the start). [`SlotStorage`] keeps the chunks of a
+//! piece in memory (a 4096-aligned buffer) until librqbit has verified it,
+//! and only then writes the piece's disk ranges at `slot + disk offset`,
+//! `O_DIRECT` where offset and length are aligned (no copy into the page
+//! cache): a corrupt chunk from a peer is never written (the peer is dropped
+//! by librqbit and the piece fetched again). Verified pieces serve other
+//! peers from a piece cache sized from the machine's memory, or else read
+//! back from the target. At the end the whole stream is read back in order
+//! from the target and its SHA-256 compared with the index's.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt as _;
@@ -25,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anneal_image::format::{ContentIndex, ranges_for};
+use anneal_image::restore::{AlignedBuf, Target};
 use librqbit::storage::{StorageFactory, StorageFactoryExt as _, TorrentStorage};
 use librqbit::{
     AddTorrent, AddTorrentOptions, ListenerMode, ListenerOptions, ManagedTorrent,
@@ -108,6 +112,10 @@ pub struct SwarmConfig {
     /// still missing are fetched from it in byte ranges, verified the same
     /// way, while the swarm goes on. None: a stall fails the fetch.
     pub http_fallback: Option<String>,
+    /// Bytes of verified pieces kept in memory to serve other peers (reads
+    /// from the target otherwise). None: an eighth of the memory available
+    /// at the start ([`piece_cache_budget`]).
+    pub piece_cache: Option<u64>,
 }
 
 /// What a swarm fetch did.
@@ -139,10 +147,15 @@ pub struct SwarmStats {
 /// progress and the pieces written.
 #[derive(Debug)]
 struct Slot {
-    target: File,
+    target: Target,
     slot: u64,
     index: ContentIndex,
-    partial: Mutex<HashMap<u64, Vec<u8>>>,
+    partial: Mutex<HashMap<u64, AlignedBuf>>,
+    cache: Mutex<PieceCache>,
+    /// Piece buffers written and out of the cache, for the next pieces:
+    /// memory touched once is reused, never given back and faulted in
+    /// again.
+    spare: Mutex<Vec<AlignedBuf>>,
     written: Mutex<Vec<bool>>,
     pieces_written: AtomicU64,
     bytes_written: AtomicU64,
@@ -193,16 +206,36 @@ impl Slot {
         };
         // librqbit checked it against the torrent's SHA-1, which is the
         // index's (`fetch_file_to_slot` refuses a torrent that disagrees).
-        self.write_piece(i, &buf, Checked::Already)
+        self.write_piece(i, buf, Checked::Already)
+    }
+
+    /// Copies bytes `[at, at + buf.len())` of piece `piece` from the piece
+    /// cache; false when the piece is not cached.
+    fn read_cached(&self, piece: u64, at: usize, buf: &mut [u8]) -> anyhow::Result<bool> {
+        let cache = self.cache.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let Some(p) = cache.get(piece) else {
+            return Ok(false);
+        };
+        let src = p
+            .as_slice()
+            .get(at..at + buf.len())
+            .ok_or_else(|| anyhow::anyhow!("read past piece {piece}"))?;
+        buf.copy_from_slice(src);
+        Ok(true)
     }
 
     /// Checks piece `i` against the index's SHA-1 (unless `checked` says it
     /// was) and writes its ranges (once: a piece already written is left
     /// alone).
-    fn write_piece(&self, i: u64, buf: &[u8], checked: Checked) -> Result<(), String> {
+    fn write_piece(&self, i: u64, piece: AlignedBuf, checked: Checked) -> Result<(), String> {
         if self.is_written(i) {
             return Ok(());
         }
+        let len = self.index.piece_len(i) as usize;
+        let buf = piece
+            .as_slice()
+            .get(..len)
+            .ok_or_else(|| format!("piece {i} is shorter than the index says"))?;
         let want = self
             .index
             .piece_hashes
@@ -216,7 +249,7 @@ impl Slot {
         for r in self.index.piece_ranges(i) {
             let at = (r.stream_offset - start) as usize;
             self.target
-                .write_all_at(&buf[at..at + r.len as usize], self.slot + r.disk_offset)
+                .write_at(&buf[at..at + r.len as usize], self.slot + r.disk_offset)
                 .map_err(|e| {
                     format!(
                         "writing piece {i} at offset {} of the target: {e}",
@@ -233,11 +266,105 @@ impl Slot {
         }
         drop(w);
         self.pieces_written.fetch_add(1, Ordering::Relaxed);
-        self.bytes_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+        let dropped = match self.cache.lock() {
+            Ok(mut c) => c.insert(i, piece),
+            Err(_) => vec![piece],
+        };
+        self.recycle(dropped);
         Ok(())
     }
+
+    /// Keeps `bufs` for the next pieces (at most [`SPARE_BUFFERS`]).
+    fn recycle(&self, bufs: Vec<AlignedBuf>) {
+        if let Ok(mut s) = self.spare.lock() {
+            for b in bufs {
+                if s.len() < SPARE_BUFFERS {
+                    s.push(b);
+                }
+            }
+        }
+    }
+
+    /// A buffer for a piece of `len` bytes: a spare one when it is large
+    /// enough (its old bytes are overwritten by the chunks before librqbit
+    /// reads the piece), else a new one.
+    fn buffer(&self, len: usize) -> AlignedBuf {
+        let spare = self.spare.lock().ok().and_then(|mut s| {
+            let i = s.iter().position(|b| b.as_slice().len() >= len)?;
+            Some(s.swap_remove(i))
+        });
+        spare.unwrap_or_else(|| AlignedBuf::new(len))
+    }
 }
+
+/// Verified pieces kept in memory to serve other peers, the oldest dropped
+/// first past the budget: a swarm asks most for the pieces that arrived
+/// last (rarest first).
+#[derive(Debug)]
+struct PieceCache {
+    budget: u64,
+    bytes: u64,
+    pieces: HashMap<u64, AlignedBuf>,
+    order: VecDeque<u64>,
+}
+
+impl PieceCache {
+    fn new(budget: u64) -> Self {
+        Self {
+            budget,
+            bytes: 0,
+            pieces: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    fn get(&self, piece: u64) -> Option<&AlignedBuf> {
+        self.pieces.get(&piece)
+    }
+
+    /// Keeps `buf` as piece `piece` if it fits the budget, dropping the
+    /// oldest pieces to make room; returns the buffers no longer kept.
+    #[must_use]
+    fn insert(&mut self, piece: u64, buf: AlignedBuf) -> Vec<AlignedBuf> {
+        let len = buf.as_slice().len() as u64;
+        if len > self.budget || self.pieces.contains_key(&piece) {
+            return vec![buf];
+        }
+        let mut dropped = Vec::new();
+        while self.bytes + len > self.budget {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = self.pieces.remove(&old) {
+                self.bytes -= b.as_slice().len() as u64;
+                dropped.push(b);
+            }
+        }
+        self.bytes += len;
+        self.pieces.insert(piece, buf);
+        self.order.push_back(piece);
+        dropped
+    }
+}
+
+/// The piece cache's default size: an eighth of `MemAvailable` in
+/// /proc/meminfo (64 MiB when it cannot be read). The agent's machine does
+/// nothing else while it deploys; the rest stays for the initramfs, the
+/// pieces in flight and the page cache.
+pub fn piece_cache_budget() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(64 << 20, |kib| kib * 1024 / 8)
+}
+
+/// Spare piece buffers a leecher keeps for reuse.
+const SPARE_BUFFERS: usize = 16;
 
 /// Whether a piece's SHA-1 was checked before [`Slot::write_piece`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,6 +419,7 @@ impl TorrentStorage for SlotStorage {
             .get(&piece)
         {
             let src = p
+                .as_slice()
                 .get(at..at + buf.len())
                 .ok_or_else(|| anyhow::anyhow!("read past piece {piece}"))?;
             buf.copy_from_slice(src);
@@ -300,6 +428,9 @@ impl TorrentStorage for SlotStorage {
         // Only pieces written in this run are served: the target's old
         // bytes are never offered (and librqbit's start-up check finds none).
         anyhow::ensure!(self.0.is_written(piece), "piece {piece} is not here yet");
+        if self.0.read_cached(piece, at, buf)? {
+            return Ok(());
+        }
         self.0.read_back(offset, buf)?;
         Ok(())
     }
@@ -316,8 +447,12 @@ impl TorrentStorage for SlotStorage {
             .partial
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?;
-        let p = partial.entry(piece).or_insert_with(|| vec![0; len]);
-        p.get_mut(at..at + buf.len())
+        let p = match partial.entry(piece) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(self.0.buffer(len)),
+        };
+        p.as_mut_slice()
+            .get_mut(at..at + buf.len())
             .ok_or_else(|| anyhow::anyhow!("chunk past the end of piece {piece}"))?
             .copy_from_slice(buf);
         Ok(())
@@ -548,11 +683,16 @@ pub fn fetch_file_to_slot(
 ) -> Result<Leeched, SwarmError> {
     let total = index.piece_count();
     torrent_matches(torrent, index).map_err(SwarmError::Torrent)?;
+    let target = Target::from_file(file, Path::new("the target"))
+        .map_err(|e| SwarmError::Io(format!("opening the target for direct writes: {e}")))?;
+    let cache_bytes = cfg.piece_cache.unwrap_or_else(piece_cache_budget);
     let shared = Arc::new(Slot {
-        target: file,
+        target,
         slot,
         index: index.clone(),
         partial: Mutex::new(HashMap::new()),
+        cache: Mutex::new(PieceCache::new(cache_bytes)),
+        spare: Mutex::new(Vec::new()),
         written: Mutex::new(vec![false; total as usize]),
         pieces_written: AtomicU64::new(0),
         bytes_written: AtomicU64::new(0),
@@ -650,15 +790,15 @@ fn http_fallback(
                 let mut p = i;
                 while p < end {
                     let len = shared.index.piece_len(p) as usize;
-                    let mut buf = vec![0u8; len];
-                    if let Err(e) = body.read_exact(&mut buf) {
+                    let mut buf = shared.buffer(len);
+                    if let Err(e) = body.read_exact(&mut buf.as_mut_slice()[..len]) {
                         failed = Some(format!("reading piece {p} from {url}: {e}"));
                         break;
                     }
                     shared
                         .bytes_over_http
                         .fetch_add(len as u64, Ordering::Relaxed);
-                    if let Err(e) = shared.write_piece(p, &buf, Checked::No) {
+                    if let Err(e) = shared.write_piece(p, buf, Checked::No) {
                         if e.contains("SHA-1") {
                             failed = Some(format!("piece {p} from {url}: {e}"));
                             break;
@@ -974,6 +1114,10 @@ pub struct FetchArgs {
     /// The content's stream over HTTP, for the pieces missing after a stall.
     #[arg(long)]
     pub http_fallback: Option<String>,
+    /// MiB of verified pieces kept in memory to serve the other peers
+    /// (default: sized from the memory available).
+    #[arg(long)]
+    pub piece_cache_mib: Option<u64>,
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -1039,6 +1183,7 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         seeder_stripes: !a.no_seeder_stripes,
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
         http_fallback: a.http_fallback.clone(),
+        piece_cache: a.piece_cache_mib.map(|m| m << 20),
     };
     let leeched = fetch_to_slot(&torrent, &index, &a.target, a.offset, &cfg)?;
     print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));
@@ -1047,4 +1192,40 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
     }
     print_json(&serde_json::json!({"event": "done", "stats": leeched.seeding.stats()}));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(byte: u8) -> AlignedBuf {
+        let mut b = AlignedBuf::new(4096);
+        b.as_mut_slice().fill(byte);
+        b
+    }
+
+    #[test]
+    fn the_piece_cache_drops_the_oldest_piece_past_its_budget() {
+        let mut c = PieceCache::new(2 * 4096);
+        assert!(c.insert(7, piece(7)).is_empty());
+        assert!(c.insert(3, piece(3)).is_empty());
+        let dropped = c.insert(9, piece(9));
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(
+            dropped[0].as_slice()[0],
+            7,
+            "the oldest piece is handed back"
+        );
+        assert!(c.get(7).is_none(), "the oldest piece stays");
+        assert_eq!(c.get(3).map(|b| b.as_slice()[0]), Some(3));
+        assert_eq!(c.get(9).map(|b| b.as_slice()[4095]), Some(9));
+        assert_eq!(c.bytes, 2 * 4096);
+        // A piece larger than the whole budget is not kept, and evicts
+        // nothing.
+        let mut small = PieceCache::new(1024);
+        assert_eq!(small.insert(1, piece(1)).len(), 1);
+        assert!(small.get(1).is_none());
+        assert_eq!(small.bytes, 0);
+        assert!(piece_cache_budget() > 0);
+    }
 }

@@ -120,6 +120,7 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         seeder_stripes: true,
         stall_timeout: Duration::from_secs(60),
         http_fallback: None,
+        piece_cache: None,
     }
 }
 
@@ -184,7 +185,12 @@ fn leechers_write_the_used_blocks_of_a_direct_restore() {
                 let t = target(work.path(), &format!("t{i}"));
                 let mut peers = vec![seeder.addr(), addrs[1 - i]];
                 peers.dedup();
-                let cfg = config(peers, vec![seeder.addr()], ports[i]);
+                let mut cfg = config(peers, vec![seeder.addr()], ports[i]);
+                // One leecher serves its peer from the target, the other
+                // from its piece cache.
+                if i == 0 {
+                    cfg.piece_cache = Some(0);
+                }
                 let c = &c;
                 s.spawn(move || {
                     (

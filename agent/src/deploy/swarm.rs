@@ -84,6 +84,7 @@ impl Swarms {
             seeder_stripes: true,
             stall_timeout: Duration::from_secs(u64::from(sw.stall_timeout_seconds.max(1))),
             http_fallback: sw.http_fallback.then(|| c.stream_url.clone()),
+            piece_cache: None,
         };
         let (file, slot) = at;
         let target = file.try_clone().map_err(|e| {

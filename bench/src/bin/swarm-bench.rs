@@ -23,6 +23,8 @@
 //! Options: `--mib N` (content size, default 256), `--hosts 1,4,8,16`,
 //! `--methods anneal,anneal-nostripe,anneal-stock,aria2c,http`, `--rate 100mbit`,
 //! `--piece-kib K` (default 4096, the content format's default),
+//! `--piece-cache-mib M` (each anneal leecher's piece cache; default: the
+//! agent's, sized from memory),
 //! `--agent PATH`.
 
 use std::collections::BTreeMap;
@@ -110,6 +112,16 @@ fn wait_all(
     Ok(times.into_iter().flatten().collect())
 }
 
+/// The slowest host's time; prints every host's (sorted) to stderr, to see
+/// the spread.
+fn slowest(times: &[f64]) -> f64 {
+    let mut t = times.to_vec();
+    t.sort_by(f64::total_cmp);
+    let list: Vec<String> = t.iter().map(|x| format!("{x:.1}")).collect();
+    eprintln!("  hosts done at (s): {}", list.join(" "));
+    t.last().copied().unwrap_or(0.0)
+}
+
 struct Round {
     slowest: f64,
     seeder_share: Option<f64>,
@@ -146,6 +158,9 @@ fn round_agent(
             ])
             .args(["--stall-timeout", "120", "--seed-after", "3600"]);
         cmd.args(extra);
+        if let Some(m) = anneal_bench::option("--piece-cache-mib") {
+            cmd.args(["--piece-cache-mib", &m]);
+        }
         procs.push(ChildGroup::spawn_logged("swarm-fetch", &mut cmd, &log)?);
         logs.push(log);
     }
@@ -176,7 +191,7 @@ fn round_agent(
         let _ = std::fs::remove_file(work.join(format!("target{i}")));
     }
     Ok(Round {
-        slowest: times.iter().copied().fold(0.0, f64::max),
+        slowest: slowest(&times),
         seeder_share: (total > 0).then(|| from_seeder as f64 / total as f64),
     })
 }
@@ -224,7 +239,7 @@ fn round_aria2c(lab: &Lab, n: usize, torrent: &Path, work: &Path) -> Result<Roun
         let _ = std::fs::remove_dir_all(work.join(format!("aria{i}")));
     }
     Ok(Round {
-        slowest: times.iter().copied().fold(0.0, f64::max),
+        slowest: slowest(&times),
         seeder_share: None,
     })
 }
@@ -252,7 +267,7 @@ fn round_http(lab: &Lab, n: usize, work: &Path) -> Result<Round> {
         let _ = std::fs::remove_file(work.join(format!("http{i}")));
     }
     Ok(Round {
-        slowest: times.iter().copied().fold(0.0, f64::max),
+        slowest: slowest(&times),
         seeder_share: Some(1.0),
     })
 }
