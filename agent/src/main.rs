@@ -87,6 +87,10 @@ struct TrackerArgs {
     /// comments; re-read when it changes).
     #[arg(long)]
     allow_file: Option<PathBuf>,
+    /// Track only the torrents of this content store's verified contents
+    /// (rescanned every 5 s).
+    #[arg(long, conflicts_with = "allow_file")]
+    allow_store: Option<PathBuf>,
     /// Torrents tracked at once.
     #[arg(long, default_value_t = 1024)]
     max_torrents: usize,
@@ -206,10 +210,11 @@ fn main() -> anyhow::Result<()> {
                 max_peers: a.max_peers.max(1),
                 max_connections: a.max_connections.max(1),
                 allow_file: a.allow_file.clone(),
+                allow_store: a.allow_store.clone(),
                 ..Default::default()
             };
             let tracker = anneal_agent::tracker::Tracker::bind(a.listen, cfg)?;
-            tracing::info!(addr = %tracker.local_addr()?, interval = a.interval, allow_file = ?a.allow_file, "tracker listening");
+            tracing::info!(addr = %tracker.local_addr()?, interval = a.interval, allow_file = ?a.allow_file, allow_store = ?a.allow_store, "tracker listening");
             tracker.run();
             Ok(())
         }

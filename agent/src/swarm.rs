@@ -116,6 +116,8 @@ pub struct SwarmConfig {
     /// from the target otherwise). None: an eighth of the memory available
     /// at the start ([`piece_cache_budget`]).
     pub piece_cache: Option<u64>,
+    /// Most peer connections (None: librqbit's default).
+    pub peer_limit: Option<usize>,
 }
 
 /// What a swarm fetch did.
@@ -851,6 +853,7 @@ async fn leech(
                 disable_trackers: cfg.trackers.is_empty(),
                 rarest_first: cfg.rarest_first,
                 seeder_stripes: cfg.seeder_stripes,
+                peer_limit: cfg.peer_limit,
                 storage_factory: Some(SlotFactory(shared.clone()).boxed()),
                 ..Default::default()
             }),
@@ -1069,6 +1072,11 @@ pub struct SeedArgs {
     /// Upload cap in bytes per second, all contents together.
     #[arg(long)]
     pub upload_bps: Option<u32>,
+    /// Print `{"event":"uploaded","bytes":N}` (bytes sent to peers since
+    /// the start, closed connections included) every this many seconds
+    /// (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub report_uploads_secs: u64,
 }
 
 /// `anneal-agent swarm-fetch`: one content from its swarm onto a slot.
@@ -1118,6 +1126,9 @@ pub struct FetchArgs {
     /// (default: sized from the memory available).
     #[arg(long)]
     pub piece_cache_mib: Option<u64>,
+    /// Most peer connections (default: librqbit's).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -1158,6 +1169,12 @@ pub fn run_seed(a: &SeedArgs) -> anyhow::Result<()> {
     print_json(
         &serde_json::json!({"event": "progress", "state": "seeding", "addr": seeder.addr().to_string()}),
     );
+    if a.report_uploads_secs > 0 {
+        loop {
+            std::thread::sleep(Duration::from_secs(a.report_uploads_secs));
+            print_json(&serde_json::json!({"event": "uploaded", "bytes": seeder.uploaded_bytes()}));
+        }
+    }
     loop {
         std::thread::park();
     }
@@ -1184,6 +1201,7 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         stall_timeout: Duration::from_secs(a.stall_timeout.max(1)),
         http_fallback: a.http_fallback.clone(),
         piece_cache: a.piece_cache_mib.map(|m| m << 20),
+        peer_limit: a.max_connections,
     };
     let leeched = fetch_to_slot(&torrent, &index, &a.target, a.offset, &cfg)?;
     print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));

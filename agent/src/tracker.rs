@@ -21,15 +21,17 @@
 //!   read within `header_timeout`, at most `max_connections` at once (the
 //!   next one gets 503), one request per connection.
 //! - Optional allow-list: a file of hex info hashes, one per line (`#`
-//!   comments), re-read when it changes; a torrent not in it is refused. An
-//!   unreadable allow-list refuses everything (it fails closed).
+//!   comments), re-read when it changes, or a content store (the torrents
+//!   of its verified contents, rescanned every 5 s and on an unknown hash
+//!   at most once a second); a torrent not in it is
+//!   refused. An unreadable allow-list refuses everything (it fails closed).
 //! - `GET /stats`: JSON counters and, per torrent, seeders, leechers and the
 //!   `started`/`completed`/`stopped` events seen.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -58,6 +60,63 @@ pub struct TrackerConfig {
     pub header_timeout: Duration,
     /// Only these info hashes are tracked (a file re-read when it changes).
     pub allow_file: Option<PathBuf>,
+    /// Only the torrents of this content store's verified contents are
+    /// tracked ([`store_info_hashes`], rescanned every [`STORE_RESCAN`]).
+    pub allow_store: Option<PathBuf>,
+}
+
+/// How often an `allow_store` allow-list is rescanned.
+pub const STORE_RESCAN: Duration = Duration::from_secs(5);
+
+/// The info hashes of the verified contents of a content store
+/// (`<store>/<namespace>/<content>/` with its `verified` marker): the
+/// torrents the Site's seeders can serve. `known` caches each content's
+/// hash by its marker's modification time, so an unchanged content's index
+/// is not read again.
+pub fn store_info_hashes(
+    store: &Path,
+    known: &mut HashMap<PathBuf, (SystemTime, [u8; 20])>,
+) -> io::Result<HashSet<[u8; 20]>> {
+    let mut set = HashSet::new();
+    let mut seen = HashSet::new();
+    for ns in std::fs::read_dir(store)? {
+        let ns = ns?;
+        if !ns.file_type()?.is_dir() {
+            continue;
+        }
+        for c in std::fs::read_dir(ns.path())? {
+            let c = c?;
+            let dir = c.path();
+            let Ok(marked) =
+                std::fs::metadata(dir.join(crate::store::VERIFIED)).and_then(|m| m.modified())
+            else {
+                continue;
+            };
+            let Some(name) = c.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            seen.insert(dir.clone());
+            if let Some((t, h)) = known.get(&dir)
+                && *t == marked
+            {
+                set.insert(*h);
+                continue;
+            }
+            let Ok(index) = std::fs::read(dir.join("index"))
+                .map_err(|e| e.to_string())
+                .and_then(|raw| {
+                    anneal_image::format::ContentIndex::parse(&raw).map_err(|e| e.to_string())
+                })
+            else {
+                continue;
+            };
+            let h = anneal_image::torrent::Metainfo::from_index(&index, &name, None).info_hash();
+            known.insert(dir, (marked, h));
+            set.insert(h);
+        }
+    }
+    known.retain(|d, _| seen.contains(d));
+    Ok(set)
 }
 
 impl Default for TrackerConfig {
@@ -71,6 +130,7 @@ impl Default for TrackerConfig {
             max_connections: 256,
             header_timeout: Duration::from_secs(5),
             allow_file: None,
+            allow_store: None,
         }
     }
 }
@@ -504,17 +564,55 @@ pub fn encode_failure(msg: &str) -> Vec<u8> {
     Value::dict([("failure reason", Value::str(msg))]).encode()
 }
 
-/// The allow-list file and what it held when last read.
+/// The allow-list (a file, or a content store when `store`) and what it
+/// held when last read.
 #[derive(Debug)]
 struct AllowList {
     path: PathBuf,
+    store: bool,
     seen: Option<(SystemTime, u64)>,
+    scanned: Option<Instant>,
+    known: HashMap<PathBuf, (SystemTime, [u8; 20])>,
     hashes: Option<HashSet<[u8; 20]>>,
 }
 
 impl AllowList {
+    fn new(path: PathBuf, store: bool) -> Self {
+        Self {
+            path,
+            store,
+            seen: None,
+            scanned: None,
+            known: HashMap::new(),
+            hashes: None,
+        }
+    }
+
+    /// Rescans the store when the last scan is older than [`STORE_RESCAN`].
+    fn refresh_store(&mut self) {
+        if self.scanned.is_some_and(|t| t.elapsed() < STORE_RESCAN) {
+            return;
+        }
+        self.scanned = Some(Instant::now());
+        match store_info_hashes(&self.path, &mut self.known) {
+            Ok(set) => {
+                if self.hashes.as_ref() != Some(&set) {
+                    tracing::info!(store = %self.path.display(), torrents = set.len(), "allow-list: the store's verified contents");
+                }
+                self.hashes = Some(set);
+            }
+            Err(e) => {
+                tracing::warn!(store = %self.path.display(), error = %e, "allow-list: the content store is unreadable; every announce is refused until it is readable");
+                self.hashes = None;
+            }
+        }
+    }
+
     /// Re-reads the file when its modification time or size changed.
     fn refresh(&mut self) {
+        if self.store {
+            return self.refresh_store();
+        }
         let meta = std::fs::metadata(&self.path)
             .ok()
             .and_then(|m| Some((m.modified().ok()?, m.len())));
@@ -555,6 +653,18 @@ impl AllowList {
 
     fn check(&mut self, h: &[u8; 20]) -> Result<(), AnnounceError> {
         self.refresh();
+        // A content that became Ready since the last scan is tracked at
+        // once: an unknown hash rescans the store (at most once a second;
+        // unchanged contents cost a stat each).
+        if self.store
+            && !self.hashes.as_ref().is_some_and(|set| set.contains(h))
+            && self
+                .scanned
+                .is_some_and(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.scanned = None;
+            self.refresh();
+        }
         match &self.hashes {
             None => Err(AnnounceError::AllowListUnreadable),
             Some(set) if set.contains(h) => Ok(()),
@@ -621,11 +731,11 @@ impl Tracker {
         let now = Instant::now();
         let state = State {
             table: PeerTable::new(cfg.interval * 2, cfg.max_torrents, cfg.max_peers),
-            allow: cfg.allow_file.clone().map(|path| AllowList {
-                path,
-                seen: None,
-                hashes: None,
-            }),
+            allow: match (&cfg.allow_file, &cfg.allow_store) {
+                (Some(f), _) => Some(AllowList::new(f.clone(), false)),
+                (None, Some(s)) => Some(AllowList::new(s.clone(), true)),
+                (None, None) => None,
+            },
             last_sweep: now,
         };
         Ok(Self {
@@ -1120,11 +1230,7 @@ mod tests {
     fn allow_list_fails_closed_and_reloads() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("allow");
-        let mut allow = AllowList {
-            path: path.clone(),
-            seen: None,
-            hashes: None,
-        };
+        let mut allow = AllowList::new(path.clone(), false);
         assert_eq!(allow.check(&HASH), Err(AnnounceError::AllowListUnreadable));
         std::fs::write(&path, "# published\nnot-hex\n").unwrap();
         assert_eq!(
@@ -1133,5 +1239,58 @@ mod tests {
         );
         std::fs::write(&path, format!("# published\n{}  # p1\n", hex::encode(HASH))).unwrap();
         assert_eq!(allow.check(&HASH), Ok(()));
+    }
+
+    /// A content store as the allow-list: the torrents of its verified
+    /// contents (the hash the agent makes from the index), nothing of an
+    /// unverified one; a marker removed takes the torrent out at the next
+    /// scan; no store refuses everything.
+    #[test]
+    fn a_store_allows_the_torrents_of_its_verified_contents() {
+        use anneal_image::capture::{Options, capture_region};
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let mut allow = AllowList::new(store.clone(), true);
+        assert_eq!(allow.check(&HASH), Err(AnnounceError::AllowListUnreadable));
+        let raw = dir.path().join("raw");
+        std::fs::write(&raw, vec![7u8; 1 << 20]).unwrap();
+        let mut hashes = Vec::new();
+        for name in ["root", "draft"] {
+            let c = crate::store::content_dir(&store, "lab", name);
+            std::fs::create_dir_all(&c).unwrap();
+            let (index, _) = capture_region(
+                &std::fs::File::open(&raw).unwrap(),
+                0,
+                1 << 20,
+                &c.join("index"),
+                &c.join("stream"),
+                Options {
+                    piece_length: 256 << 10,
+                },
+            )
+            .unwrap();
+            hashes
+                .push(anneal_image::torrent::Metainfo::from_index(&index, name, None).info_hash());
+        }
+        let root = crate::store::content_dir(&store, "lab", "root");
+        std::fs::write(root.join(crate::store::VERIFIED), "ab\n").unwrap();
+        allow.scanned = None;
+        assert_eq!(allow.check(&hashes[0]), Ok(()));
+        assert_eq!(
+            allow.check(&hashes[1]),
+            Err(AnnounceError::NotAllowed(hex::encode(hashes[1]))),
+            "an unverified content is not tracked"
+        );
+        // Unchanged contents are not read again: their hash is cached.
+        std::fs::write(root.join("index"), b"garbage").unwrap();
+        allow.scanned = None;
+        assert_eq!(allow.check(&hashes[0]), Ok(()));
+        std::fs::remove_file(root.join(crate::store::VERIFIED)).unwrap();
+        allow.scanned = None;
+        assert_eq!(
+            allow.check(&hashes[0]),
+            Err(AnnounceError::NotAllowed(hex::encode(hashes[0])))
+        );
+        assert!(allow.known.is_empty(), "{:?}", allow.known);
     }
 }

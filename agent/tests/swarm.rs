@@ -121,6 +121,7 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         stall_timeout: Duration::from_secs(60),
         http_fallback: None,
         piece_cache: None,
+        peer_limit: None,
     }
 }
 

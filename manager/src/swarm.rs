@@ -172,8 +172,16 @@ pub fn tracker_spec(site: &Site, cfg: &SwarmConfig) -> Option<WorkloadSpec> {
             format!("{ip}:{}", cfg.tracker_port),
             "--interval".into(),
             cfg.tracker_interval_secs.max(1).to_string(),
+            // Only the torrents of Ready contents (verified in the store):
+            // not an open tracker on the provisioning network.
+            "--allow-store".into(),
+            "${volume:store}".into(),
         ],
-        volumes: Vec::new(),
+        volumes: vec![Volume {
+            name: "store".into(),
+            mount_path: "/store".into(),
+            source: VolumeSource::ContentStore,
+        }],
         env: BTreeMap::new(),
         labels: [
             ("app.kubernetes.io/component".into(), "tracker".into()),
@@ -573,8 +581,18 @@ mod tests {
         assert_eq!(t.name, "tracker-rack1");
         assert_eq!(
             t.args,
-            ["tracker", "--listen", "10.77.0.1:6969", "--interval", "15"]
+            [
+                "tracker",
+                "--listen",
+                "10.77.0.1:6969",
+                "--interval",
+                "15",
+                "--allow-store",
+                "${volume:store}"
+            ]
         );
+        assert_eq!(t.volumes.len(), 1);
+        assert_eq!(t.volumes[0].source, VolumeSource::ContentStore);
         let inputs = inputs_for(&pinned, &cfg).unwrap();
         assert_eq!(inputs.trackers, ["http://10.77.0.1:6969/announce"]);
         assert_eq!(inputs.seeder_hosts, ["10.77.0.1"]);

@@ -58,6 +58,20 @@ where
         .unwrap();
 }
 
+/// The tracker's answer to an announce of `info_hash` (20 bytes) as a
+/// seeder on port 1, as text.
+fn announce(port: u16, info_hash: &[u8; 20]) -> String {
+    let enc: String = info_hash.iter().map(|b| format!("%{b:02x}")).collect();
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "5"])
+        .arg(format!(
+            "http://127.0.0.1:{port}/announce?info_hash={enc}&peer_id=-XX0000-000000000000&port=1&uploaded=0&downloaded=0&left=0&compact=1"
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The tracker's `/stats`, or None while it does not answer.
 fn tracker_stats(port: u16) -> Option<Value> {
     let out = Command::new("curl")
@@ -91,6 +105,16 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(cap.join("p3.index"), dir.join("index")).unwrap();
     std::fs::copy(cap.join("p3.stream"), dir.join("stream")).unwrap();
+    // Verified as the publishing workload does: the `verified` marker is
+    // what the Site's tracker allows.
+    let st = Command::new(&agent)
+        .args(["store", "verify", "--store"])
+        .arg(&store)
+        .args(["--namespace", NS, "--content", "root"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
     let index =
         anneal_image::format::ContentIndex::parse(&std::fs::read(dir.join("index")).unwrap())
             .unwrap();
@@ -195,6 +219,12 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
     })
     .await;
     assert_eq!(stats["torrents"], json!([]), "{stats}");
+    // It tracks the store's verified contents only: not an open tracker.
+    let refused = announce(tracker_port, &[0x5a; 20]);
+    assert!(
+        refused.contains("failure reason") && refused.contains("is not tracked here"),
+        "{refused}"
+    );
 
     // The plan of a Machine of the Site names the tracker.
     let inputs = anneal_manager::swarm::plan_inputs(&client, &m, &cfg)

@@ -84,7 +84,9 @@ impl Swarms {
             seeder_stripes: true,
             stall_timeout: Duration::from_secs(u64::from(sw.stall_timeout_seconds.max(1))),
             http_fallback: sw.http_fallback.then(|| c.stream_url.clone()),
-            piece_cache: None,
+            // The claim's spec.transfer.
+            piece_cache: sw.cache_size_mb.map(|m| u64::from(m) << 20),
+            peer_limit: sw.max_connections.and_then(|n| usize::try_from(n).ok()),
         };
         let (file, slot) = at;
         let target = file.try_clone().map_err(|e| {

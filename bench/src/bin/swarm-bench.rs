@@ -17,7 +17,8 @@
 //! shaped to `--rate` (default 100mbit) both ways with tbf. Prints one line
 //! per (method, N), the table, the ratios (anneal at N against anneal at 1,
 //! goal <= 1.3 at 16; anneal against aria2c at every N >= 4, goal < 1) and
-//! the share of bytes the seeder sent; writes target/bench/swarm-bench.json.
+//! the share of bytes the seeder sent (counted by the seeder itself, for
+//! anneal and aria2c alike); writes target/bench/swarm-bench.json.
 //!
 //! Needs root (namespaces, tc), aria2c, nginx and curl (bench/setup.sh).
 //! Options: `--mib N` (content size, default 256), `--hosts 1,4,8,16`,
@@ -122,6 +123,42 @@ fn slowest(times: &[f64]) -> f64 {
     t.last().copied().unwrap_or(0.0)
 }
 
+/// The seeder's `uploaded` lines so far and the last one's byte count.
+fn seeder_uploaded(work: &Path) -> (usize, u64) {
+    let text = std::fs::read_to_string(work.join("seed.log")).unwrap_or_default();
+    let mut lines = 0;
+    let mut bytes = 0;
+    for l in text.lines() {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(l)
+            && v["event"] == "uploaded"
+        {
+            lines += 1;
+            bytes = v["bytes"].as_u64().unwrap_or(0);
+        }
+    }
+    (lines, bytes)
+}
+
+/// What the seeder sent during a round, as a share of what the `n` hosts
+/// received (`n` copies of `size` bytes): the seeder's count before the
+/// round (`before`) against its first report after every host finished
+/// (the seeder prints one a second; nothing is asked of it once all have
+/// the content).
+fn seeder_share(work: &Path, before: (usize, u64), n: usize, size: u64) -> Result<f64> {
+    let (seen, _) = seeder_uploaded(work);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (lines, bytes) = seeder_uploaded(work);
+        if lines > seen {
+            return Ok(bytes.saturating_sub(before.1) as f64 / (n as f64 * size as f64));
+        }
+        if Instant::now() > until {
+            bail!("the seeder printed no upload count in 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 struct Round {
     slowest: f64,
     seeder_share: Option<f64>,
@@ -139,6 +176,7 @@ fn round_agent(
     let index = store.join(NS).join(NAME).join("index");
     let mut procs = Vec::new();
     let mut logs = Vec::new();
+    let before = seeder_uploaded(work);
     let start = Instant::now();
     for (i, h) in lab.hosts.iter().take(n).enumerate() {
         let target = work.join(format!("target{i}"));
@@ -164,17 +202,12 @@ fn round_agent(
         procs.push(ChildGroup::spawn_logged("swarm-fetch", &mut cmd, &log)?);
         logs.push(log);
     }
-    let mut from_seeder = 0u64;
-    let mut total = 0u64;
     let times = wait_all(n, start, |i| {
         let text = std::fs::read_to_string(&logs[i]).unwrap_or_default();
         for line in text.lines() {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
                 && v["event"] == "written"
             {
-                from_seeder += v["stats"]["bytesFromSeeders"].as_u64().unwrap_or(0);
-                total += v["stats"]["bytesFromSeeders"].as_u64().unwrap_or(0)
-                    + v["stats"]["bytesFromPeers"].as_u64().unwrap_or(0);
                 return Ok(true);
             }
         }
@@ -186,18 +219,20 @@ fn round_agent(
         }
         Ok(false)
     })?;
+    let share = seeder_share(work, before, n, size)?;
     drop(procs);
     for i in 0..n {
         let _ = std::fs::remove_file(work.join(format!("target{i}")));
     }
     Ok(Round {
         slowest: slowest(&times),
-        seeder_share: (total > 0).then(|| from_seeder as f64 / total as f64),
+        seeder_share: Some(share),
     })
 }
 
-fn round_aria2c(lab: &Lab, n: usize, torrent: &Path, work: &Path) -> Result<Round> {
+fn round_aria2c(lab: &Lab, n: usize, torrent: &Path, work: &Path, size: u64) -> Result<Round> {
     let mut procs = Vec::new();
+    let before = seeder_uploaded(work);
     let hook = work.join("aria2-done.sh");
     std::fs::write(&hook, "#!/bin/sh\ntouch \"$ARIA_DONE\"\n")?;
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
@@ -234,13 +269,14 @@ fn round_aria2c(lab: &Lab, n: usize, torrent: &Path, work: &Path) -> Result<Roun
         marks.push(mark);
     }
     let times = wait_all(n, start, |i| Ok(marks[i].exists()))?;
+    let share = seeder_share(work, before, n, size)?;
     drop(procs);
     for i in 0..n {
         let _ = std::fs::remove_dir_all(work.join(format!("aria{i}")));
     }
     Ok(Round {
         slowest: slowest(&times),
-        seeder_share: None,
+        seeder_share: Some(share),
     })
 }
 
@@ -396,6 +432,7 @@ fn main() -> Result<()> {
             .args(["--content", &format!("{NS}/{NAME}")])
             .args(["--listen", &format!("{SEEDER_IP}:{PEER_PORT}")])
             .args(["--tracker", &tracker_url])
+            .args(["--report-uploads-secs", "1"])
             .stdin(Stdio::null()),
         &seed_log,
     )?;
@@ -425,7 +462,7 @@ fn main() -> Result<()> {
                     &["--stock-order"],
                     size,
                 ),
-                "aria2c" => round_aria2c(&lab, n, &torrent, work.path()),
+                "aria2c" => round_aria2c(&lab, n, &torrent, work.path(), size),
                 "http" => round_http(&lab, n, work.path()),
                 other => bail!("unknown method {other}"),
             }
@@ -434,7 +471,11 @@ fn main() -> Result<()> {
                 "{m:>12} N={n:<2} slowest {:7.1} s{}",
                 r.slowest,
                 r.seeder_share
-                    .map(|s| format!(", seeder sent {:.0} %", s * 100.0))
+                    .map(|s| format!(
+                        ", seeder sent {:.0} % ({:.2} copies)",
+                        s * 100.0,
+                        s * n as f64
+                    ))
                     .unwrap_or_default()
             );
             table.insert((m.clone(), n), (r.slowest, r.seeder_share));

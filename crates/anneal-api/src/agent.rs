@@ -448,6 +448,19 @@ pub struct PlannedSwarm {
     /// After a stall, fetch the missing pieces over HTTP ranges of
     /// `stream_url` (verified the same way); false: a stall fails the run.
     pub http_fallback: bool,
+    /// Most peer connections of the machine's BitTorrent client (the
+    /// claim's `spec.transfer.maxConnections`); absent: librqbit's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// MiB of verified pieces kept in memory to serve the other machines
+    /// (the claim's `spec.transfer.cacheSizeMB`); absent: an eighth of the
+    /// memory available on the machine.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "cacheSizeMB"
+    )]
+    pub cache_size_mb: Option<u32>,
 }
 
 /// How long an agent keeps seeding what it wrote before its post-install

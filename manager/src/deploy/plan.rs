@@ -15,7 +15,7 @@ use anneal_api::agent::{
 };
 use anneal_api::{
     AfterDeploy, Builtin, DataImage, DeployRunSpec, DiskHints, HardwareDisk, Image, MachineClaim,
-    NameRef, PartitionContent, PostHook, PostHookSpec, ResolvedDisk, SlotRole,
+    NameRef, PartitionContent, PostHook, PostHookSpec, ResolvedDisk, SlotRole, TransferSpec,
 };
 use anneal_image::layout::{Layout, Role, Slot, TableKind};
 use kube::ResourceExt;
@@ -407,7 +407,7 @@ pub fn layout_for(
     disk: &HardwareDisk,
     seed: &str,
     content_url: &str,
-    swarm: Option<(&SwarmInputs, bool)>,
+    swarm: Option<(&SwarmInputs, &TransferSpec)>,
 ) -> Result<(Layout, Vec<PlannedContent>), PlanError> {
     let name = image.name_any();
     let ns = image.namespace().unwrap_or_default();
@@ -443,13 +443,17 @@ pub fn layout_for(
                 stream_bytes: u64::try_from(pc.spec.used_bytes).unwrap_or(0),
                 swarm: swarm
                     .zip(st.info_hash.clone())
-                    .map(|((sw, http_fallback), info_hash)| PlannedSwarm {
+                    .map(|((sw, transfer), info_hash)| PlannedSwarm {
                         info_hash,
                         trackers: sw.trackers.clone(),
                         seeder_hosts: sw.seeder_hosts.clone(),
                         listen_port: sw.listen_port,
                         stall_timeout_seconds: sw.stall_timeout_seconds,
-                        http_fallback,
+                        http_fallback: transfer.http_fallback.unwrap_or(true),
+                        max_connections: transfer
+                            .max_connections
+                            .and_then(|n| u32::try_from(n).ok()),
+                        cache_size_mb: transfer.cache_size_mb.and_then(|n| u32::try_from(n).ok()),
                     }),
             });
             content_ref = Some(r.name.clone());
@@ -597,13 +601,8 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
     let mut planned_disks = Vec::new();
     let mut resolved_disks = Vec::new();
     for (i, d, os) in &targets {
-        let http_fallback = claim
-            .spec
-            .transfer
-            .as_ref()
-            .and_then(|t| t.http_fallback)
-            .unwrap_or(true);
-        let swarm = inp.swarm.map(|s| (s, http_fallback));
+        let transfer = claim.spec.transfer.clone().unwrap_or_default();
+        let swarm = inp.swarm.map(|s| (s, &transfer));
         let (layout, contents) = layout_for(i, inp.contents, d, inp.seed, inp.content_url, swarm)?;
         planned_disks.push(PlannedDisk {
             image: i.name_any(),
@@ -831,6 +830,14 @@ mod tests {
         }
 
         fn plan(&self, c: &MachineClaim) -> Result<Planned, PlanError> {
+            self.plan_in_swarm(c, None)
+        }
+
+        fn plan_in_swarm(
+            &self,
+            c: &MachineClaim,
+            swarm: Option<&SwarmInputs>,
+        ) -> Result<Planned, PlanError> {
             plan(&Inputs {
                 claim: c,
                 machine: "ns/m1",
@@ -843,8 +850,56 @@ mod tests {
                 content_url: "http://10.0.0.1:8081",
                 progress_interval_seconds: 2,
                 seed: "uid-1",
-                swarm: None,
+                swarm,
             })
+        }
+    }
+
+    /// A Site with a swarm: every content gets one, with the claim's
+    /// `spec.transfer` (absent: HTTP fallback on, the agent's defaults).
+    #[test]
+    fn the_claims_transfer_settings_reach_each_contents_swarm() {
+        let mut w = World::new();
+        w.disks.truncate(1);
+        for c in w.contents.values_mut() {
+            c.status.as_mut().unwrap().info_hash = Some("0123".into());
+        }
+        let sw = SwarmInputs {
+            trackers: vec!["http://10.0.0.1:6969/announce".into()],
+            seeder_hosts: vec!["10.0.0.1".into()],
+            listen_port: 6881,
+            stall_timeout_seconds: 30,
+            seeding: anneal_api::agent::SeedPolicy {
+                idle_seconds: 15,
+                max_seconds: 300,
+            },
+        };
+        let swarms = |c: &MachineClaim| -> Vec<PlannedSwarm> {
+            let p = w.plan_in_swarm(c, Some(&sw)).unwrap();
+            p.plan.disks[0]
+                .contents
+                .iter()
+                .map(|c| c.swarm.clone().unwrap())
+                .collect()
+        };
+        let tuned = claim(json!({"imageRef": {"name": "os"}, "transfer": {
+            "maxConnections": 40, "maxUploads": 4, "cacheSizeMB": 128, "httpFallback": false}}));
+        let got = swarms(&tuned);
+        assert_eq!(got.len(), 2);
+        for s in &got {
+            assert_eq!(s.info_hash, "0123");
+            assert_eq!(s.max_connections, Some(40));
+            assert_eq!(s.cache_size_mb, Some(128));
+            assert!(!s.http_fallback);
+            let v = serde_json::to_value(s).unwrap();
+            assert_eq!(v["cacheSizeMB"], 128, "{v}");
+            assert_eq!(v["maxConnections"], 40, "{v}");
+        }
+        for s in swarms(&claim(json!({"imageRef": {"name": "os"}}))) {
+            assert_eq!((s.max_connections, s.cache_size_mb), (None, None));
+            assert!(s.http_fallback);
+            let v = serde_json::to_value(&s).unwrap();
+            assert!(v.get("cacheSizeMB").is_none(), "{v}");
         }
     }
 
