@@ -221,7 +221,15 @@ fn main() -> anyhow::Result<()> {
         #[cfg(feature = "swarm")]
         Command::Seed(a) => {
             tracing_init();
-            anneal_agent::swarm::run_seed(&a)
+            // A seeder is a manager's workload: why it ended goes on stdout
+            // as the protocol's `error` line (the Image's SeederDegraded
+            // message), not only in a backtrace on stderr.
+            anneal_agent::swarm::run_seed(&a).inspect_err(|e| {
+                println!(
+                    "{}",
+                    serde_json::json!({"event": "error", "reason": "SeedFailed", "message": format!("{e:#}")})
+                );
+            })
         }
         #[cfg(feature = "swarm")]
         Command::SwarmFetch(a) => {

@@ -550,8 +550,9 @@ async fn session(listen: SocketAddr, upload_bps: Option<u32>) -> Result<Arc<Sess
             listen: Some(ListenerOptions {
                 mode: ListenerMode::TcpOnly,
                 listen_addr: listen,
-                // Behind no NAT: announce the port we listen on, loopback too.
-                announce_port: Some(listen.port()).filter(|p| *p != 0),
+                // Behind no NAT: announce the port we listen on, loopback
+                // too (0: the port bound; a change of our librqbit).
+                announce_port: Some(listen.port()),
                 ..Default::default()
             }),
             ratelimits: librqbit::limits::LimitsConfig {

@@ -17,13 +17,21 @@
 //! - **Plans**: a Machine whose Site has a tracker and a seeder address gets
 //!   a swarm in each content of its plan ([`plan_inputs`]).
 //!
+//! - **SeederDegraded** on an Image: `True` while one of its seeders ended
+//!   (it is restarted; `SeederFailed`, the message names the seeder, its
+//!   Site and why it ended) or has not served for [`SEEDER_START_GRACE`]
+//!   after starting (`SeederNotServing`); `False` once every seeder serves
+//!   (`SeedersServing`) or when none runs (`NoActiveDeploy`). A transition
+//!   to `True` is also a Warning Event on the Image.
+//!
 //! One pass every few seconds under the leader's scope; with the process
 //! executor the workloads started in a term are stopped when it ends.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anneal_api::agent::SeedPolicy;
+use anneal_api::conditions::{reasons, types};
 use anneal_api::{
     ContentState, DeployRun, Image, Machine, PartitionContent, RunPhase, SeederStatus, Site, Subnet,
 };
@@ -268,6 +276,8 @@ fn run_ended(r: &DeployRun) -> Option<k8s_openapi::jiff::Timestamp> {
 struct Desired {
     /// Workload key (`ns/name`) to spec.
     workloads: BTreeMap<String, WorkloadSpec>,
+    /// Image key to its seeders: (Site name, workload key).
+    image_seeders: BTreeMap<String, BTreeSet<(String, String)>>,
     /// Site key to the seeder keys it needs.
     site_seeders: BTreeMap<String, Vec<String>>,
     /// Content key (`ns/name`) to its seeding Sites (site name to machines).
@@ -282,8 +292,9 @@ fn key(ns: &str, name: &str) -> String {
 /// Sites' and contents' status, until `scope` is cancelled.
 pub async fn controller(scope: Scope, executor: Executor, cfg: SwarmConfig) {
     let mut started: BTreeMap<String, WorkloadSpec> = BTreeMap::new();
+    let mut health: BTreeMap<String, Health> = BTreeMap::new();
     loop {
-        if let Err(e) = pass(&scope, &executor, &cfg, &mut started).await {
+        if let Err(e) = pass(&scope, &executor, &cfg, &mut started, &mut health).await {
             tracing::warn!(error = %anneal_api::error_chain(&e), "swarm pass failed; retrying");
         }
         tokio::select! {
@@ -313,9 +324,15 @@ async fn pass(
     executor: &Executor,
     cfg: &SwarmConfig,
     started: &mut BTreeMap<String, WorkloadSpec>,
+    health: &mut BTreeMap<String, Health>,
 ) -> Result<(), PassError> {
     let lp = ListParams::default();
     let sites = scope.api::<Site>().list(&lp).await?.items;
+    let all_images = scope.api::<Image>().list(&lp).await?.items;
+    let images: BTreeMap<String, &Image> = all_images
+        .iter()
+        .map(|i| (key(&i.namespace().unwrap_or_default(), &i.name_any()), i))
+        .collect();
     let subnets = scope.api::<Subnet>().list(&lp).await?.items;
     let runs = scope.api::<DeployRun>().list(&lp).await?.items;
     let contents = scope.api::<PartitionContent>().list(&lp).await?.items;
@@ -350,7 +367,6 @@ async fn pass(
     let grace = k8s_openapi::jiff::SignedDuration::from_secs(
         i64::try_from(cfg.seeder_grace_secs).unwrap_or(i64::MAX),
     );
-    let mut images: BTreeMap<String, Option<Image>> = BTreeMap::new();
     for r in &runs {
         let active = match run_ended(r) {
             None => true,
@@ -379,13 +395,7 @@ async fn pass(
         names.extend(r.spec.data_images.iter().map(|d| d.image_ref.name.clone()));
         for n in names {
             let ik = key(&ns, &n);
-            if !images.contains_key(&ik) {
-                let got = Api::<Image>::namespaced(scope.client.clone(), &ns)
-                    .get_opt(&n)
-                    .await?;
-                images.insert(ik.clone(), got);
-            }
-            let Some(Some(image)) = images.get(&ik) else {
+            let Some(image) = images.get(&ik) else {
                 continue;
             };
             let cs: Vec<String> = image
@@ -408,6 +418,10 @@ async fn pass(
             if !list.contains(&wk) {
                 list.push(wk.clone());
             }
+            want.image_seeders
+                .entry(ik.clone())
+                .or_default()
+                .insert((site.name_any(), wk.clone()));
             for c in &cs {
                 let n = want
                     .content_seeders
@@ -431,12 +445,23 @@ async fn pass(
             executor.remove(&started[k]).await?;
         }
         let seen = executor.observe(spec).await?;
+        let ended = match &seen.phase {
+            Phase::Failed | Phase::Succeeded => Some(seen.failure()),
+            Phase::Running | Phase::Absent => None,
+        };
+        let serving = !changed
+            && seen.phase == Phase::Running
+            && (spec.args.first().map(String::as_str) != Some("seed") || seen.progress.is_some());
+        let h = health.remove(k);
+        health.insert(
+            k.clone(),
+            Health::next(h, serving, changed, ended, Instant::now()),
+        );
         match seen.phase {
             Phase::Running if !changed => {
                 // A seeder is ready once it has checked its contents and
                 // serves them (its `progress` line); a tracker once it runs.
-                if spec.args.first().map(String::as_str) != Some("seed") || seen.progress.is_some()
-                {
+                if serving {
                     running.insert(k.clone());
                 }
             }
@@ -445,7 +470,8 @@ async fn pass(
                 tracing::info!(workload = %k, args = ?spec.args, "swarm workload started");
             }
             Phase::Failed | Phase::Succeeded => {
-                tracing::warn!(workload = %k, "swarm workload ended; restarting it");
+                let (reason, message) = seen.failure();
+                tracing::warn!(workload = %k, %reason, %message, "swarm workload ended; restarting it");
                 executor.remove(spec).await?;
                 executor.ensure(spec).await?;
             }
@@ -457,6 +483,7 @@ async fn pass(
         .filter(|k| !want.workloads.contains_key(*k))
         .cloned()
         .collect();
+    health.retain(|k, _| want.workloads.contains_key(k));
     for k in gone {
         if let Some(spec) = started.remove(&k) {
             executor.remove(&spec).await?;
@@ -510,6 +537,44 @@ async fn pass(
         }
     }
 
+    // Image SeederDegraded.
+    let now = Instant::now();
+    for (ik, image) in &images {
+        let seeders: Vec<(String, String, Health)> = want
+            .image_seeders
+            .get(ik)
+            .map(|l| {
+                l.iter()
+                    .filter_map(|(site, wk)| {
+                        health
+                            .get(wk)
+                            .map(|h| (site.clone(), wk.clone(), h.clone()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let had = image.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == types::SEEDER_DEGRADED)
+        });
+        let Some((degraded, reason, message)) = seeder_condition(&seeders, now) else {
+            if !had {
+                continue;
+            }
+            set_seeder_condition(
+                scope,
+                image,
+                false,
+                reasons::NO_ACTIVE_DEPLOY,
+                "no deploy of this Image is active: no seeder runs".into(),
+            )
+            .await?;
+            continue;
+        };
+        set_seeder_condition(scope, image, degraded, reason, message).await?;
+    }
+
     // PartitionContent status.seeders.
     for c in &contents {
         let ns = c.namespace().unwrap_or_default();
@@ -544,6 +609,152 @@ async fn pass(
     Ok(())
 }
 
+/// How long a seeder may run before it serves (it verifies every content
+/// of the Image first) before its Image is `SeederDegraded`.
+pub const SEEDER_START_GRACE: Duration = Duration::from_secs(120);
+
+/// What the controller knows of one workload between passes.
+#[derive(Clone, Debug, PartialEq)]
+enum Health {
+    /// It serves.
+    Serving,
+    /// Started at this instant and not serving yet.
+    Starting(Instant),
+    /// It ended (reason, message) and was restarted; it stays so until it
+    /// serves again.
+    Ended(String, String),
+}
+
+impl Health {
+    /// The next health from the previous one and this pass's observation:
+    /// `serving`, `restarted` (its arguments changed), `ended` (with the
+    /// failure's reason and message).
+    fn next(
+        prev: Option<Health>,
+        serving: bool,
+        restarted: bool,
+        ended: Option<(String, String)>,
+        now: Instant,
+    ) -> Health {
+        if let Some((reason, message)) = ended {
+            return Health::Ended(reason, message);
+        }
+        if serving {
+            return Health::Serving;
+        }
+        match prev {
+            Some(h @ Health::Ended(..)) => h,
+            Some(h @ Health::Starting(_)) if !restarted => h,
+            _ => Health::Starting(now),
+        }
+    }
+}
+
+/// SeederDegraded for an Image from its seeders (Site, workload, health):
+/// `None` when it has none.
+fn seeder_condition(
+    seeders: &[(String, String, Health)],
+    now: Instant,
+) -> Option<(bool, &'static str, String)> {
+    if seeders.is_empty() {
+        return None;
+    }
+    for (site, wk, h) in seeders {
+        if let Health::Ended(reason, message) = h {
+            let why = if message.is_empty() {
+                reason.clone()
+            } else {
+                format!("{reason}: {message}")
+            };
+            return Some((
+                true,
+                reasons::SEEDER_FAILED,
+                format!(
+                    "seeder {wk} of Site {site} ended ({why}); the manager restarts it, \
+                     and its machines fetch over HTTP meanwhile if the claim allows it"
+                ),
+            ));
+        }
+    }
+    for (site, wk, h) in seeders {
+        if let Health::Starting(since) = h {
+            let waited = now.saturating_duration_since(*since);
+            if waited >= SEEDER_START_GRACE {
+                return Some((
+                    true,
+                    reasons::SEEDER_NOT_SERVING,
+                    format!(
+                        "seeder {wk} of Site {site} has not served for {} s after starting \
+                         (it verifies every content of the Image first: see its log)",
+                        waited.as_secs()
+                    ),
+                ));
+            }
+        }
+    }
+    let sites: BTreeSet<String> = seeders.iter().map(|(s, _, _)| s.clone()).collect();
+    let starting = seeders
+        .iter()
+        .filter(|(_, _, h)| matches!(h, Health::Starting(_)))
+        .count();
+    let mut message = format!(
+        "{} seeder(s) in Site(s) {}",
+        seeders.len(),
+        sites.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    if starting > 0 {
+        message.push_str(&format!(", {starting} starting"));
+    }
+    Some((false, reasons::SEEDERS_SERVING, message))
+}
+
+/// Writes an Image's SeederDegraded condition when it changes (the other
+/// conditions kept; a conflict retries next pass); a transition to `True`
+/// is also a Warning Event.
+async fn set_seeder_condition(
+    scope: &Scope,
+    image: &Image,
+    degraded: bool,
+    reason: &str,
+    message: String,
+) -> Result<(), kube::Error> {
+    let mut all = image
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let was = crate::conditions::status(&all, types::SEEDER_DEGRADED) == Some("True");
+    if !crate::conditions::set(
+        &mut all,
+        types::SEEDER_DEGRADED,
+        degraded,
+        reason,
+        message.clone(),
+        image.metadata.generation,
+    ) {
+        return Ok(());
+    }
+    if degraded && !was {
+        let warning = kube::runtime::events::EventType::Warning;
+        crate::controller::publish_event(&scope.recorder, image, warning, "Seed", reason, message);
+    }
+    let patch = json!({
+        "metadata": {"resourceVersion": image.resource_version()},
+        "status": {"conditions": all},
+    });
+    match Api::<Image>::namespaced(scope.client.clone(), &image.namespace().unwrap_or_default())
+        .patch_status(
+            &image.name_any(),
+            &crate::controller::patch_params(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        r => r.map(|_| ()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,6 +771,76 @@ mod tests {
         s.metadata.namespace = Some("default".into());
         s.metadata.uid = Some("uid-site".into());
         s
+    }
+
+    #[test]
+    fn a_seeders_health_follows_its_observations() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(5);
+        let ended = || Some(("WorkloadFailed".to_string(), "exit 1".to_string()));
+        // Started, still starting (the first instant kept), serving.
+        let h = Health::next(None, false, false, None, t0);
+        assert_eq!(h, Health::Starting(t0));
+        let h = Health::next(Some(h), false, false, None, t1);
+        assert_eq!(h, Health::Starting(t0));
+        let h = Health::next(Some(h), true, false, None, t1);
+        assert_eq!(h, Health::Serving);
+        // Removed or restarted with new arguments: starting again.
+        assert_eq!(
+            Health::next(Some(Health::Serving), false, false, None, t1),
+            Health::Starting(t1)
+        );
+        assert_eq!(
+            Health::next(Some(Health::Starting(t0)), false, true, None, t1),
+            Health::Starting(t1)
+        );
+        // Ended: stays ended through its restart until it serves.
+        let h = Health::next(Some(Health::Serving), false, false, ended(), t1);
+        assert!(matches!(h, Health::Ended(..)));
+        let h = Health::next(Some(h), false, false, None, t1);
+        assert!(matches!(h, Health::Ended(..)));
+        assert_eq!(
+            Health::next(Some(h), true, false, None, t1),
+            Health::Serving
+        );
+    }
+
+    #[test]
+    fn seeder_degraded_names_the_seeder_its_site_and_why() {
+        let t0 = Instant::now();
+        let s = |site: &str, h: Health| (site.to_string(), format!("rack/seed-debian-{site}"), h);
+        assert_eq!(seeder_condition(&[], t0), None);
+        let (degraded, reason, message) =
+            seeder_condition(&[s("a", Health::Serving), s("b", Health::Starting(t0))], t0).unwrap();
+        assert!(!degraded);
+        assert_eq!(reason, reasons::SEEDERS_SERVING);
+        assert_eq!(message, "2 seeder(s) in Site(s) a, b, 1 starting");
+        let (degraded, reason, message) = seeder_condition(
+            &[
+                s("a", Health::Serving),
+                s(
+                    "b",
+                    Health::Ended("WorkloadFailed".into(), "no index".into()),
+                ),
+            ],
+            t0,
+        )
+        .unwrap();
+        assert!(degraded);
+        assert_eq!(reason, reasons::SEEDER_FAILED);
+        assert!(
+            message.starts_with(
+                "seeder rack/seed-debian-b of Site b ended (WorkloadFailed: no index)"
+            ),
+            "{message}"
+        );
+        // Starting for longer than the grace period.
+        let later = t0 + SEEDER_START_GRACE + Duration::from_secs(1);
+        let (degraded, reason, message) =
+            seeder_condition(&[s("a", Health::Starting(t0))], later).unwrap();
+        assert!(degraded);
+        assert_eq!(reason, reasons::SEEDER_NOT_SERVING);
+        assert!(message.contains("has not served for 121 s"), "{message}");
     }
 
     #[test]

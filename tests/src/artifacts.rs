@@ -53,7 +53,7 @@ fn cargo(args: &[&str]) {
 /// The static musl agent (release), built if needed: the production build
 /// (`-p`: its features are the agent's own, not the workspace's). No test
 /// build shares its profile or target; `tests/run.sh` starts this exact
-/// command early, beside clippy, so the tests find it fresh.
+/// command early, beside the test build, so the tests find it fresh.
 pub fn agent_musl() -> PathBuf {
     cargo(&[
         "--profile",

@@ -6,7 +6,9 @@
 //! announces the Image's contents to the tracker; PartitionContent
 //! `status.seeders` counts the machines deploying; the plan's swarm names
 //! the tracker; once the run has ended and the grace period is over the
-//! seeder is stopped and `status.seeders` emptied.
+//! seeder is stopped and `status.seeders` emptied. The Image's
+//! SeederDegraded follows its seeder: serving, ended (and restarted) with
+//! the reason, serving again, none running.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
@@ -70,6 +72,35 @@ fn announce(port: u16, info_hash: &[u8; 20]) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The ports of the peers the tracker hands to a leecher of `info_hash`
+/// (its compact peer list, BEP 23).
+fn announced_ports(port: u16, info_hash: &str) -> Vec<u16> {
+    let raw = hex::decode(info_hash).unwrap();
+    let enc: String = raw.iter().map(|b| format!("%{b:02x}")).collect();
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "5"])
+        .arg(format!(
+            "http://127.0.0.1:{port}/announce?info_hash={enc}&peer_id=-XX0000-111111111111&port=2&uploaded=0&downloaded=0&left=1&compact=1"
+        ))
+        .output()
+        .unwrap();
+    let body = out.stdout;
+    let at = body
+        .windows(7)
+        .position(|w| w == b"5:peers")
+        .unwrap_or_else(|| panic!("no peers in {}", String::from_utf8_lossy(&body)))
+        + 7;
+    let colon = at + body[at..].iter().position(|b| *b == b':').unwrap();
+    let len: usize = std::str::from_utf8(&body[at..colon])
+        .unwrap()
+        .parse()
+        .unwrap();
+    body[colon + 1..colon + 1 + len]
+        .chunks(6)
+        .map(|p| u16::from_be_bytes([p[4], p[5]]))
+        .collect()
 }
 
 /// The tracker's `/stats`, or None while it does not answer.
@@ -275,6 +306,54 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
     )
     .await;
 
+    // The Image tells whether its seeders serve (SeederDegraded).
+    let images: Api<Image> = Api::namespaced(client.clone(), NS);
+    let seeder_degraded = |want: &'static str, reason: &'static str| {
+        let images = images.clone();
+        async move {
+            eventually(
+                &format!("Image SeederDegraded={want} {reason}"),
+                Duration::from_secs(60),
+                || async {
+                    let i = images.get("debian").await.ok()?;
+                    i.status?.conditions.into_iter().find(|c| {
+                        c.type_ == "SeederDegraded" && c.status == want && c.reason == reason
+                    })
+                },
+            )
+            .await
+        }
+    };
+    let c = seeder_degraded("False", "SeedersServing").await;
+    assert!(c.message.contains("rack1"), "{}", c.message);
+    let image = images.get("debian").await.unwrap();
+    let site = sites.get("rack1").await.unwrap();
+    let seeder = anneal_manager::swarm::seeder_spec(&image, &site, &["root".into()], &cfg).unwrap();
+    // It listens on port 0 of its address and announces the port it got.
+    let seen = observer.observe(&seeder).await.unwrap();
+    let addr: std::net::SocketAddr = seen.progress.as_ref().unwrap()["addr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(announced_ports(tracker_port, &info_hash), [addr.port()]);
+    // The seeder dies and cannot come back (its content's
+    // index is gone from the store): the Image says which seeder, where
+    // and why.
+    std::fs::rename(dir.join("index"), dir.join("index.away")).unwrap();
+    observer.remove(&seeder).await.unwrap();
+    let c = seeder_degraded("True", "SeederFailed").await;
+    assert!(
+        c.message.contains(&seeder.name)
+            && c.message.contains("Site rack1")
+            && c.message.contains("index"),
+        "{}",
+        c.message
+    );
+    // The store is repaired: the restarted seeder serves again.
+    std::fs::rename(dir.join("index.away"), dir.join("index")).unwrap();
+    seeder_degraded("False", "SeedersServing").await;
+
     // The run ends: after the grace period the seeder stops (it leaves the
     // tracker's table when its announce expires; status.seeders empties).
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -294,17 +373,13 @@ async fn a_site_runs_its_tracker_and_seeds_while_it_deploys() {
         },
     )
     .await;
-    let image = Api::<Image>::namespaced(client.clone(), NS)
-        .get("debian")
-        .await
-        .unwrap();
-    let site = sites.get("rack1").await.unwrap();
-    let seeder = anneal_manager::swarm::seeder_spec(&image, &site, &["root".into()], &cfg).unwrap();
     eventually("the seeder to stop", Duration::from_secs(60), || async {
         let o = observer.observe(&seeder).await.ok()?;
         (o.phase == Phase::Absent).then_some(())
     })
     .await;
+
+    seeder_degraded("False", "NoActiveDeploy").await;
 
     cancel.cancel();
     controller.await.unwrap();

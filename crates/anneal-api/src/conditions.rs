@@ -241,6 +241,20 @@ pub mod reasons {
     /// Ready=True: every content is Ready.
     pub const CONTENTS_READY: &str = "ContentsReady";
 
+    // --- Image SeederDegraded ---
+    /// SeederDegraded=True: a seeder of the Image ended and is restarted;
+    /// the message names it, its Site and why.
+    pub const SEEDER_FAILED: &str = "SeederFailed";
+    /// SeederDegraded=True: a seeder has not served its contents within two
+    /// minutes of starting.
+    pub const SEEDER_NOT_SERVING: &str = "SeederNotServing";
+    /// SeederDegraded=False: every seeder of the Image serves (or is
+    /// starting).
+    pub const SEEDERS_SERVING: &str = "SeedersServing";
+    /// SeederDegraded=False: no deploy of the Image is active, no seeder
+    /// runs.
+    pub const NO_ACTIVE_DEPLOY: &str = "NoActiveDeploy";
+
     // --- Machine Progressing / DeployRun Succeeded ---
     /// Progressing=False on a claimed Machine: no run can be planned (a disk
     /// hint, a missing or unready Image, content or hook); nothing is
@@ -348,6 +362,10 @@ pub mod reasons {
         CONTENT_NOT_READY,
         CONTENT_FAILED,
         CONTENTS_READY,
+        SEEDER_FAILED,
+        SEEDER_NOT_SERVING,
+        SEEDERS_SERVING,
+        NO_ACTIVE_DEPLOY,
         DEPLOY_PLAN_FAILED,
         DEPLOYING,
         DEPLOY_SUCCEEDED,

@@ -269,6 +269,14 @@ impl ProcessExecutor {
                 let _ = killpg(pgid, Signal::SIGKILL);
             }
         }
+        // Our own child: its reaper writes `exit` into the state directory
+        // once the child is gone. Removing the directory before that raced
+        // with the write ("Directory not empty"), and a start right after
+        // could get the old run's exit code in its new directory.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.reaping(spec) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         for dir in [self.state_dir(spec), self.scratch_dir(spec)] {
             match fs::remove_dir_all(&dir) {
                 Ok(()) => {}
@@ -463,6 +471,33 @@ mod tests {
             "{}",
             o.detail
         );
+    }
+
+    /// Remove then ensure at once (what a controller does to restart a
+    /// workload): the new run never carries the old one's exit code, and
+    /// removing never trips over the old run's reaper.
+    #[test]
+    fn a_workload_removed_and_started_again_runs_clean() {
+        let (_d, ex) = executor("echo '{\"event\":\"progress\"}'; exec sleep 600");
+        let s = spec("again", &[]);
+        for round in 0..50 {
+            ex.ensure(&s).expect("ensure");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let o = ex.observe(&s).expect("observe");
+                assert_eq!(o.phase, Phase::Running, "round {round}: {o:?}");
+                if o.progress.is_some() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "round {round}: no progress");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            ex.remove(&s).expect("remove");
+            // no reaper of the old run is left to write into a new run's
+            // directory
+            assert!(!ex.reaping(&s), "round {round}: removed while reaping");
+            assert_eq!(ex.observe(&s).expect("observe").phase, Phase::Absent);
+        }
     }
 
     #[test]

@@ -146,8 +146,12 @@ impl ListenerOptions {
             None
         };
 
+        // anneal: `Some(0)` announces the port actually bound (a listener
+        // on port 0, loopback included); stock librqbit announced 0 for it,
+        // and for a loopback listener without `announce_port` the session
+        // announces its default port 4240.
         let announce_port = if let Some(p) = self.announce_port {
-            Some(p)
+            Some(if p == 0 { listen_addr.port() } else { p })
         } else if listen_addr.ip().is_loopback() {
             None
         } else {
