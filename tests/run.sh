@@ -79,7 +79,7 @@ cargo test --workspace --locked --no-run --message-format=json-render-diagnostic
 # examples and the agent's binary are already fresh).
 step "test artifacts (bootd, anneal-initramfs, examples)"
 cargo build --workspace --locked --bin bootd --bin anneal-initramfs --bin anneal-agent \
-  --example fake_manager --example posthook_run
+  --bin anneal-oci --example fake_manager --example posthook_run
 
 step "static agent (profile agent, musl): waiting for the background build"
 musl_rc=0

@@ -27,6 +27,7 @@ PKGS=(
   build-essential pkg-config git kmod
   systemd-boot-efi binutils efibootmgr
   aria2 tmux
+  skopeo
 )
 missing=()
 for p in "${PKGS[@]}"; do

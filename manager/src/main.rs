@@ -15,7 +15,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print every CustomResourceDefinition as YAML (or write one file per
-    /// CRD into a directory: `manager crd --out-dir manager/crds`).
+    /// CRD into a directory: `manager crd --out-dir deploy/base/crds`).
     Crd {
         /// Write `<name>.yaml` files into this directory instead of printing.
         #[arg(long)]
@@ -274,6 +274,10 @@ fn main() -> anyhow::Result<()> {
                             anneal_manager::crdgen::render(crd)?,
                         )?;
                     }
+                    write(
+                        dir.join("kustomization.yaml"),
+                        anneal_manager::crdgen::kustomization(&crds),
+                    )?;
                 }
             }
             if let Some(dir) = &reference_dir {

@@ -1,6 +1,6 @@
-//! The committed CRD YAML under `manager/crds/` must equal what the types
+//! The committed CRD YAML under `deploy/base/crds/` must equal what the types
 //! generate. Regenerate with:
-//! `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds --reference-dir docs/reference`
+//! `cargo run -p anneal-manager --bin manager -- crd --out-dir deploy/base/crds --reference-dir docs/reference`
 //! (the Markdown CRD reference under `docs/reference/` is checked the same way).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,7 +8,7 @@ use std::path::Path;
 
 #[test]
 fn committed_crds_match_types() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/crds");
     let mut expected_files = Vec::new();
     for crd in anneal_api::crds() {
         let name = anneal_manager::crdgen::file_name(&crd);
@@ -16,11 +16,19 @@ fn committed_crds_match_types() {
         let got = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
         assert!(
             got == want,
-            "manager/crds/{name} drifted from the types; regenerate with \
-             `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds`"
+            "deploy/base/crds/{name} drifted from the types; regenerate with \
+             `cargo run -p anneal-manager --bin manager -- crd --out-dir deploy/base/crds`"
         );
         expected_files.push(name);
     }
+    let crds = anneal_api::crds();
+    let got = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap_or_default();
+    assert!(
+        got == anneal_manager::crdgen::kustomization(&crds),
+        "deploy/base/crds/kustomization.yaml drifted; regenerate with \
+         `cargo run -p anneal-manager --bin manager -- crd --out-dir deploy/base/crds`"
+    );
+    expected_files.push("kustomization.yaml".into());
     let mut present: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -30,7 +38,7 @@ fn committed_crds_match_types() {
     expected_files.sort();
     assert_eq!(
         present, expected_files,
-        "stale or missing files in manager/crds/"
+        "stale or missing files in deploy/base/crds/"
     );
 }
 
@@ -53,7 +61,7 @@ fn committed_reference_matches_types() {
         assert!(
             &got == want,
             "docs/reference/{name} drifted from the types; regenerate with \
-             `cargo run -p anneal-manager --bin manager -- crd --out-dir manager/crds \
+             `cargo run -p anneal-manager --bin manager -- crd --out-dir deploy/base/crds \
              --reference-dir docs/reference`"
         );
     }

@@ -130,3 +130,9 @@ pub fn bootd() -> PathBuf {
     cargo_host(&["--bin", "bootd"]);
     target_dir().join("debug/bootd")
 }
+
+/// `anneal-oci`, the image builder of `deploy/images` (debug build).
+pub fn oci_tool() -> PathBuf {
+    cargo_host(&["--bin", "anneal-oci"]);
+    target_dir().join("debug/anneal-oci")
+}

@@ -4,7 +4,7 @@
 //! With the `crd` feature every kind of the contract (docs/api.md) is a Rust type
 //! deriving `kube::CustomResource`; [`crds`] returns the generated
 //! CustomResourceDefinitions, the source of the YAML committed under
-//! `manager/crds/`.
+//! `deploy/base/crds/`.
 
 pub mod agent;
 pub mod boot;
