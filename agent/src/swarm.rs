@@ -118,6 +118,9 @@ pub struct SwarmConfig {
     pub piece_cache: Option<u64>,
     /// Most peer connections (None: librqbit's default).
     pub peer_limit: Option<usize>,
+    /// Most peers uploaded to at once (upload slots; 0: none; None: every
+    /// peer that asks).
+    pub max_uploads: Option<usize>,
 }
 
 /// What a swarm fetch did.
@@ -855,6 +858,7 @@ async fn leech(
                 rarest_first: cfg.rarest_first,
                 seeder_stripes: cfg.seeder_stripes,
                 peer_limit: cfg.peer_limit,
+                max_uploads: cfg.max_uploads,
                 storage_factory: Some(SlotFactory(shared.clone()).boxed()),
                 ..Default::default()
             }),
@@ -1130,6 +1134,10 @@ pub struct FetchArgs {
     /// Most peer connections (default: librqbit's).
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Most peers uploaded to at once (0: none; default: every peer that
+    /// asks).
+    #[arg(long)]
+    pub max_uploads: Option<usize>,
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -1203,6 +1211,7 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         http_fallback: a.http_fallback.clone(),
         piece_cache: a.piece_cache_mib.map(|m| m << 20),
         peer_limit: a.max_connections,
+        max_uploads: a.max_uploads,
     };
     let leeched = fetch_to_slot(&torrent, &index, &a.target, a.offset, &cfg)?;
     print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));

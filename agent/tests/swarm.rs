@@ -122,6 +122,7 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         http_fallback: None,
         piece_cache: None,
         peer_limit: None,
+        max_uploads: None,
     }
 }
 
@@ -212,6 +213,44 @@ fn leechers_write_the_used_blocks_of_a_direct_restore() {
             "{stats:?}"
         );
         assert_used_blocks_equal(&c, &t);
+    }
+}
+
+/// Upload slots (`max_uploads`, the claim's `spec.transfer.maxUploads`).
+/// A leecher that has finished keeps seeding; a second one knows only it.
+/// Without slots and with one slot the second gets every byte from the
+/// first; with none (`Some(0)`) the first never unchokes it: nothing
+/// arrives and the second fails on its stall timeout, naming the stall.
+#[test]
+fn upload_slots_decide_whether_a_finished_leecher_serves_its_peer() {
+    let c = content();
+    let seeder = seeder(&c, &c.stream, 1, None);
+    let work = tempfile::tempdir().unwrap();
+    for (case, slots) in [(0, None), (1, Some(1)), (2, Some(0))] {
+        let port = free_port();
+        let mut first_cfg = config(vec![seeder.addr()], vec![seeder.addr()], port);
+        first_cfg.max_uploads = slots;
+        let first_t = target(work.path(), &format!("first{case}"));
+        let first = fetch_to_slot(&c.torrent, &c.index, &first_t, SLOT, &first_cfg).unwrap();
+        let first_addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut cfg = config(vec![first_addr], Vec::new(), 0);
+        let t = target(work.path(), &format!("second{case}"));
+        if slots == Some(0) {
+            // never unchoked: the stall is the outcome, however long we wait
+            cfg.stall_timeout = Duration::from_secs(3);
+            let Err(e) = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg) else {
+                panic!("a leecher without slots uploaded");
+            };
+            assert!(e.to_string().contains("stall"), "{e}");
+        } else {
+            let st = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg)
+                .unwrap_or_else(|e| panic!("slots {slots:?}: {e}"))
+                .stats;
+            assert_eq!(st.pieces, c.index.piece_count(), "{st:?}");
+            assert!(st.bytes_from_peers >= c.index.header.used_bytes, "{st:?}");
+            assert_used_blocks_equal(&c, &t);
+        }
+        drop(first);
     }
 }
 

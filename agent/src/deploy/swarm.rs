@@ -81,12 +81,16 @@ impl Swarms {
             seeders,
             trackers: sw.trackers.clone(),
             rarest_first: true,
-            seeder_stripes: true,
+            // Stripes wait for the leecher holding a piece; with upload
+            // slots that holder may keep us choked, so the claim's
+            // maxUploads turns them off.
+            seeder_stripes: sw.max_uploads.is_none(),
             stall_timeout: Duration::from_secs(u64::from(sw.stall_timeout_seconds.max(1))),
             http_fallback: sw.http_fallback.then(|| c.stream_url.clone()),
             // The claim's spec.transfer.
             piece_cache: sw.cache_size_mb.map(|m| u64::from(m) << 20),
             peer_limit: sw.max_connections.and_then(|n| usize::try_from(n).ok()),
+            max_uploads: sw.max_uploads.and_then(|n| usize::try_from(n).ok()),
         };
         let (file, slot) = at;
         let target = file.try_clone().map_err(|e| {

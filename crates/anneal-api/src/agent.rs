@@ -452,6 +452,10 @@ pub struct PlannedSwarm {
     /// claim's `spec.transfer.maxConnections`); absent: librqbit's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+    /// Most machines uploaded to at once (the claim's
+    /// `spec.transfer.maxUploads`; 0: none); absent: every peer that asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uploads: Option<u32>,
     /// MiB of verified pieces kept in memory to serve the other machines
     /// (the claim's `spec.transfer.cacheSizeMB`); absent: an eighth of the
     /// memory available on the machine.

@@ -453,6 +453,7 @@ pub fn layout_for(
                         max_connections: transfer
                             .max_connections
                             .and_then(|n| u32::try_from(n).ok()),
+                        max_uploads: transfer.max_uploads.and_then(|n| u32::try_from(n).ok()),
                         cache_size_mb: transfer.cache_size_mb.and_then(|n| u32::try_from(n).ok()),
                     }),
             });
@@ -889,14 +890,19 @@ mod tests {
         for s in &got {
             assert_eq!(s.info_hash, "0123");
             assert_eq!(s.max_connections, Some(40));
+            assert_eq!(s.max_uploads, Some(4));
             assert_eq!(s.cache_size_mb, Some(128));
             assert!(!s.http_fallback);
             let v = serde_json::to_value(s).unwrap();
             assert_eq!(v["cacheSizeMB"], 128, "{v}");
             assert_eq!(v["maxConnections"], 40, "{v}");
+            assert_eq!(v["maxUploads"], 4, "{v}");
         }
         for s in swarms(&claim(json!({"imageRef": {"name": "os"}}))) {
-            assert_eq!((s.max_connections, s.cache_size_mb), (None, None));
+            assert_eq!(
+                (s.max_connections, s.max_uploads, s.cache_size_mb),
+                (None, None, None)
+            );
             assert!(s.http_fallback);
             let v = serde_json::to_value(&s).unwrap();
             assert!(v.get("cacheSizeMB").is_none(), "{v}");

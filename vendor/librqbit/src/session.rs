@@ -313,6 +313,14 @@ pub struct AddTorrentOptions {
     /// about once. Off by default.
     #[serde(default)]
     pub seeder_stripes: bool,
+
+    /// anneal: upload slots. `Some(n)`: at most `n` peers are unchoked at
+    /// once (an interested peer waits for a slot, held until it is no longer
+    /// interested or leaves; its requests while choked are ignored);
+    /// `Some(0)` uploads to nobody. `None` (the default): every peer is
+    /// unchoked when it connects, as stock librqbit does.
+    #[serde(default)]
+    pub max_uploads: Option<usize>,
 }
 
 pub struct ListOnlyResponse {
@@ -1407,6 +1415,7 @@ impl Session {
                     peer_limit: opts.peer_limit.or(self.peer_limit),
                     rarest_first: opts.rarest_first,
                     seeder_stripes: opts.seeder_stripes,
+                    max_uploads: opts.max_uploads,
                     #[cfg(feature = "disable-upload")]
                     _disable_upload: self._disable_upload,
                 },

@@ -122,6 +122,8 @@ pub(crate) struct ManagedTorrentOptions {
     pub rarest_first: bool,
     /// anneal: seeder stripes (`AddTorrentOptions::seeder_stripes`).
     pub seeder_stripes: bool,
+    /// anneal: upload slots (`AddTorrentOptions::max_uploads`).
+    pub max_uploads: Option<usize>,
     #[cfg(feature = "disable-upload")]
     pub _disable_upload: bool,
 }

@@ -214,6 +214,10 @@ pub struct TorrentStateLive {
         ChunkInfo,
     )>,
     ratelimits: Limits,
+
+    /// anneal: upload slots (`AddTorrentOptions::max_uploads`); `None`:
+    /// every peer unchoked.
+    upload_slots: Option<Arc<Semaphore>>,
 }
 
 impl TorrentStateLive {
@@ -306,6 +310,11 @@ impl TorrentStateLive {
                 .collect(),
             ratelimit_upload_tx,
             ratelimits,
+            upload_slots: paused
+                .shared
+                .options
+                .max_uploads
+                .map(|n| Arc::new(Semaphore::new(n))),
         });
 
         state.spawn(
@@ -493,6 +502,7 @@ impl TorrentStateLive {
             first_message_received: AtomicBool::new(false),
             cancel_token: self.cancellation_token.child_token(),
             client_name_and_version: self.shared.client_name_and_version().to_owned(),
+            upload_slot: UploadSlot::default(),
         };
         let _token_guard = handler.cancel_token.clone().drop_guard();
         let options = PeerConnectionOptions {
@@ -557,6 +567,7 @@ impl TorrentStateLive {
             first_message_received: AtomicBool::new(false),
             cancel_token: state.cancellation_token.child_token(),
             client_name_and_version: state.shared.client_name_and_version().to_owned(),
+            upload_slot: UploadSlot::default(),
         };
         let _token_guard = handler.cancel_token.clone().drop_guard();
 
@@ -1048,9 +1059,25 @@ struct PeerHandler {
     cancel_token: CancellationToken,
 
     client_name_and_version: String,
+
+    /// anneal: this peer's upload slot while it holds one, and whether it
+    /// is interested (a slot is given only to an interested peer).
+    upload_slot: UploadSlot,
+}
+
+/// anneal: a peer's upload slot (`AddTorrentOptions::max_uploads`).
+#[derive(Default)]
+struct UploadSlot {
+    permit: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+    interested: Arc<AtomicBool>,
+    waiting: Arc<AtomicBool>,
 }
 
 impl PeerConnectionHandler for &'_ PeerHandler {
+    fn unchoke_at_start(&self) -> bool {
+        self.state.upload_slots.is_none()
+    }
+
     fn on_connected(&self, connection_time: Duration) {
         self.counters
             .outgoing_connections
@@ -1090,7 +1117,8 @@ impl PeerConnectionHandler for &'_ PeerHandler {
             }
             Message::Have(h) => self.on_have(h),
             Message::NotInterested => {
-                trace!("received \"not interested\", but we don't process it yet")
+                // anneal: with upload slots, the slot goes to a waiting peer.
+                self.on_peer_not_interested();
             }
             Message::Cancel(_) => {
                 trace!("received \"cancel\", but we don't process it yet")
@@ -1523,6 +1551,11 @@ impl PeerHandler {
         if self.state.torrent().options.disable_upload() {
             anyhow::bail!("upload disabled, but peer requested a piece")
         }
+        // anneal: a request from a choked peer is dropped (BEP 3).
+        if !self.may_upload() {
+            trace!(?request, "request from a choked peer: ignored");
+            return Ok(());
+        }
 
         let piece_index = match self.state.lengths.validate_piece_index(request.index) {
             Some(p) => p,
@@ -1822,6 +1855,57 @@ impl PeerHandler {
     fn on_peer_interested(&self) {
         trace!("peer is interested");
         self.state.peers.mark_peer_interested(self.addr, true);
+        // anneal: upload slots.
+        let Some(slots) = self.state.upload_slots.clone() else {
+            return;
+        };
+        let slot = &self.upload_slot;
+        slot.interested.store(true, Ordering::SeqCst);
+        if slot.permit.lock().is_some() || slot.waiting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (permit, interested, waiting) = (
+            slot.permit.clone(),
+            slot.interested.clone(),
+            slot.waiting.clone(),
+        );
+        let tx = self.tx.clone();
+        spawn_with_cancel(
+            debug_span!(parent: self.state.shared.span.clone(), "upload_slot", peer = ?self.addr),
+            format!("[{}][addr={}]upload_slot", self.state.shared.id, self.addr),
+            self.cancel_token.clone(),
+            async move {
+                let p = slots
+                    .acquire_owned()
+                    .await
+                    .context("upload slots closed")?;
+                waiting.store(false, Ordering::SeqCst);
+                if interested.load(Ordering::SeqCst) {
+                    *permit.lock() = Some(p);
+                    trace!("upload slot taken: unchoking");
+                    let _ = tx.send(WriterRequest::Message(Message::Unchoke));
+                }
+                Ok::<(), anyhow::Error>(())
+            },
+        );
+    }
+
+    /// anneal: the peer is no longer interested: its upload slot (if any)
+    /// is freed and it is choked.
+    fn on_peer_not_interested(&self) {
+        trace!("peer is not interested");
+        if self.state.upload_slots.is_none() {
+            return;
+        }
+        self.upload_slot.interested.store(false, Ordering::SeqCst);
+        if self.upload_slot.permit.lock().take().is_some() {
+            let _ = self.tx.send(WriterRequest::Message(Message::Choke));
+        }
+    }
+
+    /// anneal: whether this peer may be sent pieces now.
+    fn may_upload(&self) -> bool {
+        self.state.upload_slots.is_none() || self.upload_slot.permit.lock().is_some()
     }
 
     fn on_i_am_unchoked(&self) {
