@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine, run as root.
 # Installs every Debian package the tests and the demo need, the Rust musl
-# target, builds the local control plane (etcd, kube-apiserver, kubectl) from Go modules, and fetches the Debian
+# target, builds the local control plane (etcd, kube-apiserver, kubectl) and the test node (kubelet,
+# kube-scheduler, kube-controller-manager) from Go modules, and fetches the Debian
 # kernel. Everything built or downloaded is cached under $ANNEAL_CACHE
 # (default /var/cache/anneal), never in the tree. A re-run on a ready machine
 # takes seconds.
@@ -28,6 +29,7 @@ PKGS=(
   systemd-boot-efi binutils efibootmgr
   aria2 tmux
   skopeo
+  containerd runc containernetworking-plugins iptables
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -87,9 +89,13 @@ build_go() { # module-dir output package
 build_go "$here/controlplane/etcd" etcd .
 build_go "$here/controlplane/kube" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build_go "$here/controlplane/kube" kubectl k8s.io/kubernetes/cmd/kubectl
-# kube-controller-manager (owner-reference garbage collection) is pinned in
-# tools.go too; build it here once a test needs it:
-#   build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+# The test node (tests/testinfra/src/node.rs, issue 17): kubelet, the
+# scheduler and the controller manager from the same release; containerd,
+# runc and the CNI plugins come from Debian (above; their daemons are not
+# started: the node runs its own containerd).
+build_go "$here/controlplane/kube" kubelet k8s.io/kubernetes/cmd/kubelet
+build_go "$here/controlplane/kube" kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
+build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 
 # --- Debian kernel (guest) ------------------------------------------------------
 "$repo/qemu/fetch-kernel.sh"

@@ -646,7 +646,34 @@ fn retry<T>(
     }
 }
 
-/// True when this process is PID 1 (then it is init whatever its arguments).
+/// True when this process is the initramfs's init: PID 1 started as
+/// `/init` (what the kernel runs; then it is init whatever its arguments).
+/// PID 1 under another name is the agent as a container's only process
+/// (`/anneal-agent <subcommand>`, the manager's workloads): not init.
 pub fn is_pid1() -> bool {
-    std::process::id() == 1
+    std::process::id() == 1 && is_init_name(std::env::args_os().next().as_deref())
+}
+
+/// Whether `argv0` names the initramfs's init (`/init`, or `init`).
+fn is_init_name(argv0: Option<&std::ffi::OsStr>) -> bool {
+    argv0
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .is_some_and(|n| n == "init")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_init_by_name_is_the_initramfs_init() {
+        use std::ffi::OsStr;
+        assert!(is_init_name(Some(OsStr::new("/init"))));
+        assert!(is_init_name(Some(OsStr::new("init"))));
+        // a container's only process: PID 1, not init
+        assert!(!is_init_name(Some(OsStr::new("/anneal-agent"))));
+        assert!(!is_init_name(Some(OsStr::new("/usr/sbin/initx"))));
+        assert!(!is_init_name(None));
+    }
 }

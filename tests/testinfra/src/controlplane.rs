@@ -40,7 +40,19 @@ struct Pki {
     admin_key: String,
     sa_key: String,
     sa_pub: String,
+    /// The test node's kubelet: its client certificate (`system:node:<NODE_NAME>`),
+    /// its serving certificate, and the API server's client certificate for
+    /// the kubelet's API (logs, exec).
+    kubelet_client: (String, String),
+    kubelet_serving: (String, String),
+    apiserver_kubelet_client: (String, String),
 }
+
+/// The test node's name (`crate::node`).
+pub const NODE_NAME: &str = "anneal-node";
+/// The test node's address (kubelet refuses a loopback one): put on `lo`
+/// while the node runs, so nothing leaves the machine.
+pub const NODE_IP: &str = "10.88.255.1";
 
 fn generate_pki() -> anyhow::Result<Pki> {
     let ca_key = KeyPair::generate()?;
@@ -77,8 +89,34 @@ fn generate_pki() -> anyhow::Result<Pki> {
     admin.distinguished_name = dn;
     let admin_cert = admin.signed_by(&admin_key, &issuer)?;
 
+    let client = |cn: &str, org: &str| -> anyhow::Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        dn.push(DnType::OrganizationName, org);
+        p.distinguished_name = dn;
+        Ok((p.signed_by(&key, &issuer)?.pem(), key.serialize_pem()))
+    };
+    let kubelet_client = client(&format!("system:node:{NODE_NAME}"), "system:nodes")?;
+    let apiserver_kubelet_client = client("kube-apiserver-kubelet-client", "system:masters")?;
+    let kubelet_serving = {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(vec![NODE_NAME.to_string()])?;
+        p.subject_alt_names
+            .push(SanType::IpAddress(NODE_IP.parse()?));
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, NODE_NAME);
+        p.distinguished_name = dn;
+        (p.signed_by(&key, &issuer)?.pem(), key.serialize_pem())
+    };
     let sa = KeyPair::generate()?;
     Ok(Pki {
+        kubelet_client,
+        kubelet_serving,
+        apiserver_kubelet_client,
         ca_pem: ca_cert.pem(),
         serving_cert: serving_cert.pem(),
         serving_key: serving_key.serialize_pem(),
@@ -108,7 +146,7 @@ async fn wait_tcp(
             anyhow::bail!(
                 "{what} exited ({status}) before listening on port {port}; log {}:\n{}",
                 log.display(),
-                tail(log)
+                crate::tail_file(log)
             );
         }
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -122,14 +160,8 @@ async fn wait_tcp(
     anyhow::bail!(
         "{what} did not listen on port {port} in time; log {}:\n{}",
         log.display(),
-        tail(log)
+        crate::tail_file(log)
     )
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -173,6 +205,18 @@ impl ControlPlane {
             ("apiserver.key", &pki.serving_key),
             ("sa.key", &pki.sa_key),
             ("sa.pub", &pki.sa_pub),
+            ("kubelet-client.crt", &pki.kubelet_client.0),
+            ("kubelet-client.key", &pki.kubelet_client.1),
+            ("kubelet.crt", &pki.kubelet_serving.0),
+            ("kubelet.key", &pki.kubelet_serving.1),
+            (
+                "apiserver-kubelet-client.crt",
+                &pki.apiserver_kubelet_client.0,
+            ),
+            (
+                "apiserver-kubelet-client.key",
+                &pki.apiserver_kubelet_client.1,
+            ),
         ] {
             std::fs::write(d.join(name), body)?;
         }
@@ -243,7 +287,24 @@ impl ControlPlane {
                 ))
                 .arg("--service-account-issuer=https://kubernetes.default.svc")
                 .arg("--service-cluster-ip-range=10.0.0.0/24")
-                .arg("--authorization-mode=RBAC")
+                // Node: the test node's kubelet (crate::node) acts as
+                // system:node:anneal-node; the kubelet flags let the API
+                // server reach it (logs, exec) at its InternalIP, never
+                // resolving the node's name through the host's resolver.
+                .arg("--authorization-mode=Node,RBAC")
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    d.join("apiserver-kubelet-client.crt").display()
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    d.join("apiserver-kubelet-client.key").display()
+                ))
+                .arg(format!(
+                    "--kubelet-certificate-authority={}",
+                    d.join("ca.crt").display()
+                ))
+                .arg("--kubelet-preferred-address-types=InternalIP")
                 .arg("--enable-priority-and-fairness=false")
                 .arg("--profiling=false")
                 .arg("--v=1")
@@ -274,7 +335,7 @@ impl ControlPlane {
                 anyhow::bail!(
                     "kube-apiserver exited ({status}); log {}:\n{}",
                     api_log.display(),
-                    tail(&api_log)
+                    crate::tail_file(&api_log)
                 );
             }
             match namespaces.get_opt("default").await {
@@ -283,7 +344,7 @@ impl ControlPlane {
                     anyhow::bail!(
                         "kube-apiserver not ready after 90 s; log {}:\n{}",
                         api_log.display(),
-                        tail(&api_log)
+                        crate::tail_file(&api_log)
                     )
                 }
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,

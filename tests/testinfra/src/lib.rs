@@ -9,6 +9,7 @@
 mod controlplane;
 mod kernel;
 mod netns;
+mod node;
 mod pki;
 mod procs;
 mod table;
@@ -18,6 +19,7 @@ mod vm;
 pub use controlplane::ControlPlane;
 pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
 pub use netns::{BRIDGE_IP, Netns, TcpForward};
+pub use node::{CNI_BRIDGE, Leftovers, NODE_DIR, Node, PAUSE_IMAGE};
 pub use pki::{TestPki, test_pki};
 pub use procs::{ChildGroup, accept_failure_span, process_alive};
 pub use table::{get_table, table_row, table_row_named};
@@ -131,4 +133,32 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.len() <= 15 && a.starts_with("anl"));
     }
+}
+
+/// The last lines of a log file (for error messages).
+pub fn tail_file(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// A binary of the workspace (debug build), built with `cargo build
+/// --workspace --bin NAME` if needed (the same feature unification as the
+/// test build, so nothing compiles twice).
+pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = cargo_command()
+        .current_dir(&root)
+        .args(["build", "--quiet", "--workspace", "--bin", name])
+        .output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "cargo build --workspace --bin {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target.join("debug").join(name))
 }
