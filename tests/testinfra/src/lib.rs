@@ -122,19 +122,6 @@ pub fn run(cmd: &mut std::process::Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unique_names_fit_interface_names_and_differ() {
-        let a = unique_name("anl");
-        let b = unique_name("anl");
-        assert_ne!(a, b);
-        assert!(a.len() <= 15 && a.starts_with("anl"));
-    }
-}
-
 /// The last lines of a log file (for error messages).
 pub fn tail_file(path: &std::path::Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -161,4 +148,17 @@ pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
     Ok(target.join("debug").join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_fit_interface_names_and_differ() {
+        let a = unique_name("anl");
+        let b = unique_name("anl");
+        assert_ne!(a, b);
+        assert!(a.len() <= 15 && a.starts_with("anl"));
+    }
 }
