@@ -68,6 +68,22 @@ pub fn agent_musl() -> PathBuf {
     target_dir().join("x86_64-unknown-linux-musl/agent/anneal-agent")
 }
 
+/// The static musl manager (release), built if needed: what the manager's
+/// image holds (`deploy/images`). `tests/run.sh` starts this exact command
+/// after the agent's, beside the test build.
+pub fn manager_musl() -> PathBuf {
+    cargo(&[
+        "--release",
+        "--target",
+        "x86_64-unknown-linux-musl",
+        "-p",
+        "anneal-manager",
+        "--bin",
+        "manager",
+    ]);
+    target_dir().join("x86_64-unknown-linux-musl/release/manager")
+}
+
 /// The initramfs builder (debug build).
 pub fn initramfs_tool() -> PathBuf {
     cargo_host(&["--bin", "anneal-initramfs"]);

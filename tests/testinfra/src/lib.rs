@@ -16,7 +16,7 @@ mod table;
 mod tmux;
 mod vm;
 
-pub use controlplane::ControlPlane;
+pub use controlplane::{ControlPlane, NODE_IP, NODE_NAME};
 pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
 pub use netns::{BRIDGE_IP, Netns, TcpForward};
 pub use node::{CNI_BRIDGE, Leftovers, NODE_DIR, Node, PAUSE_IMAGE};
