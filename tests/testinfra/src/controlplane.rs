@@ -74,6 +74,10 @@ fn generate_pki() -> anyhow::Result<Pki> {
     serving
         .subject_alt_names
         .push(SanType::IpAddress("10.0.0.1".parse()?));
+    // the test node's pods reach it there (crate::node's relay)
+    serving
+        .subject_alt_names
+        .push(SanType::IpAddress(NODE_IP.parse()?));
     serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "kube-apiserver");

@@ -18,7 +18,7 @@ mod vm;
 
 pub use controlplane::{ControlPlane, NODE_IP, NODE_NAME};
 pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
-pub use netns::{BRIDGE_IP, Netns, TcpForward};
+pub use netns::{BRIDGE_IP, Netns, TcpForward, forward_host_tcp};
 pub use node::{CNI_BRIDGE, Leftovers, NODE_DIR, Node, PAUSE_IMAGE};
 pub use pki::{TestPki, test_pki};
 pub use procs::{ChildGroup, accept_failure_span, process_alive};

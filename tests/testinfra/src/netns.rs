@@ -223,6 +223,53 @@ fn pump(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
     let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
+/// Accepts on `listener` (non-blocking) and relays each connection to
+/// `target` until `stop`.
+fn relay_loop(
+    listener: &std::net::TcpListener,
+    target: std::net::SocketAddr,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((inbound, _)) => {
+                let _ = inbound.set_nonblocking(false);
+                let Ok(outbound) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                let (Ok(in2), Ok(out2)) = (inbound.try_clone(), outbound.try_clone()) else {
+                    continue;
+                };
+                std::thread::spawn(move || pump(inbound, outbound));
+                std::thread::spawn(move || pump(out2, in2));
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Listens on `listen` in the host namespace and relays every connection to
+/// `target` (for example the test node's address to an API server on host
+/// loopback, for pods on the node's pod network).
+pub fn forward_host_tcp(
+    listen: std::net::SocketAddr,
+    target: std::net::SocketAddr,
+) -> anyhow::Result<TcpForward> {
+    let listener = std::net::TcpListener::bind(listen)
+        .map_err(|e| anyhow::anyhow!("binding {listen}: {e}"))?;
+    listener.set_nonblocking(true)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("fwd-{listen}"))
+        .spawn(move || relay_loop(&listener, target, &stop2))?;
+    Ok(TcpForward {
+        stop,
+        thread: Some(thread),
+        listen,
+    })
+}
+
 impl Netns {
     /// Listens on `listen` inside this namespace and relays every connection
     /// to `target` in the host namespace (for example a manager or API
@@ -235,7 +282,7 @@ impl Netns {
         target: std::net::SocketAddr,
     ) -> anyhow::Result<TcpForward> {
         use nix::sched::{CloneFlags, setns};
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::AtomicBool;
 
         let host_ns = std::fs::File::open("/proc/thread-self/ns/net")?;
         let ns_file = std::fs::File::open(format!("/run/netns/{}", self.name))?;
@@ -266,26 +313,7 @@ impl Netns {
                         return;
                     }
                 };
-                while !stop2.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((inbound, _)) => {
-                            let _ = inbound.set_nonblocking(false);
-                            let Ok(outbound) = std::net::TcpStream::connect(target) else {
-                                continue;
-                            };
-                            let (Ok(in2), Ok(out2)) = (inbound.try_clone(), outbound.try_clone())
-                            else {
-                                continue;
-                            };
-                            std::thread::spawn(move || pump(inbound, outbound));
-                            std::thread::spawn(move || pump(out2, in2));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(std::time::Duration::from_millis(20));
-                        }
-                        Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-                    }
-                }
+                relay_loop(&listener, target, &stop2);
             })?;
         rx.recv()
             .map_err(|_| anyhow::anyhow!("relay thread ended early"))??;

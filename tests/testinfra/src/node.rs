@@ -95,6 +95,7 @@ struct Before {
 /// A running node. Stop it with [`Node::stop`] to learn what was left.
 pub struct Node {
     lock: Option<Flock<std::fs::File>>,
+    api_relay: Option<crate::TcpForward>,
     containerd: Option<ChildGroup>,
     kubelet: Option<ChildGroup>,
     scheduler: Option<ChildGroup>,
@@ -269,6 +270,7 @@ impl Node {
         };
         let mut node = Node {
             lock: Some(lock),
+            api_relay: None,
             containerd: None,
             kubelet: None,
             scheduler: None,
@@ -303,6 +305,18 @@ impl Node {
         if !node_ip_present() {
             run(Command::new("ip").args(["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"]))?;
         }
+
+        // the API server for pods on the pod network (no kube-proxy here):
+        // a relay on the node's address, same port
+        let api: std::net::SocketAddr = cp
+            .url()
+            .trim_start_matches("https://")
+            .parse()
+            .context("the API server's address")?;
+        self.api_relay = Some(crate::forward_host_tcp(
+            std::net::SocketAddr::new(NODE_IP.parse()?, api.port()),
+            api,
+        )?);
 
         // containerd
         let config = format!(
@@ -346,6 +360,8 @@ state = "{run}/containerd"
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": POD_CIDR}]],
+                        // through the bridge to the host (the API relay)
+                        "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": format!("{NODE_DIR}/cni/ipam"),
                     },
                 }],
@@ -527,6 +543,13 @@ localStorageCapacityIsolation: false
         }
     }
 
+    /// Where pods reach the API server (set `KUBERNETES_SERVICE_HOST` and
+    /// `_PORT` to it: the test node has no kube-proxy for the `kubernetes`
+    /// Service): the node's address, relayed to the API server.
+    pub fn api_address(&self) -> Option<std::net::SocketAddr> {
+        self.api_relay.as_ref().map(|r| r.listen)
+    }
+
     /// From `start()` to Ready.
     pub fn startup_time(&self) -> Duration {
         self.startup
@@ -588,6 +611,7 @@ localStorageCapacityIsolation: false
         if let Some(mut c) = self.containerd.take() {
             c.kill();
         }
+        self.api_relay = None;
         // The shims outlive containerd (they are reparented): by PID.
         for (pid, _) in node_processes() {
             let _ = nix::sys::signal::kill(

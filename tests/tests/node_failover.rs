@@ -1,0 +1,221 @@
+//! Issue 17: the cluster overlay on the test tier's real node: two manager
+//! replicas on the pod network, one leader. The leader pod is killed (force
+//! deleted: no graceful hand-over, its Lease must expire); the other
+//! replica takes the Lease, and the Deployment brings a new second
+//! replica up. The overlay is the cluster one with only the in-cluster API
+//! address changed (the node's relay: the test node runs no kube-proxy)
+//! and images never pulled. The node leaves nothing on the host.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anneal_testinfra::{ControlPlane, Node};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+
+fn image(oci: &Path, name: &str, bin: &Path, path: &str, out: &Path) -> PathBuf {
+    let archive = out.join(format!("{name}.oci.tar"));
+    let st = Command::new(oci)
+        .args(["build", "--name", &format!("anneal/{name}"), "--tag", "dev"])
+        .args(["--entrypoint", &format!("/{path}")])
+        .arg(format!("--file={path}={}", bin.display()))
+        .args(["--ca-roots", "/etc/ssl/certs/ca-certificates.crt"])
+        .arg("--out")
+        .arg(&archive)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    archive
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt("anneal-manager")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+async fn ready_pods(pods: &Api<Pod>) -> Vec<String> {
+    pods.list(&ListParams::default().labels("app.kubernetes.io/name=anneal-manager"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// Each manager pod's log (its last run's when it restarted).
+async fn manager_logs(pods: &Api<Pod>) -> String {
+    let mut out = String::new();
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=anneal-manager"))
+        .await
+        .unwrap();
+    for p in list.items {
+        let name = p.metadata.name.unwrap_or_default();
+        let previous = kube::api::LogParams {
+            previous: true,
+            ..Default::default()
+        };
+        let log = match pods.logs(&name, &previous).await {
+            Ok(l) => l,
+            Err(_) => pods
+                .logs(&name, &Default::default())
+                .await
+                .unwrap_or_default(),
+        };
+        out.push_str(&format!("--- {name}:\n{log}\n"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_path_buf();
+    let images = tokio::task::spawn_blocking(move || {
+        let oci = anneal_tests::artifacts::oci_tool();
+        let manager = anneal_tests::artifacts::manager_musl();
+        vec![image(&oci, "manager", &manager, "manager", &dir)]
+    })
+    .await
+    .unwrap();
+    let cp = ControlPlane::start().await.unwrap();
+    let node = Node::start(&cp, &images).await.unwrap();
+    let api = node.api_address().unwrap();
+
+    let overlay = work.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    // kustomize takes a base by relative path only
+    let cluster = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/overlays/cluster")
+        .canonicalize()
+        .unwrap();
+    let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
+    let cluster = format!(
+        "{up}{}",
+        cluster.display().to_string().trim_start_matches('/')
+    );
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            r#"apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - {cluster}
+patches:
+  - target:
+      kind: Deployment
+      name: anneal-manager
+    patch: |-
+      - op: add
+        path: /spec/template/spec/containers/0/env/-
+        value: {{name: KUBERNETES_SERVICE_HOST, value: "{ip}"}}
+      - op: add
+        path: /spec/template/spec/containers/0/env/-
+        value: {{name: KUBERNETES_SERVICE_PORT, value: "{port}"}}
+      - op: replace
+        path: /spec/template/spec/containers/0/imagePullPolicy
+        value: Never
+"#,
+            ip = api.ip(),
+            port = api.port()
+        ),
+    )
+    .unwrap();
+    let out = cp
+        .kubectl()
+        .unwrap()
+        .args(["apply", "-k"])
+        .arg(&overlay)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply -k: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let client = cp.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "anneal-system");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "anneal-system");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let both = |why: &'static str| {
+        let (pods, leases, deployments) = (pods.clone(), leases.clone(), deployments.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(180);
+            loop {
+                let ready = ready_pods(&pods).await;
+                let leader = holder(&leases).await;
+                if ready.len() == 2 && leader.as_ref().is_some_and(|l| ready.contains(l)) {
+                    return (ready, leader.unwrap());
+                }
+                if Instant::now() > deadline {
+                    let d = deployments
+                        .get("anneal-manager")
+                        .await
+                        .ok()
+                        .and_then(|d| d.status);
+                    panic!(
+                        "{why}: ready {ready:?}, leader {leader:?}, deployment {d:?}\n{}",
+                        manager_logs(&pods).await
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    let (ready, leader) = both("two Ready replicas, one leading").await;
+    println!("replicas {ready:?}, leader {leader}");
+
+    // the leader dies without handing over
+    let killed = Instant::now();
+    pods.delete(
+        &leader,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let other = ready.iter().find(|p| **p != leader).unwrap().clone();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let h = holder(&leases).await;
+        if h.as_deref() == Some(other.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Lease is still held by {h:?}, not {other}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "{other} took the Lease {:.1} s after {leader} was killed (lease duration 15 s)",
+        killed.elapsed().as_secs_f64()
+    );
+    // and the Deployment replaces the dead replica
+    let (ready, now) = both("the replacement replica Ready").await;
+    assert_eq!(now, other);
+    assert!(!ready.contains(&leader), "{ready:?}");
+
+    let left = node.stop();
+    assert!(left.is_empty(), "the node left on the host: {left:?}");
+}
