@@ -13,6 +13,7 @@
 //! - [`lifecycle`]: the manager's lifecycle half in a killable runtime, log
 //!   capture, the agent protocol over HTTPS, Machine/Secret fixtures.
 //! - [`e2e`]: the whole inspection lab (control plane, manager, bootd, VM).
+//! - [`node`]: image archives and overlays of the node tests.
 //! - [`testos`]: the bootable test OS disk image (GPT, ESP with a UKI, swap,
 //!   ext4 root with a marker) the deploy tests import, built and cached.
 //!
@@ -29,6 +30,7 @@ pub mod e2e;
 pub mod images;
 pub mod lab;
 pub mod lifecycle;
+pub mod node;
 pub mod ovmf;
 pub mod rbac;
 pub mod testos;

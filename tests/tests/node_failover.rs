@@ -7,8 +7,6 @@
 //! and images never pulled. The node leaves nothing on the host.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anneal_testinfra::{ControlPlane, Node};
@@ -16,21 +14,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
-
-fn image(oci: &Path, name: &str, bin: &Path, path: &str, out: &Path) -> PathBuf {
-    let archive = out.join(format!("{name}.oci.tar"));
-    let st = Command::new(oci)
-        .args(["build", "--name", &format!("anneal/{name}"), "--tag", "dev"])
-        .args(["--entrypoint", &format!("/{path}")])
-        .arg(format!("--file={path}={}", bin.display()))
-        .args(["--ca-roots", "/etc/ssl/certs/ca-certificates.crt"])
-        .arg("--out")
-        .arg(&archive)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    archive
-}
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases
@@ -59,39 +42,15 @@ async fn ready_pods(pods: &Api<Pod>) -> Vec<String> {
         .collect()
 }
 
-/// Each manager pod's log (its last run's when it restarted).
-async fn manager_logs(pods: &Api<Pod>) -> String {
-    let mut out = String::new();
-    let list = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=anneal-manager"))
-        .await
-        .unwrap();
-    for p in list.items {
-        let name = p.metadata.name.unwrap_or_default();
-        let previous = kube::api::LogParams {
-            previous: true,
-            ..Default::default()
-        };
-        let log = match pods.logs(&name, &previous).await {
-            Ok(l) => l,
-            Err(_) => pods
-                .logs(&name, &Default::default())
-                .await
-                .unwrap_or_default(),
-        };
-        out.push_str(&format!("--- {name}:\n{log}\n"));
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_path_buf();
     let images = tokio::task::spawn_blocking(move || {
-        let oci = anneal_tests::artifacts::oci_tool();
         let manager = anneal_tests::artifacts::manager_musl();
-        vec![image(&oci, "manager", &manager, "manager", &dir)]
+        vec![anneal_tests::node::image(
+            "manager", &manager, "manager", &dir,
+        )]
     })
     .await
     .unwrap();
@@ -99,27 +58,12 @@ async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
     let node = Node::start(&cp, &images).await.unwrap();
     let api = node.api_address().unwrap();
 
-    let overlay = work.path().join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap();
-    // kustomize takes a base by relative path only
-    let cluster = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/overlays/cluster")
-        .canonicalize()
-        .unwrap();
-    let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
-    let cluster = format!(
-        "{up}{}",
-        cluster.display().to_string().trim_start_matches('/')
-    );
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!(
-            r#"apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - {cluster}
-patches:
-  - target:
+    anneal_tests::node::apply_overlay(
+        &cp,
+        &work.path().join("overlay"),
+        "cluster",
+        &format!(
+            r#"  - target:
       kind: Deployment
       name: anneal-manager
     patch: |-
@@ -136,19 +80,6 @@ patches:
             ip = api.ip(),
             port = api.port()
         ),
-    )
-    .unwrap();
-    let out = cp
-        .kubectl()
-        .unwrap()
-        .args(["apply", "-k"])
-        .arg(&overlay)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply -k: {}",
-        String::from_utf8_lossy(&out.stderr)
     );
 
     let client = cp.client();
@@ -173,7 +104,7 @@ patches:
                         .and_then(|d| d.status);
                     panic!(
                         "{why}: ready {ready:?}, leader {leader:?}, deployment {d:?}\n{}",
-                        manager_logs(&pods).await
+                        anneal_tests::node::manager_logs(&pods).await
                     );
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -12,8 +12,6 @@
 //! ServiceAccount. The node leaves nothing on the host.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anneal_testinfra::{ControlPlane, NODE_DIR, Node};
@@ -22,32 +20,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams};
 
-fn image(oci: &Path, name: &str, bin: &Path, path: &str, out: &Path) -> PathBuf {
-    let archive = out.join(format!("{name}.oci.tar"));
-    let st = Command::new(oci)
-        .args(["build", "--name", &format!("anneal/{name}"), "--tag", "dev"])
-        .args(["--entrypoint", &format!("/{path}")])
-        .arg(format!("--file={path}={}", bin.display()))
-        .args(["--ca-roots", "/etc/ssl/certs/ca-certificates.crt"])
-        .arg("--out")
-        .arg(&archive)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    archive
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_path_buf();
     let images = tokio::task::spawn_blocking(move || {
-        let oci = anneal_tests::artifacts::oci_tool();
         let manager = anneal_tests::artifacts::manager_musl();
         let agent = anneal_tests::artifacts::agent_musl();
         vec![
-            image(&oci, "manager", &manager, "manager", &dir),
-            image(&oci, "agent", &agent, "anneal-agent", &dir),
+            anneal_tests::node::image("manager", &manager, "manager", &dir),
+            anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
         ]
     })
     .await
@@ -60,27 +42,12 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
     let node_ip = anneal_testinfra::NODE_IP;
 
     // the test overlay: the appliance, adapted to this machine only
-    let overlay = work.path().join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap();
-    // kustomize takes a base by relative path only
-    let appliance = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/overlays/appliance")
-        .canonicalize()
-        .unwrap();
-    let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
-    let appliance = format!(
-        "{up}{}",
-        appliance.display().to_string().trim_start_matches('/')
-    );
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        format!(
-            r#"apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - {appliance}
-patches:
-  - target:
+    anneal_tests::node::apply_overlay(
+        &cp,
+        &work.path().join("overlay"),
+        "appliance",
+        &format!(
+            r#"  - target:
       kind: Deployment
       name: anneal-manager
     patch: |-
@@ -121,19 +88,6 @@ patches:
         value: {NODE_DIR}/content
 "#
         ),
-    )
-    .unwrap();
-    let out = cp
-        .kubectl()
-        .unwrap()
-        .args(["apply", "-k"])
-        .arg(&overlay)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply -k: {}",
-        String::from_utf8_lossy(&out.stderr)
     );
 
     let client = cp.client();
@@ -151,18 +105,10 @@ patches:
             break list.items[0].clone();
         }
         if Instant::now() > deadline {
-            let mut logs = String::new();
-            for p in &list.items {
-                let name = p.metadata.name.clone().unwrap_or_default();
-                logs.push_str(&format!(
-                    "pod {name}: {:?}\nlog: {}\n",
-                    p.status,
-                    pods.logs(&name, &Default::default())
-                        .await
-                        .unwrap_or_default()
-                ));
-            }
-            panic!("the manager pod is not Ready after 180 s:\n{logs}");
+            panic!(
+                "the manager pod is not Ready after 180 s:\n{}",
+                anneal_tests::node::manager_logs(&pods).await
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };

@@ -19,22 +19,6 @@ use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-fn agent_image(dir: &std::path::Path) -> std::path::PathBuf {
-    let agent = anneal_tests::artifacts::agent_musl();
-    let oci = anneal_tests::artifacts::oci_tool();
-    let out = dir.join("agent.oci.tar");
-    let st = Command::new(oci)
-        .args(["build", "--name", "anneal/agent", "--tag", "test"])
-        .args(["--entrypoint", "/anneal-agent"])
-        .arg(format!("--file=anneal-agent={}", agent.display()))
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    out
-}
-
 fn pod(name: &str, args: &[&str], restart: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -46,7 +30,7 @@ fn pod(name: &str, args: &[&str], restart: &str) -> Pod {
                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "agent",
-                "image": "docker.io/anneal/agent:test",
+                "image": "docker.io/anneal/agent:dev",
                 "imagePullPolicy": "Never",
                 "command": ["/anneal-agent"],
                 "args": args,
@@ -63,7 +47,14 @@ async fn a_node_runs_from_scratch_pods_and_leaves_nothing_behind() {
     let work = tempfile::tempdir().unwrap();
     let image = tokio::task::spawn_blocking({
         let d = work.path().to_path_buf();
-        move || agent_image(&d)
+        move || {
+            anneal_tests::node::image(
+                "agent",
+                &anneal_tests::artifacts::agent_musl(),
+                "anneal-agent",
+                &d,
+            )
+        }
     })
     .await
     .unwrap();

@@ -257,7 +257,7 @@ fn gzip(data: &[u8]) -> Result<Vec<u8>, OciError> {
     let mut enc = flate2::GzBuilder::new()
         .mtime(0)
         .operating_system(255)
-        .write(Vec::new(), flate2::Compression::best());
+        .write(Vec::new(), flate2::Compression::default());
     enc.write_all(data)?;
     Ok(enc.finish()?)
 }

@@ -36,7 +36,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use crate::controlplane::{NODE_IP, NODE_NAME};
 use crate::procs::ChildGroup;
-use crate::{ControlPlane, cached_bin, free_port};
+use crate::{ControlPlane, cached_bin, free_port, run};
 
 /// The node's data (containerd's root, kubelet's root, logs, CNI state).
 pub const NODE_DIR: &str = "/var/lib/anneal-node";
@@ -113,21 +113,6 @@ impl std::fmt::Debug for Node {
 
 fn socket() -> PathBuf {
     Path::new(NODE_RUN).join("containerd.sock")
-}
-
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `table chain` of every chain of iptables and ip6tables.
