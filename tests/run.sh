@@ -63,14 +63,10 @@ fi
 # directories separately: it builds beside the test build, filling
 # the cores it leaves idle. The exact command of tests/src/artifacts.rs
 # `agent_musl`, so the tests find it fresh.
-step "static agent (profile agent, musl) and manager (release, musl): building in the background"
+step "static agent (profile agent, musl): building in the background"
 musl_log="$logdir/agent-musl-build.log"
-# Then the static manager (release) of the node tests' manager image, the
-# exact command of `artifacts::manager_musl`.
-setsid bash -c 'cargo build --quiet --locked --profile agent --target x86_64-unknown-linux-musl \
-  -p anneal-agent --bin anneal-agent &&
-  cargo build --quiet --locked --release --target x86_64-unknown-linux-musl \
-  -p anneal-manager --bin manager' >"$musl_log" 2>&1 &
+setsid cargo build --quiet --locked --profile agent --target x86_64-unknown-linux-musl \
+  -p anneal-agent --bin anneal-agent >"$musl_log" 2>&1 &
 musl_pid=$!
 trap 'kill -- "-$musl_pid" 2>/dev/null || true' EXIT
 
@@ -83,15 +79,15 @@ cargo test --workspace --locked --no-run --message-format=json-render-diagnostic
 # examples and the agent's binary are already fresh).
 step "test artifacts (bootd, anneal-initramfs, examples)"
 cargo build --workspace --locked --bin bootd --bin anneal-initramfs --bin anneal-agent \
-  --bin anneal-oci --example fake_manager --example posthook_run
+  --bin anneal-oci --bin manager --example fake_manager --example posthook_run
 
-step "static agent and manager (musl): waiting for the background build"
+step "static agent (profile agent, musl): waiting for the background build"
 musl_rc=0
 wait "$musl_pid" || musl_rc=$?
 trap - EXIT
 cat "$musl_log"
 if [ "$musl_rc" != 0 ]; then
-  echo "the static agent or manager did not build (exit $musl_rc): the VM and node tests that use them will fail"
+  echo "the static agent did not build (exit $musl_rc): the VM and node tests that boot or run it will fail"
 fi
 
 # Longest first (measured warm; docs/testing.md): with 2 lanes the longest

@@ -278,17 +278,27 @@ async fn foreign_secrets_and_plain_http_bmcs_are_refused_before_any_request() {
         "the BMC was contacted (credentials sent)"
     );
     // ...and the operator sees it as an Event on the Machine
+    // (Events are published off the reconcile path: awaited, bounded.)
     let events: Api<Event> = Api::namespaced(client.clone(), "tenant-a");
-    let evs = events.list(&ListParams::default()).await.unwrap().items;
-    let notes: Vec<String> = evs
-        .iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("foreign-creds"))
-        .filter_map(|e| e.note.clone())
-        .collect();
-    assert!(
-        notes.iter().any(|n| n.starts_with("CrossNamespaceSecret")),
-        "no Event naming CrossNamespaceSecret on foreign-creds: {notes:?}"
-    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let evs = events.list(&ListParams::default()).await.unwrap().items;
+        let notes: Vec<String> = evs
+            .iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("foreign-creds")
+            })
+            .filter_map(|e| e.note.clone())
+            .collect();
+        if notes.iter().any(|n| n.starts_with("CrossNamespaceSecret")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Event naming CrossNamespaceSecret on foreign-creds: {notes:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     cancel.cancel();
     println!("done in {:.1} s", t0.elapsed().as_secs_f64());
 }

@@ -68,20 +68,11 @@ pub fn agent_musl() -> PathBuf {
     target_dir().join("x86_64-unknown-linux-musl/agent/anneal-agent")
 }
 
-/// The static musl manager (release), built if needed: what the manager's
-/// image holds (`deploy/images`). `tests/run.sh` starts this exact command
-/// after the agent's, beside the test build.
-pub fn manager_musl() -> PathBuf {
-    cargo(&[
-        "--release",
-        "--target",
-        "x86_64-unknown-linux-musl",
-        "-p",
-        "anneal-manager",
-        "--bin",
-        "manager",
-    ]);
-    target_dir().join("x86_64-unknown-linux-musl/release/manager")
+/// The manager (debug build): what the node tests run in their manager
+/// pods (packed with its shared libraries by `node::manager_image`).
+pub fn manager_host() -> PathBuf {
+    cargo_host(&["--bin", "manager"]);
+    target_dir().join("debug/manager")
 }
 
 /// The initramfs builder (debug build).

@@ -24,6 +24,51 @@ pub fn image(name: &str, bin: &Path, path: &str, out: &Path) -> PathBuf {
     archive
 }
 
+/// `docker.io/anneal/manager:dev` for the node tests: the test build's
+/// manager (debug, dynamically linked: no second compile of the manager
+/// and its dependencies for musl, which cost the suite ~5 minutes) with the
+/// shared libraries `ldd` names, at the paths its loader looks in. The
+/// production image (`deploy/images`: the static musl binary alone) is
+/// checked by `deploy_images`; the pods run the same manager code.
+pub fn manager_image(out: &Path) -> PathBuf {
+    let manager = crate::artifacts::manager_host();
+    let ldd = Command::new("ldd").arg(&manager).output().unwrap();
+    assert!(ldd.status.success(), "ldd {}", manager.display());
+    let mut files = vec![format!("--file=manager={}", manager.display())];
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or the
+        // loader, `/lib64/ld-linux-x86-64.so.2 (0x…)`
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
+        };
+        let Some(path) = path.filter(|p| p.starts_with('/')) else {
+            continue;
+        };
+        let real = std::fs::canonicalize(path).unwrap();
+        files.push(format!(
+            "--file={}={}:0755",
+            path.trim_start_matches('/'),
+            real.display()
+        ));
+    }
+    let archive = out.join("manager.oci.tar");
+    let st = Command::new(crate::artifacts::oci_tool())
+        .args(["build", "--name", "anneal/manager", "--tag", "dev"])
+        .args(["--entrypoint", "/manager", "--max-size-mib", "200"])
+        .args(&files)
+        .args(["--ca-roots", "/etc/ssl/certs/ca-certificates.crt"])
+        .arg("--out")
+        .arg(&archive)
+        .status()
+        .unwrap();
+    assert!(st.success(), "anneal-oci build manager");
+    archive
+}
+
 /// Writes `<dir>/kustomization.yaml`: `deploy/overlays/<base>` (by relative
 /// path: kustomize takes no absolute one) with `patches` (YAML list items,
 /// indented by two spaces), and installs it: `kubectl apply -k <dir>`.

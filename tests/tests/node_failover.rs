@@ -46,14 +46,9 @@ async fn ready_pods(pods: &Api<Pod>) -> Vec<String> {
 async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_path_buf();
-    let images = tokio::task::spawn_blocking(move || {
-        let manager = anneal_tests::artifacts::manager_musl();
-        vec![anneal_tests::node::image(
-            "manager", &manager, "manager", &dir,
-        )]
-    })
-    .await
-    .unwrap();
+    let images = tokio::task::spawn_blocking(move || vec![anneal_tests::node::manager_image(&dir)])
+        .await
+        .unwrap();
     let cp = ControlPlane::start().await.unwrap();
     let node = Node::start(&cp, &images).await.unwrap();
     let api = node.api_address().unwrap();

@@ -1,7 +1,9 @@
 //! Issue 17: anneal installed with `kubectl apply -k` on the test tier's
-//! real node. The manager's and the workloads' FROM-scratch images
-//! (`anneal-oci` over the static musl binaries, as `deploy/images` builds
-//! them) are imported into the node's containerd; the appliance overlay is
+//! real node. FROM-scratch images built by `anneal-oci` are imported into
+//! the node's containerd: the workloads' (the static musl agent, as
+//! `deploy/images` builds it) and the manager's (the test build's manager
+//! with its shared libraries, `anneal_tests::node::manager_image`: no
+//! second compile for musl in the suite); the appliance overlay is
 //! applied through a test overlay that only adapts it to this machine (the
 //! API server's loopback address as the in-cluster one, since the test
 //! node runs no kube-proxy; the manager's ports on the node's address
@@ -25,10 +27,9 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_path_buf();
     let images = tokio::task::spawn_blocking(move || {
-        let manager = anneal_tests::artifacts::manager_musl();
         let agent = anneal_tests::artifacts::agent_musl();
         vec![
-            anneal_tests::node::image("manager", &manager, "manager", &dir),
+            anneal_tests::node::manager_image(&dir),
             anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
         ]
     })

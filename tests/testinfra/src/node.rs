@@ -211,6 +211,25 @@ fn node_ip_present() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {NODE_IP}/")))
 }
 
+/// SIGKILLs every process of a cgroup tree.
+fn kill_cgroup_tasks(dir: &Path) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                kill_cgroup_tasks(&e.path());
+            }
+        }
+    }
+}
+
 /// Removes a cgroup tree bottom-up (only empty directories can go).
 fn remove_cgroup(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
@@ -691,8 +710,22 @@ fn cleanup_host(before: &Before) {
     for m in mounts {
         let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
     }
-    for c in kubepods_cgroups() {
-        remove_cgroup(Path::new(&c));
+    // What still runs in the pods' cgroups (a container whose shim was
+    // killed is reparented, not stopped) is the node's: killed by PID, then
+    // the cgroups go once they are empty.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let cgroups = kubepods_cgroups();
+        if cgroups.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        for c in &cgroups {
+            kill_cgroup_tasks(Path::new(c));
+            remove_cgroup(Path::new(c));
+        }
+        if !kubepods_cgroups().is_empty() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     for chain in iptables_chains().difference(&before.chains) {
         let mut parts = chain.split(' ');
