@@ -90,6 +90,20 @@ struct Before {
     chains: BTreeSet<String>,
     /// Which of [`HOST_PATHS`] existed (empty: unknown, keep them).
     host_paths: Vec<bool>,
+    /// The pods' network namespaces (`/run/netns/cni-*`) already there.
+    cni_netns: BTreeSet<String>,
+}
+
+/// The CNI plugins' pod network namespaces (`/run/netns/cni-*`).
+fn cni_netns() -> BTreeSet<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .filter(|n| n.starts_with("cni-"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A running node. Stop it with [`Node::stop`] to learn what was left.
@@ -271,6 +285,7 @@ impl Node {
             ip_forward: ip_forward(),
             chains: iptables_chains(),
             host_paths: HOST_PATHS.iter().map(|p| Path::new(p).exists()).collect(),
+            cni_netns: cni_netns(),
         };
         let mut node = Node {
             lock: Some(lock),
@@ -659,6 +674,11 @@ localStorageCapacityIsolation: false
                 )
                 .filter(|p| Path::new(p).exists())
                 .map(|p| (*p).to_string())
+                .chain(
+                    cni_netns()
+                        .difference(&self.before.cni_netns)
+                        .map(|n| format!("/run/netns/{n}")),
+                )
                 .collect(),
             ip_forward: (ip_forward() != self.before.ip_forward)
                 .then(|| (self.before.ip_forward.clone(), ip_forward())),
@@ -772,6 +792,12 @@ fn cleanup_host(before: &Before) {
     }
     for d in [NODE_DIR, NODE_RUN] {
         let _ = std::fs::remove_dir_all(d);
+    }
+    // the pods' network namespaces (unmounted above with the node's mounts)
+    if !before.host_paths.is_empty() {
+        for ns in cni_netns().difference(&before.cni_netns) {
+            let _ = std::fs::remove_file(Path::new("/run/netns").join(ns));
+        }
     }
     for (p, existed) in HOST_PATHS.iter().zip(&before.host_paths) {
         if !existed {
