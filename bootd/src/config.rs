@@ -125,6 +125,12 @@ pub struct StaticConfig {
     /// First-stage files by name (served over TFTP and under `/files/`).
     #[serde(default)]
     pub files: BTreeMap<String, PathBuf>,
+    /// A directory whose regular files are all served by their names, as
+    /// if listed in `files` (a name listed there wins); read when the
+    /// configuration is loaded. A managed bootd gets the content store's
+    /// `boot/files` here.
+    #[serde(default)]
+    pub files_dir: Option<PathBuf>,
     #[serde(default)]
     pub machines: Vec<StaticMachine>,
 }
@@ -232,19 +238,88 @@ impl StaticConfig {
             path: path.into(),
             source,
         })?;
-        let cfg = serde_saphyr::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.into(),
-            source: Box::new(source),
-        })?;
+        let mut cfg: StaticConfig =
+            serde_saphyr::from_str(&text).map_err(|source| ConfigError::Parse {
+                path: path.into(),
+                source: Box::new(source),
+            })?;
+        cfg.read_files_dir()?;
         Ok((cfg, digest(&text)))
     }
 
     /// Parses YAML text.
     pub fn from_yaml(text: &str) -> Result<StaticConfig, ConfigError> {
-        serde_saphyr::from_str(text).map_err(|source| ConfigError::Parse {
-            path: PathBuf::from("<inline>"),
-            source: Box::new(source),
-        })
+        let mut cfg: StaticConfig =
+            serde_saphyr::from_str(text).map_err(|source| ConfigError::Parse {
+                path: PathBuf::from("<inline>"),
+                source: Box::new(source),
+            })?;
+        cfg.read_files_dir()?;
+        Ok(cfg)
+    }
+
+    /// Takes the boot files from one directory (bootd `--boot-dir`):
+    /// `vmlinuz`, `initrd.img` and every file of `files/`; each must exist
+    /// (the error lists what is missing and where it belongs).
+    pub fn use_boot_dir(&mut self, dir: &Path) -> Result<(), ConfigError> {
+        let kernel = dir.join("vmlinuz");
+        let initrd = dir.join("initrd.img");
+        let files = dir.join("files");
+        let missing: Vec<String> = [
+            (&kernel, "the kernel"),
+            (&initrd, "the agent's initramfs"),
+            (
+                &files,
+                "a directory of first stages: snponly.efi, undionly.kpxe, …",
+            ),
+        ]
+        .iter()
+        .filter(|(p, _)| !p.exists())
+        .map(|(p, what)| format!("{} ({what})", p.display()))
+        .collect();
+        if !missing.is_empty() {
+            return Err(invalid(format!(
+                "boot directory {}: missing {}",
+                dir.display(),
+                missing.join(", ")
+            )));
+        }
+        self.artifacts = Some(Artifacts {
+            kernel,
+            initrd,
+            initrd_name: self
+                .artifacts
+                .as_ref()
+                .map_or_else(default_initrd_name, |a| a.initrd_name.clone()),
+        });
+        self.files_dir = Some(files);
+        self.read_files_dir()
+    }
+
+    /// Adds every regular file of `filesDir` to `files` under its name
+    /// (names already listed keep their path).
+    fn read_files_dir(&mut self) -> Result<(), ConfigError> {
+        let Some(dir) = &self.files_dir else {
+            return Ok(());
+        };
+        let read_err = |source| ConfigError::Read {
+            path: dir.clone(),
+            source,
+        };
+        for entry in std::fs::read_dir(dir).map_err(read_err)? {
+            let entry = entry.map_err(read_err)?;
+            // follows symbolic links: a volume's files often are links
+            let Ok(meta) = std::fs::metadata(entry.path()) else {
+                continue;
+            };
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if meta.is_file() && !name.starts_with('.') {
+                self.files.entry(name).or_insert_with(|| entry.path());
+            }
+        }
+        Ok(())
     }
 
     /// Builds the snapshot bootd serves from.
@@ -361,6 +436,53 @@ machines:
         let outside = YAML.replace("10.77.0.50", "10.78.0.50");
         let cfg: StaticConfig = serde_saphyr::from_str(&outside).unwrap();
         assert!(cfg.snapshot(8080, "r".into()).is_err());
+    }
+
+    #[test]
+    fn a_files_directory_serves_its_files_and_listed_names_win() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("snponly.efi"), b"efi").unwrap();
+        std::fs::write(dir.path().join("undionly.kpxe"), b"kpxe").unwrap();
+        std::fs::write(dir.path().join(".hidden"), b"x").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let yaml = format!(
+            "{YAML}files: {{undionly.kpxe: /elsewhere/undionly.kpxe}}\nfilesDir: {}\n",
+            dir.path().display()
+        );
+        let cfg = StaticConfig::from_yaml(&yaml).unwrap();
+        assert_eq!(
+            cfg.files.keys().collect::<Vec<_>>(),
+            ["snponly.efi", "undionly.kpxe"]
+        );
+        assert_eq!(cfg.files["snponly.efi"], dir.path().join("snponly.efi"));
+        assert_eq!(
+            cfg.files["undionly.kpxe"],
+            PathBuf::from("/elsewhere/undionly.kpxe")
+        );
+        // a boot directory: kernel, initramfs, first stages
+        let boot = tempfile::tempdir().unwrap();
+        let mut cfg = StaticConfig::from_yaml(YAML).unwrap();
+        let e = cfg.use_boot_dir(boot.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("vmlinuz (the kernel)") && e.contains("initrd.img") && e.contains("files"),
+            "{e}"
+        );
+        std::fs::write(boot.path().join("vmlinuz"), b"k").unwrap();
+        std::fs::write(boot.path().join("initrd.img"), b"i").unwrap();
+        std::fs::create_dir(boot.path().join("files")).unwrap();
+        std::fs::write(boot.path().join("files/snponly.efi"), b"e").unwrap();
+        cfg.use_boot_dir(boot.path()).unwrap();
+        let a = cfg.artifacts.as_ref().unwrap();
+        assert_eq!(a.kernel, boot.path().join("vmlinuz"));
+        assert_eq!(a.initrd_name, "initrd.img");
+        assert_eq!(
+            cfg.files["snponly.efi"],
+            boot.path().join("files/snponly.efi")
+        );
+        // a missing directory names itself
+        let missing = format!("{YAML}filesDir: /nonexistent/anneal-files\n");
+        let e = StaticConfig::from_yaml(&missing).unwrap_err();
+        assert!(format!("{e}").contains("/nonexistent/anneal-files"), "{e}");
     }
 
     #[test]

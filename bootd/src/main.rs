@@ -17,7 +17,8 @@ struct Cli {
     /// Static YAML boot table (labs without a cluster).
     #[arg(long, env = "BOOTD_CONFIG")]
     config: PathBuf,
-    /// Interface the DHCP sockets bind to.
+    /// Interface the DHCP sockets bind to; `auto`: the interface holding
+    /// the Subnet's `serverIP` (a managed bootd on the host's network).
     #[arg(long, env = "BOOTD_INTERFACE")]
     interface: Option<String>,
     /// Address TFTP and HTTP listen on.
@@ -50,9 +51,16 @@ struct Cli {
     /// (a client that stopped reading), then it is closed.
     #[arg(long, default_value_t = anneal_bootd::http::STALL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     http_stall_timeout_secs: u64,
-    /// Lease file (lease mode).
+    /// Lease file (lease mode); its directory is created if missing.
     #[arg(long, env = "BOOTD_LEASE_FILE")]
     lease_file: Option<PathBuf>,
+    /// Boot files from one directory, overriding the configuration's
+    /// `artifacts` and `filesDir`: `DIR/vmlinuz` (the kernel),
+    /// `DIR/initrd.img` (the agent's initramfs) and every file of
+    /// `DIR/files/` (the first stages: snponly.efi, undionly.kpxe, …). A
+    /// managed bootd gets the content store's `boot` directory.
+    #[arg(long)]
+    boot_dir: Option<PathBuf>,
     /// iPXE boot script template (default: the shipped one).
     #[arg(long)]
     template: Option<PathBuf>,
@@ -79,8 +87,17 @@ struct Cli {
 }
 
 fn load(cli: &Cli) -> anyhow::Result<anneal_bootd::Snapshot> {
-    let (cfg, rev) = StaticConfig::load(&cli.config)?;
+    let (cfg, rev) = load_config(cli)?;
     Ok(cfg.snapshot(cli.http_port, rev)?)
+}
+
+/// The configuration file, with `--boot-dir` applied.
+fn load_config(cli: &Cli) -> anyhow::Result<(StaticConfig, String)> {
+    let (mut cfg, rev) = StaticConfig::load(&cli.config)?;
+    if let Some(dir) = &cli.boot_dir {
+        cfg.use_boot_dir(dir)?;
+    }
+    Ok((cfg, rev))
 }
 
 #[tokio::main]
@@ -95,13 +112,26 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Some(dir) = cli
+        .lease_file
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating the lease file's directory {}", dir.display()))?;
+    }
     let mut watch = None;
     let snap = match &cli.subnet {
         Some(key) => {
             let (ns, name) = key
                 .split_once('/')
                 .context("--subnet must be NAMESPACE/NAME")?;
-            let (base, _) = StaticConfig::load(&cli.config)?;
+            let (base, _) = load_config(&cli)?;
             let cfg = anneal_bootd::watch::WatchConfig {
                 namespace: ns.into(),
                 subnet: name.into(),
@@ -119,8 +149,26 @@ async fn main() -> anyhow::Result<()> {
         }
         None => load(&cli).context("loading the boot table")?,
     };
+    let interface = match cli.interface.as_deref() {
+        Some("auto") => {
+            let ip = snap.table.server_ip;
+            let found = interface_with(ip)?.with_context(|| {
+                format!(
+                    "no interface of this host has the address {ip} (serverIP{}): add it to the \
+                     provisioning interface, or name one with --interface",
+                    cli.subnet
+                        .as_deref()
+                        .map(|s| format!(" of Subnet {s}"))
+                        .unwrap_or_default()
+                )
+            })?;
+            tracing::info!(interface = %found, %ip, "serving on the interface holding serverIP");
+            Some(found)
+        }
+        other => other.map(str::to_string),
+    };
     let opts = ServerOptions {
-        interface: cli.interface.clone(),
+        interface,
         listen_ip: cli.listen_ip,
         dhcp_port: cli.dhcp_port,
         pxe_port: cli.pxe_port,
@@ -177,6 +225,22 @@ async fn main() -> anyhow::Result<()> {
     cancel.cancel();
     server.shutdown().await;
     Ok(())
+}
+
+/// The interface holding the IPv4 address `ip`, if one does.
+fn interface_with(ip: Ipv4Addr) -> anyhow::Result<Option<String>> {
+    let addrs = nix::ifaddrs::getifaddrs().context("listing the host's addresses")?;
+    for a in addrs {
+        let held = a
+            .address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| s.ip());
+        if held == Some(ip) {
+            return Ok(Some(a.interface_name));
+        }
+    }
+    Ok(None)
 }
 
 /// `--dhcp6-range FIRST-LAST`.

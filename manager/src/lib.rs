@@ -4,6 +4,7 @@
 
 pub mod agentapi;
 pub mod bmc;
+pub mod bootd;
 pub mod claims;
 pub mod conditions;
 pub mod content;

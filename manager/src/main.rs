@@ -106,6 +106,21 @@ struct ContentArgs {
     /// Longest an ingest job may run, in seconds.
     #[arg(long, default_value_t = 6 * 3600)]
     ingest_deadline_secs: i64,
+    /// Image of a managed bootd (kubernetes executor): `bootd` at `/bootd`.
+    #[arg(long, default_value = "docker.io/anneal/bootd:dev")]
+    bootd_image: String,
+    /// The agent API's URL as booted machines reach it, written into a
+    /// managed bootd's boot scripts (default: `https://NAME:PORT` with the
+    /// first `--agent-api-name` that is not a loopback one).
+    #[arg(long)]
+    bootd_api_url: Option<String>,
+    /// ServiceAccount of a managed bootd (kubernetes executor; see
+    /// deploy/base/rbac-bootd.yaml).
+    #[arg(long, default_value = "anneal-bootd")]
+    bootd_service_account: String,
+    /// HTTP port of a managed bootd (kernel, initramfs, iPXE scripts).
+    #[arg(long, default_value_t = 8080)]
+    bootd_http_port: u16,
 }
 
 impl ContentArgs {
@@ -114,6 +129,7 @@ impl ContentArgs {
         client: &kube::Client,
         pki_namespace: &str,
         server_names: &[String],
+        agent_api_port: u16,
     ) -> anyhow::Result<Option<anneal_manager::content::ContentConfig>> {
         use anneal_manager::workload::{Executor, kubernetes, process};
         let Some(kind) = self.workload_executor.as_deref() else {
@@ -153,6 +169,7 @@ impl ContentArgs {
                     kubernetes::KubeConfig {
                         namespace: self.workload_namespace.clone(),
                         image,
+                        bootd_image: self.bootd_image.clone(),
                         content_claim: self.content_claim.clone(),
                     },
                 )),
@@ -182,6 +199,23 @@ impl ContentArgs {
             server_listen: self.content_listen.clone(),
             upload,
             swarm: None,
+            bootd: Some(anneal_manager::bootd::BootdConfig {
+                api_url: anneal_manager::bootd::BootdConfig::api_url_from(
+                    self.bootd_api_url.as_deref(),
+                    server_names,
+                    agent_api_port,
+                ),
+                ca_namespace: pki_namespace.to_string(),
+                http_port: self.bootd_http_port,
+                service_account: self.bootd_service_account.clone(),
+                // the API server's address as this manager was given it
+                // (a node without kube-proxy); a pod otherwise gets the
+                // same from its kubelet
+                env: ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"]
+                    .iter()
+                    .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+                    .collect(),
+            }),
         }))
     }
 }
@@ -213,6 +247,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         &client,
         &args.lifecycle.manager_namespace,
         &args.lifecycle.agent_api_names,
+        args.lifecycle.agent_api_listen.port(),
     )?;
     let mut runtime = anneal_manager::Runtime::new(client, cfg);
     if let Some(mut content) = content {

@@ -198,6 +198,7 @@ pub fn tracker_spec(site: &Site, cfg: &SwarmConfig) -> Option<WorkloadSpec> {
         .into(),
         owner: site.controller_owner_ref(&()),
         deadline_secs: None,
+        access: Default::default(),
     })
 }
 
@@ -253,6 +254,7 @@ pub fn seeder_spec(
         .into(),
         owner: image.controller_owner_ref(&()),
         deadline_secs: None,
+        access: Default::default(),
     })
 }
 
@@ -488,6 +490,17 @@ async fn pass(
         if let Some(spec) = started.remove(&k) {
             executor.remove(&spec).await?;
             tracing::info!(workload = %k, "swarm workload stopped (no active deploy, grace period over)");
+        }
+    }
+    // What an earlier leader started and no one wants now (its Image or
+    // Site gone across namespaces, its grace period over while no manager
+    // led): `started` knows only this term's workloads.
+    if let Executor::Kubernetes(kx) = executor {
+        let keep: BTreeSet<String> = want.workloads.values().map(|s| kx.object_name(s)).collect();
+        for component in ["seeder", "tracker"] {
+            for name in kx.sweep_servers(component, &keep).await? {
+                tracing::info!(deployment = %name, "removed a swarm Deployment no deploy wants");
+            }
         }
     }
 

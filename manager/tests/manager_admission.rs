@@ -214,8 +214,9 @@ fn invalid() -> Vec<(&'static str, Value, &'static str)> {
         ("Subnet", subnet(json!({"cidr": "fd77::/64"})), "spec.cidr"),
         (
             "Subnet",
-            subnet(json!({"bootd": {"mode": "Managed"}})),
-            "spec.bootd.networkRef",
+            // (Managed without networkRef is the host's network: accepted)
+            subnet(json!({"bootd": {"mode": "Sometimes"}})),
+            "spec.bootd.mode",
         ),
         (
             "Subnet",

@@ -53,6 +53,7 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         KubeConfig {
             namespace: "anneal-system".into(),
             image: "registry.example/anneal/agent:1.2.3".into(),
+            bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
             content_claim: "content-site-a".into(),
         },
     );
@@ -204,6 +205,7 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         labels: Default::default(),
         owner: Some(owner.clone()),
         deadline_secs: None,
+        access: Default::default(),
     };
     ex.ensure(&server).await.unwrap();
     let deps: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
@@ -228,6 +230,93 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
             .map(String::as_str),
         Some("content-site-a")
     );
+
+    // A managed bootd: the bootd image, the host's network, root with
+    // only its three capabilities, bootd's ServiceAccount token; an owner
+    // reference to a Subnet of the workload namespace, none (labels
+    // instead) to one elsewhere; the sweep removes a bootd no Subnet wants.
+    let subnet_of = |ns: &str| -> anneal_api::Subnet {
+        let mut s: anneal_api::Subnet = serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+            "metadata": {"name": "rack1", "namespace": ns, "uid": format!("uid-{ns}")},
+            "spec": {"siteRef": {"name": "site"}, "cidr": "10.90.0.0/24",
+                     "bootd": {"serverIP": "10.90.0.1", "mode": "Managed"},
+                     "dhcp": {"mode": "proxy"}},
+        }))
+        .unwrap();
+        s.metadata.namespace = Some(ns.into());
+        s
+    };
+    let bcfg = anneal_manager::bootd::BootdConfig {
+        api_url: Some("https://10.90.0.1:8443".into()),
+        ca_namespace: "anneal-system".into(),
+        http_port: 8080,
+        service_account: "anneal-bootd".into(),
+        env: Default::default(),
+    };
+    let home =
+        anneal_manager::bootd::bootd_spec(&subnet_of("anneal-system"), &bcfg, Some("ab")).unwrap();
+    let away = anneal_manager::bootd::bootd_spec(&subnet_of("tenant"), &bcfg, Some("ab")).unwrap();
+    ex.ensure(&home).await.unwrap();
+    ex.ensure(&away).await.unwrap();
+    let d = deps.get("bootd-rack1").await.unwrap();
+    assert_eq!(d.owner_references()[0].uid, "uid-anneal-system");
+    let pod = d.spec.template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.service_account_name.as_deref(), Some("anneal-bootd"));
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    let psc = pod.security_context.unwrap();
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_non_root),
+        (Some(0), Some(false))
+    );
+    let c = &pod.containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some("registry.example/anneal/bootd:1.2.3")
+    );
+    assert_eq!(c.command.clone().unwrap(), ["/bootd"]);
+    let caps = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.clone())
+        .unwrap();
+    assert_eq!(caps.drop.unwrap(), ["ALL"]);
+    assert_eq!(
+        caps.add.unwrap(),
+        ["NET_BIND_SERVICE", "NET_RAW", "NET_ADMIN"]
+    );
+    let away_name = kube_ex.object_name(&away);
+    let d = deps.get(&away_name).await.unwrap();
+    assert!(d.owner_references().is_empty());
+    assert_eq!(
+        d.labels().get("anneal.dev/owner-uid").map(String::as_str),
+        Some("uid-tenant")
+    );
+    let keep: std::collections::BTreeSet<String> = ["bootd-rack1".to_string()].into();
+    let swept = kube_ex
+        .sweep_servers(anneal_manager::bootd::COMPONENT, &keep)
+        .await
+        .unwrap();
+    assert_eq!(swept, std::slice::from_ref(&away_name));
+    assert!(
+        deps.get_opt(&away_name)
+            .await
+            .unwrap()
+            .is_none_or(|d| d.metadata.deletion_timestamp.is_some())
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "anneal-system");
+    assert!(
+        secrets
+            .get_opt(&kube_ex.files_secret_name(&away, "config"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the swept bootd's configuration Secret is gone too"
+    );
+    // the content server is not a bootd: the sweep leaves it
+    assert!(deps.get_opt("content-site-a").await.unwrap().is_some());
+    ex.remove(&home).await.unwrap();
 
     ex.remove(&spec).await.unwrap();
     ex.remove(&server).await.unwrap();

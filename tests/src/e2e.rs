@@ -350,6 +350,7 @@ impl Lab {
                         server_listen: Some(format!("127.0.0.1:{port}")),
                         upload: None,
                         swarm: swarm.clone(),
+                        bootd: None,
                     });
             let shutdown = runtime.shutdown_token();
             let c = cancel.clone();

@@ -31,10 +31,22 @@ pub fn image(name: &str, bin: &Path, path: &str, out: &Path) -> PathBuf {
 /// production image (`deploy/images`: the static musl binary alone) is
 /// checked by `deploy_images`; the pods run the same manager code.
 pub fn manager_image(out: &Path) -> PathBuf {
-    let manager = crate::artifacts::manager_host();
-    let ldd = Command::new("ldd").arg(&manager).output().unwrap();
-    assert!(ldd.status.success(), "ldd {}", manager.display());
-    let mut files = vec![format!("--file=manager={}", manager.display())];
+    dynamic_image("manager", &crate::artifacts::manager_host(), "manager", out)
+}
+
+/// `docker.io/anneal/bootd:dev` for the node tests: the test build's bootd
+/// with its shared libraries, as [`manager_image`].
+pub fn bootd_image(out: &Path) -> PathBuf {
+    dynamic_image("bootd", &crate::artifacts::bootd(), "bootd", out)
+}
+
+/// `docker.io/anneal/<name>:dev`: the dynamically linked `bin` at
+/// `/<path>` (its entrypoint), the shared libraries `ldd` names, the CA
+/// roots.
+fn dynamic_image(name: &str, bin: &Path, path: &str, out: &Path) -> PathBuf {
+    let ldd = Command::new("ldd").arg(bin).output().unwrap();
+    assert!(ldd.status.success(), "ldd {}", bin.display());
+    let mut files = vec![format!("--file={path}={}", bin.display())];
     for line in String::from_utf8_lossy(&ldd.stdout).lines() {
         // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or the
         // loader, `/lib64/ld-linux-x86-64.so.2 (0x…)`
@@ -55,17 +67,17 @@ pub fn manager_image(out: &Path) -> PathBuf {
             real.display()
         ));
     }
-    let archive = out.join("manager.oci.tar");
+    let archive = out.join(format!("{name}.oci.tar"));
     let st = Command::new(crate::artifacts::oci_tool())
-        .args(["build", "--name", "anneal/manager", "--tag", "dev"])
-        .args(["--entrypoint", "/manager", "--max-size-mib", "200"])
+        .args(["build", "--name", &format!("anneal/{name}"), "--tag", "dev"])
+        .args(["--entrypoint", &format!("/{path}"), "--max-size-mib", "200"])
         .args(&files)
         .args(["--ca-roots", "/etc/ssl/certs/ca-certificates.crt"])
         .arg("--out")
         .arg(&archive)
         .status()
         .unwrap();
-    assert!(st.success(), "anneal-oci build manager");
+    assert!(st.success(), "anneal-oci build {name}");
     archive
 }
 

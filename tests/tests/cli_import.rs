@@ -106,6 +106,7 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
                 ingest_deadline_secs: 600,
                 server_listen: None,
                 swarm: None,
+                bootd: None,
                 upload: Some(UploadConfig {
                     listen: format!("127.0.0.1:{upload_port}").parse().unwrap(),
                     store: store.clone(),

@@ -320,6 +320,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
                 ingest_deadline_secs: 600,
                 server_listen: Some(format!("127.0.0.1:{content_port}")),
                 swarm: None,
+                bootd: None,
                 upload: Some(UploadConfig {
                     listen: format!("127.0.0.1:{upload_port}").parse().unwrap(),
                     store: store.clone(),

@@ -12,6 +12,17 @@
 //! by the manager itself), holds the Lease `anneal-system/anneal-manager`
 //! under its own name, and writes the agent API's CA Secret with its own
 //! ServiceAccount. The node leaves nothing on the host.
+//!
+//! Then a managed bootd: a Site and a lease-mode Subnet with
+//! `spec.bootd.mode: Managed` (the host's network) in `anneal-system`. The
+//! manager runs `bootd-<subnet>` as a Deployment from bootd's image (the
+//! test build's bootd with its shared libraries), as `anneal-bootd`, on the
+//! interface the test gave `serverIP` (a bridge with no port: nothing leaves
+//! the host). bootd makes the reservation table live
+//! (`status.dhcp.appliedRevision`), the Subnet says `BootdAvailable=True`,
+//! and bootd serves a first stage from the content store's `boot/files`.
+//! Deleting the Subnet removes the Deployment through its owner reference
+//! (the node's garbage collector).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -20,6 +31,7 @@ use anneal_testinfra::{ControlPlane, NODE_DIR, Node};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,6 +43,7 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
         vec![
             anneal_tests::node::manager_image(&dir),
             anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
+            anneal_tests::node::bootd_image(&dir),
         ]
     })
     .await
@@ -151,6 +164,187 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    managed_bootd(&client, &pods).await;
+
     let left = node.stop();
     assert!(left.is_empty(), "the node left on the host: {left:?}");
+}
+
+/// The (port-less) bridge holding the managed bootd's `serverIP`, removed on
+/// drop (by name: the test created it).
+struct PortlessBridge(&'static str);
+
+impl PortlessBridge {
+    fn create(name: &'static str, cidr: &str) -> PortlessBridge {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", name])
+            .output();
+        for args in [
+            vec!["link", "add", name, "type", "bridge"],
+            vec!["addr", "add", cidr, "dev", name],
+            vec!["link", "set", name, "up"],
+        ] {
+            let out = std::process::Command::new("ip")
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        PortlessBridge(name)
+    }
+}
+
+impl Drop for PortlessBridge {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", self.0])
+            .output();
+    }
+}
+
+async fn managed_bootd(client: &kube::Client, pods: &Api<Pod>) {
+    use anneal_api::Subnet;
+    use anneal_api::conditions::types;
+    const SERVER_IP: &str = "10.90.0.1";
+    let _bridge = PortlessBridge::create("anlbd0", &format!("{SERVER_IP}/24"));
+    // the boot files an operator puts into the content store
+    let boot = std::path::Path::new(NODE_DIR).join("content/boot");
+    std::fs::create_dir_all(boot.join("files")).unwrap();
+    std::fs::write(boot.join("vmlinuz"), b"kernel").unwrap();
+    std::fs::write(boot.join("initrd.img"), b"initrd").unwrap();
+    let first_stage = b"a first stage from the content store".to_vec();
+    std::fs::write(boot.join("files/snponly.efi"), &first_stage).unwrap();
+
+    let apply = |v: serde_json::Value| {
+        let client = client.clone();
+        async move {
+            let cp = kube::api::PatchParams::apply("node-install-test");
+            let name = v["metadata"]["name"].as_str().unwrap().to_string();
+            let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
+            let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                "anneal.dev",
+                "v1alpha1",
+                v["kind"].as_str().unwrap(),
+            ));
+            Api::<kube::api::DynamicObject>::namespaced_with(client, "anneal-system", &ar)
+                .patch(&name, &cp, &kube::api::Patch::Apply(&obj))
+                .await
+                .unwrap();
+        }
+    };
+    apply(serde_json::json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
+        "metadata": {"name": "rack1", "namespace": "anneal-system"}, "spec": {}}))
+    .await;
+    apply(serde_json::json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+        "metadata": {"name": "rack1", "namespace": "anneal-system"},
+        "spec": {"siteRef": {"name": "rack1"}, "cidr": "10.90.0.0/24",
+                 "bootd": {"serverIP": SERVER_IP, "mode": "Managed"},
+                 "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.90.0.100", "end": "10.90.0.150"}}}}))
+    .await;
+
+    let applied = Instant::now();
+    let subnets: Api<Subnet> = Api::namespaced(client.clone(), "anneal-system");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = subnets.get("rack1").await.unwrap();
+        let st = s.status.clone().unwrap_or_default();
+        let available = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == types::BOOTD_AVAILABLE)
+            .map(|c| format!("{} {}: {}", c.status, c.reason, c.message));
+        let dhcp = st.dhcp.clone().unwrap_or_default();
+        let live = dhcp.revision.is_some() && dhcp.applied_revision == dhcp.revision;
+        if live && available.as_deref().is_some_and(|a| a.starts_with("True")) {
+            println!(
+                "managed bootd live {:.1} s after the Subnet: {}",
+                applied.elapsed().as_secs_f64(),
+                available.unwrap_or_default()
+            );
+            break;
+        }
+        let last = format!("BootdAvailable {available:?}, dhcp {dhcp:?}");
+        if Instant::now() > deadline {
+            let mut logs = String::new();
+            for p in pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
+                .await
+                .unwrap()
+                .items
+            {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let log = pods
+                    .logs(&name, &Default::default())
+                    .await
+                    .unwrap_or_default();
+                logs.push_str(&format!("--- {name}: {:?}\n{log}\n", p.status));
+            }
+            panic!(
+                "the managed bootd is not live after 120 s: {last}\n{logs}\n{}",
+                anneal_tests::node::manager_logs(pods).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let d = deployments.get("bootd-rack1").await.unwrap();
+    assert_eq!(
+        d.owner_references().first().map(|o| o.kind.as_str()),
+        Some("Subnet")
+    );
+    // it serves the content store's first stage on serverIP
+    let answer = http_get(&format!("{SERVER_IP}:8080"), "/files/snponly.efi").await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+        "{text}"
+    );
+    assert!(answer.ends_with(&first_stage), "{text}");
+
+    // the Subnet deleted: the garbage collector removes its bootd
+    subnets.delete("rack1", &Default::default()).await.unwrap();
+    let deleted = Instant::now();
+    let deadline = deleted + Duration::from_secs(90);
+    loop {
+        let d = deployments.get_opt("bootd-rack1").await.unwrap();
+        let left = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
+            .await
+            .unwrap()
+            .items
+            .len();
+        if d.is_none() && left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bootd-rack1 still there 90 s after its Subnet was deleted ({left} pods)"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "Subnet deleted: its bootd Deployment and pod gone {:.1} s later",
+        deleted.elapsed().as_secs_f64()
+    );
+}
+
+/// A plain HTTP/1.0 GET: the whole answer, head and body.
+async fn http_get(addr: &str, path: &str) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    out
 }

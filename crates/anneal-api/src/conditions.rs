@@ -43,6 +43,9 @@ pub mod types {
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
     /// Image: a seeder of its content is not serving.
     pub const SEEDER_DEGRADED: &str = "SeederDegraded";
+    /// Subnet with a `Managed` boot half: the bootd the manager runs for it
+    /// has a ready replica.
+    pub const BOOTD_AVAILABLE: &str = "BootdAvailable";
     /// ImageImport: the import finished (`True`) or failed (`False`, the
     /// reason names why: an ingest reason such as ChecksumMismatch, or
     /// NameTaken).
@@ -63,6 +66,7 @@ pub mod types {
         DHCP_POOL_EXHAUSTED,
         DELETION_BLOCKED,
         SEEDER_DEGRADED,
+        BOOTD_AVAILABLE,
         SUCCEEDED,
     ];
 }
@@ -255,6 +259,17 @@ pub mod reasons {
     /// runs.
     pub const NO_ACTIVE_DEPLOY: &str = "NoActiveDeploy";
 
+    // --- Subnet BootdAvailable ---
+    /// BootdAvailable=True: the managed bootd runs and is ready.
+    pub const BOOTD_RUNNING: &str = "BootdRunning";
+    /// BootdAvailable=False: the managed bootd is starting or not ready (the
+    /// message says what its workload reports).
+    pub const BOOTD_STARTING: &str = "BootdStarting";
+    /// BootdAvailable=False: this manager cannot run a bootd (no workload
+    /// executor, or no agent API URL for the boot table); the message names
+    /// the flag that fixes it.
+    pub const BOOTD_NOT_CONFIGURED: &str = "BootdNotConfigured";
+
     // --- Machine Progressing / DeployRun Succeeded ---
     /// Progressing=False on a claimed Machine: no run can be planned (a disk
     /// hint, a missing or unready Image, content or hook); nothing is
@@ -366,6 +381,9 @@ pub mod reasons {
         SEEDER_NOT_SERVING,
         SEEDERS_SERVING,
         NO_ACTIVE_DEPLOY,
+        BOOTD_RUNNING,
+        BOOTD_STARTING,
+        BOOTD_NOT_CONFIGURED,
         DEPLOY_PLAN_FAILED,
         DEPLOYING,
         DEPLOY_SUCCEEDED,

@@ -105,6 +105,7 @@ fn store_spec(pc: &PartitionContent, verb: &str) -> WorkloadSpec {
         labels,
         owner: None,
         deadline_secs: Some(3600),
+        access: Default::default(),
     }
 }
 

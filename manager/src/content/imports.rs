@@ -193,6 +193,7 @@ pub fn ingest_spec(imp: &ImageImport, ctx: &ContentContext) -> WorkloadSpec {
         labels,
         owner: imp.controller_owner_ref(&()),
         deadline_secs: Some(ctx.ingest_deadline_secs),
+        access: Default::default(),
     }
 }
 

@@ -40,6 +40,9 @@ pub struct ContentConfig {
     pub upload: Option<upload::UploadConfig>,
     /// Trackers and seeders of the Sites (`None`: none run).
     pub swarm: Option<crate::swarm::SwarmConfig>,
+    /// Managed bootd per Subnet (`spec.bootd.mode: Managed`); `None`: none
+    /// runs (such Subnets need a bootd started by hand).
+    pub bootd: Option<crate::bootd::BootdConfig>,
 }
 
 /// The content server workload: `anneal-agent serve` over the store, one
@@ -71,6 +74,7 @@ pub fn server_spec(listen: &str) -> crate::workload::WorkloadSpec {
         .into(),
         owner: None,
         deadline_secs: None,
+        access: Default::default(),
     }
 }
 
@@ -172,8 +176,14 @@ pub async fn controller(scope: crate::controller::Scope, cfg: ContentConfig) {
             crate::swarm::controller(scope.clone(), ctx.executor.clone(), sw).await;
         }
     };
+    let bootd = async {
+        if let Some(b) = cfg.bootd {
+            crate::bootd::controller(scope.clone(), ctx.executor.clone(), b).await;
+        }
+    };
     futures::join!(
         swarm,
+        bootd,
         uploads,
         imports::controller(scope.clone(), ctx.clone()),
         contents::controller(scope.clone(), ctx.clone()),

@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{
-    Kind, Observation, Phase, VolumeSource, WorkloadError, WorkloadSpec, finished_phase,
+    Kind, Observation, Phase, Program, VolumeSource, WorkloadError, WorkloadSpec, finished_phase,
     scan_output, workload_name,
 };
 
@@ -33,8 +33,10 @@ pub const WORKLOAD_LABEL: &str = "anneal.dev/workload";
 pub struct KubeConfig {
     /// Namespace the Jobs and Deployments run in.
     pub namespace: String,
-    /// The image holding our static binaries at `/<binary>`.
+    /// The image holding `anneal-agent` at `/anneal-agent`.
     pub image: String,
+    /// The image holding `bootd` at `/bootd` (managed Subnets).
+    pub bootd_image: String,
     /// The PersistentVolumeClaim of the Site's content store.
     pub content_claim: String,
 }
@@ -132,40 +134,62 @@ impl KubeExecutor {
                 }),
             })
             .collect();
-        let pod = json!({
-            "metadata": {"labels": labels},
-            "spec": {
-                "restartPolicy": if spec.kind == Kind::Job { "Never" } else { "Always" },
-                "automountServiceAccountToken": false,
-                "enableServiceLinks": false,
-                "securityContext": {
-                    "runAsNonRoot": true,
-                    "runAsUser": 65532,
-                    "runAsGroup": 65532,
-                    "fsGroup": 65532,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "containers": [{
-                    "name": "work",
-                    "image": self.cfg.image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": [format!("/{}", spec.program.binary())],
-                    "args": args,
-                    "env": env,
-                    "volumeMounts": mounts,
-                    "securityContext": {
-                        "allowPrivilegeEscalation": false,
-                        "readOnlyRootFilesystem": true,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"},
-                        "limits": {"memory": "256Mi"},
-                    },
-                }],
-                "volumes": volumes,
-            },
+        let image = match spec.program {
+            Program::Agent => &self.cfg.image,
+            Program::Bootd => &self.cfg.bootd_image,
+        };
+        let access = &spec.access;
+        let privileged = !access.capabilities.is_empty();
+        let mut pod_security = json!({
+            "runAsNonRoot": !privileged,
+            "runAsUser": if privileged { 0 } else { 65532 },
+            "runAsGroup": if privileged { 0 } else { 65532 },
+            "seccompProfile": {"type": "RuntimeDefault"},
         });
+        if !privileged {
+            pod_security["fsGroup"] = json!(65532);
+        }
+        let mut capabilities = json!({"drop": ["ALL"]});
+        if privileged {
+            capabilities["add"] = json!(access.capabilities);
+        }
+        let mut pod_meta = json!({"labels": labels});
+        if let Some(net) = &access.network_attachment {
+            pod_meta["annotations"] = json!({"k8s.v1.cni.cncf.io/networks": net});
+        }
+        let mut pod_spec = json!({
+            "restartPolicy": if spec.kind == Kind::Job { "Never" } else { "Always" },
+            "automountServiceAccountToken": access.service_account.is_some(),
+            "enableServiceLinks": false,
+            "securityContext": pod_security,
+            "containers": [{
+                "name": "work",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [format!("/{}", spec.program.binary())],
+                "args": args,
+                "env": env,
+                "volumeMounts": mounts,
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": capabilities,
+                },
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {"memory": "256Mi"},
+                },
+            }],
+            "volumes": volumes,
+        });
+        if let Some(sa) = &access.service_account {
+            pod_spec["serviceAccountName"] = json!(sa);
+        }
+        if access.host_network {
+            pod_spec["hostNetwork"] = json!(true);
+            pod_spec["dnsPolicy"] = json!("ClusterFirstWithHostNet");
+        }
+        let pod = json!({"metadata": pod_meta, "spec": pod_spec});
         let metadata = json!({
             "name": name,
             "namespace": self.cfg.namespace,
@@ -357,6 +381,58 @@ impl KubeExecutor {
             Ok(text) => scan_output(&text),
             Err(_) => (None, None),
         }
+    }
+
+    /// Deletes the Deployments of `component` (`app.kubernetes.io/component`)
+    /// this manager made whose name is not in `keep`, with their file
+    /// Secrets; returns their names. What a controller no longer wants but
+    /// cannot find through an owner reference (an owner in another
+    /// namespace, or one deleted while no manager ran) goes this way.
+    pub async fn sweep_servers(
+        &self,
+        component: &str,
+        keep: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>, WorkloadError> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        let lp = ListParams::default().labels(&format!(
+            "app.kubernetes.io/component={component},app.kubernetes.io/managed-by=anneal-manager"
+        ));
+        let list = api.list(&lp).await.map_err(|e| kube_err(component, e))?;
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..DeleteParams::default()
+        };
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        let mut removed = Vec::new();
+        for d in list.items {
+            let name = d.name_any();
+            if keep.contains(&name) || d.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            match api.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(kube_err(&name, e)),
+            }
+            let owned = ListParams::default().labels(&format!("{WORKLOAD_LABEL}={name}"));
+            for s in secrets
+                .list(&owned)
+                .await
+                .map_err(|e| kube_err(&name, e))?
+                .items
+            {
+                match secrets
+                    .delete(&s.name_any(), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(st)) if st.code == 404 => {}
+                    Err(e) => return Err(kube_err(&name, e)),
+                }
+            }
+            removed.push(name);
+        }
+        Ok(removed)
     }
 
     /// Deletes the object (and, in the background, its pods).

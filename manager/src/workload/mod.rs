@@ -34,6 +34,8 @@ use serde_json::Value;
 pub enum Program {
     /// `anneal-agent` (ingest, store verify/remove, the content server).
     Agent,
+    /// `bootd` (a managed Subnet's DHCP, TFTP and HTTP boot server).
+    Bootd,
 }
 
 impl Program {
@@ -41,8 +43,26 @@ impl Program {
     pub fn binary(self) -> &'static str {
         match self {
             Self::Agent => "anneal-agent",
+            Self::Bootd => "bootd",
         }
     }
+}
+
+/// What a workload needs beyond an unprivileged, non-root pod with no
+/// ServiceAccount token (the default: every workload but bootd).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    /// The host's network namespace (bootd answers DHCP on the segment).
+    pub host_network: bool,
+    /// A Multus NetworkAttachmentDefinition (`namespace/name`) the pod
+    /// attaches through instead.
+    pub network_attachment: Option<String>,
+    /// Runs as root with only these capabilities (`NET_BIND_SERVICE`, …);
+    /// empty: as the unprivileged user with none.
+    pub capabilities: Vec<String>,
+    /// The ServiceAccount whose token the program uses to watch the API
+    /// server; `None`: no token is mounted.
+    pub service_account: Option<String>,
 }
 
 /// Runs to completion (a Job) or serves until removed (a Deployment).
@@ -105,6 +125,8 @@ pub struct WorkloadSpec {
     pub owner: Option<OwnerReference>,
     /// Longest run time of a job, in seconds.
     pub deadline_secs: Option<i64>,
+    /// Privileges beyond the default.
+    pub access: Access,
 }
 
 impl WorkloadSpec {
@@ -350,6 +372,7 @@ mod tests {
             labels: BTreeMap::new(),
             owner: None,
             deadline_secs: None,
+            access: Access::default(),
         };
         assert_eq!(
             spec.resolved_args(|v| v.mount_path.clone()),

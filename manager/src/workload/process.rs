@@ -356,6 +356,7 @@ mod tests {
             labels: BTreeMap::new(),
             owner: None,
             deadline_secs: None,
+            access: Default::default(),
         }
     }
 

@@ -159,7 +159,8 @@ impl Subnet {
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
 )]
 pub enum BootdMode {
-    /// The manager runs a bootd Deployment attached through `networkRef`.
+    /// The manager runs a bootd Deployment: on the host's network, or
+    /// attached through `networkRef`.
     #[default]
     Managed,
     /// An operator runs `bootd --subnet NS/NAME` on a host of the segment.
@@ -169,7 +170,6 @@ pub enum BootdMode {
 /// bootd on one segment.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.mode != 'Managed' || has(self.networkRef)").message("spec.bootd.networkRef is required when spec.bootd.mode is Managed").field_path(".networkRef"))]
 pub struct BootdSpec {
     /// The pinned IPv4 address of bootd on this segment: the PXE boot server
     /// and TFTP next-server.
@@ -177,11 +177,14 @@ pub struct BootdSpec {
     #[x_kube(validation = Rule::new("isIP(self) && ip(self).family() == 4").message("spec.bootd.serverIP must be an IPv4 address"))]
     #[schemars(length(max = 15))]
     pub server_ip: String,
-    /// `Managed`: the manager runs a bootd Deployment attached through
-    /// `networkRef`. `External`: an operator runs `bootd --subnet NS/NAME`.
+    /// `Managed`: the manager runs a bootd Deployment (owned by the Subnet)
+    /// on the host's network of a node that holds `serverIP`, or attached
+    /// through `networkRef`. `External`: an operator runs
+    /// `bootd --subnet NS/NAME`.
     pub mode: BootdMode,
     /// The Multus NetworkAttachmentDefinition a Managed bootd attaches
-    /// through.
+    /// through (its IPAM gives bootd `serverIP`); absent: the host's
+    /// network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_ref: Option<NameRef>,
 }
