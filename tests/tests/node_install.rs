@@ -17,12 +17,17 @@
 //! `spec.bootd.mode: Managed` (the host's network) in `anneal-system`. The
 //! manager runs `bootd-<subnet>` as a Deployment from bootd's image (the
 //! test build's bootd with its shared libraries), as `anneal-bootd`, on the
-//! interface the test gave `serverIP` (a bridge with no port: nothing leaves
-//! the host). bootd makes the reservation table live
-//! (`status.dhcp.appliedRevision`), the Subnet says `BootdAvailable=True`,
-//! and bootd serves a first stage from the content store's `boot/files`.
-//! Deleting the Subnet removes the Deployment through its owner reference
-//! (the node's garbage collector).
+//! interface the test gave `serverIP`: the host end of a veth pair whose
+//! other end is a port of the bridge, in a network namespace of the test,
+//! that the VM's tap is on (nothing leaves the host). bootd makes the
+//! reservation table live (`status.dhcp.appliedRevision`), the Subnet says
+//! `BootdAvailable=True`, and bootd serves the first stage, kernel and
+//! initramfs from the content store's `boot/`. A QEMU VM (OVMF, under TCG)
+//! enrolled as a Machine is powered on by the manager pod through its BMC,
+//! network-boots through the bootd pod (PXE, iPXE, the Debian kernel and the
+//! agent's initramfs), registers with the manager pod's agent API and is
+//! inspected: `Available`. Deleting the Subnet then removes the Deployment
+//! through its owner reference (the node's garbage collector).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -40,14 +45,29 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
     let dir = work.path().to_path_buf();
     let images = tokio::task::spawn_blocking(move || {
         let agent = anneal_tests::artifacts::agent_musl();
-        vec![
-            anneal_tests::node::manager_image(&dir),
-            anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
-            anneal_tests::node::bootd_image(&dir),
-        ]
+        // the agent's initramfs, which the managed bootd serves
+        let kernel = anneal_testinfra::debian_kernel().unwrap();
+        let initrd = dir.join("agent.cpio.zst");
+        anneal_tests::artifacts::build_initramfs(
+            &anneal_tests::artifacts::initramfs_tool(),
+            &agent,
+            &kernel.modules,
+            &initrd,
+        );
+        (
+            vec![
+                anneal_tests::node::manager_image(&dir),
+                anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
+                anneal_tests::node::bootd_image(&dir),
+            ],
+            (kernel.vmlinuz, initrd),
+        )
     })
     .await
     .unwrap();
+    let (images, boot) = images;
+    // the provisioning segment, before the manager binds its agent API there
+    let segment = Segment::create();
     let cp = ControlPlane::start().await.unwrap();
     let node = Node::start(&cp, &images).await.unwrap();
     let api_port = cp.url().rsplit(':').next().unwrap().to_string();
@@ -71,8 +91,9 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
           - run
           - --lease-namespace=anneal-system
           - --metrics-addr={node_ip}:{metrics}
-          - --agent-api-listen={node_ip}:{agent_api}
-          - --agent-api-name={node_ip}
+          - --agent-api-listen={SERVER_IP}:{agent_api}
+          - --agent-api-name={SERVER_IP}
+          - --allow-insecure-bmc
           - --workload-executor=kubernetes
           - --workload-image=docker.io/anneal/agent:dev
           - --workload-namespace=anneal-system
@@ -164,25 +185,54 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    managed_bootd(&client, &pods).await;
+    managed_bootd(&client, &pods, &segment, &boot, work.path()).await;
+    drop(segment);
 
     let left = node.stop();
     assert!(left.is_empty(), "the node left on the host: {left:?}");
 }
 
-/// The (port-less) bridge holding the managed bootd's `serverIP`, removed on
-/// drop (by name: the test created it).
-struct PortlessBridge(&'static str);
+/// bootd's address on the provisioning segment (and the agent API's).
+const SERVER_IP: &str = "10.90.0.1";
+/// The host's end of the segment.
+const HOST_IF: &str = "anlbd0";
+/// The VM's NIC.
+const MAC: &str = "52:54:00:e2:e0:71";
+const BMC_USER: &str = "admin";
+const BMC_PASSWORD: &str = "node-bmc-password";
 
-impl PortlessBridge {
-    fn create(name: &'static str, cidr: &str) -> PortlessBridge {
+/// The provisioning segment: a bridge in a namespace of the test (the VM's
+/// tap joins it) and a veth pair from it to the host, whose host end
+/// ([`HOST_IF`]) holds [`SERVER_IP`]: the host-network pods reach the VM
+/// and nothing else does. Removed on drop (the host end by name, the
+/// namespace with the rest).
+struct Segment {
+    ns: anneal_testinfra::Netns,
+}
+
+impl Segment {
+    fn create() -> Segment {
+        let mut ns = anneal_testinfra::Netns::create("anlnd").unwrap();
+        // iPXE waits ~15 s for IPv6 without router advertisements
+        ns.start_router_advertisements().unwrap();
         let _ = std::process::Command::new("ip")
-            .args(["link", "del", name])
+            .args(["link", "del", HOST_IF])
             .output();
         for args in [
-            vec!["link", "add", name, "type", "bridge"],
-            vec!["addr", "add", cidr, "dev", name],
-            vec!["link", "set", name, "up"],
+            vec![
+                "link",
+                "add",
+                HOST_IF,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "anlbdp",
+                "netns",
+                ns.name(),
+            ],
+            vec!["addr", "add", "10.90.0.1/24", "dev", HOST_IF],
+            vec!["link", "set", HOST_IF, "up"],
         ] {
             let out = std::process::Command::new("ip")
                 .args(&args)
@@ -194,30 +244,43 @@ impl PortlessBridge {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        PortlessBridge(name)
+        ns.ip(&["link", "set", "anlbdp", "master", "br0"]).unwrap();
+        ns.ip(&["link", "set", "anlbdp", "up"]).unwrap();
+        Segment { ns }
     }
 }
 
-impl Drop for PortlessBridge {
+impl Drop for Segment {
     fn drop(&mut self) {
         let _ = std::process::Command::new("ip")
-            .args(["link", "del", self.0])
+            .args(["link", "del", HOST_IF])
             .output();
     }
 }
 
-async fn managed_bootd(client: &kube::Client, pods: &Api<Pod>) {
+async fn managed_bootd(
+    client: &kube::Client,
+    pods: &Api<Pod>,
+    segment: &Segment,
+    (vmlinuz, initrd): &(std::path::PathBuf, std::path::PathBuf),
+    work: &std::path::Path,
+) {
     use anneal_api::Subnet;
     use anneal_api::conditions::types;
-    const SERVER_IP: &str = "10.90.0.1";
-    let _bridge = PortlessBridge::create("anlbd0", &format!("{SERVER_IP}/24"));
-    // the boot files an operator puts into the content store
+    // the boot files an operator puts into the content store (copies: the
+    // pod sees the store, not the host's paths)
     let boot = std::path::Path::new(NODE_DIR).join("content/boot");
     std::fs::create_dir_all(boot.join("files")).unwrap();
-    std::fs::write(boot.join("vmlinuz"), b"kernel").unwrap();
-    std::fs::write(boot.join("initrd.img"), b"initrd").unwrap();
-    let first_stage = b"a first stage from the content store".to_vec();
-    std::fs::write(boot.join("files/snponly.efi"), &first_stage).unwrap();
+    std::fs::copy(vmlinuz, boot.join("vmlinuz")).unwrap();
+    std::fs::copy(initrd, boot.join("initrd.img")).unwrap();
+    for f in ["snponly.efi", "ipxe.efi", "undionly.kpxe"] {
+        std::fs::copy(
+            std::path::Path::new("/usr/lib/ipxe").join(f),
+            boot.join("files").join(f),
+        )
+        .unwrap();
+    }
+    let first_stage = std::fs::read("/usr/lib/ipxe/snponly.efi").unwrap();
 
     let apply = |v: serde_json::Value| {
         let client = client.clone();
@@ -249,6 +312,7 @@ async fn managed_bootd(client: &kube::Client, pods: &Api<Pod>) {
     .await;
 
     let applied = Instant::now();
+    let mut seen = std::collections::BTreeSet::new();
     let subnets: Api<Subnet> = Api::namespaced(client.clone(), "anneal-system");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -262,6 +326,18 @@ async fn managed_bootd(client: &kube::Client, pods: &Api<Pod>) {
             .map(|c| format!("{} {}: {}", c.status, c.reason, c.message));
         let dhcp = st.dhcp.clone().unwrap_or_default();
         let live = dhcp.revision.is_some() && dhcp.applied_revision == dhcp.revision;
+        for (what, now) in [
+            ("revision", dhcp.revision.is_some()),
+            ("applied", live),
+            (
+                "available",
+                available.as_deref().is_some_and(|a| a.starts_with("True")),
+            ),
+        ] {
+            if now && seen.insert(what) {
+                println!("  {what} at {:.1} s", applied.elapsed().as_secs_f64());
+            }
+        }
         if live && available.as_deref().is_some_and(|a| a.starts_with("True")) {
             println!(
                 "managed bootd live {:.1} s after the Subnet: {}",
@@ -301,11 +377,14 @@ async fn managed_bootd(client: &kube::Client, pods: &Api<Pod>) {
     // it serves the content store's first stage on serverIP
     let answer = http_get(&format!("{SERVER_IP}:8080"), "/files/snponly.efi").await;
     let text = String::from_utf8_lossy(&answer);
+    let head = text.split("\r\n\r\n").next().unwrap_or_default();
     assert!(
         text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
-        "{text}"
+        "{head}"
     );
-    assert!(answer.ends_with(&first_stage), "{text}");
+    assert!(answer.ends_with(&first_stage), "{head}");
+
+    inspect_vm(client, pods, segment, work).await;
 
     // the Subnet deleted: the garbage collector removes its bootd
     subnets.delete("rack1", &Default::default()).await.unwrap();
@@ -347,4 +426,166 @@ async fn http_get(addr: &str, path: &str) -> Vec<u8> {
         .unwrap()
         .unwrap();
     out
+}
+
+/// A VM enrolled as Machine `node-vm` in `anneal-system`: the manager pod
+/// powers it on through its BMC (PXE once), it boots through the bootd pod
+/// and the agent registers with the manager pod: `Available`, its
+/// MachineHardware written. The Machine is deleted at the end (the manager
+/// powers the VM off and lets it go).
+async fn inspect_vm(
+    client: &kube::Client,
+    pods: &Api<Pod>,
+    segment: &Segment,
+    work: &std::path::Path,
+) {
+    use anneal_api::{Machine, MachineHardware};
+    use anneal_testinfra::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
+    const NAME: &str = "node-vm";
+    let dir = work.join("vm");
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = dir.join("vda.raw");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let tap = segment.ns.add_tap().unwrap();
+    let mut nic = NicConfig::virtio(&tap, MAC);
+    // OVMF's own PXE client fetches the first stage, as on real hardware
+    nic.option_rom = false;
+    let cfg = VmConfig {
+        firmware: Firmware::Ovmf,
+        memory_mib: 1024,
+        cpus: 2,
+        nics: vec![nic],
+        disks: vec![DiskConfig {
+            path: disk,
+            format: "raw".into(),
+            bus: DiskBus::VirtioBlk,
+            serial: "NODEVBLK0001".into(),
+        }],
+        // paused until the BMC powers it on
+        extra_args: vec!["-S".into(), "-no-shutdown".into()],
+        no_reboot: false,
+        ..VmConfig::default()
+    };
+    let launched = Instant::now();
+    let vm = Vm::launch(&cfg, Some(&segment.ns)).unwrap();
+    while !vm.qmp_path().exists() {
+        assert!(
+            launched.elapsed() < Duration::from_secs(60),
+            "no QMP socket"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bmc = anneal_qemu_bmc::start(anneal_qemu_bmc::BmcConfig {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        qmp: vm.qmp_path().to_path_buf(),
+        state_file: dir.join("bmc-state.json"),
+        request_log: None,
+        username: BMC_USER.into(),
+        password: BMC_PASSWORD.into(),
+        system_id: "vm0".into(),
+        tls: None,
+    })
+    .await
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "anneal-system");
+    secrets
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": format!("{NAME}-bmc")},
+                "stringData": {"username": BMC_USER, "password": BMC_PASSWORD},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "anneal-system");
+    machines
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+                "metadata": {"name": NAME},
+                "spec": {
+                    "subnetRef": {"name": "rack1"},
+                    "bootMACAddress": MAC,
+                    "console": ["ttyS0"],
+                    "bootLoader": "ipxe",
+                    "bmc": {
+                        "address": format!("redfish+http://127.0.0.1:{}", bmc.addr().port()),
+                        "credentialsSecretRef": {"name": format!("{NAME}-bmc")},
+                    },
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let enrolled = Instant::now();
+    let mut last = String::from("?");
+    loop {
+        let m = serde_json::to_value(machines.get(NAME).await.unwrap()).unwrap();
+        let state = m["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state != last {
+            println!(
+                "machine {NAME}: {state} ({:.1} s after enrolment)",
+                enrolled.elapsed().as_secs_f64()
+            );
+            last = state.clone();
+        }
+        if state == "Available" {
+            break;
+        }
+        if enrolled.elapsed() > Duration::from_secs(300) {
+            let console = vm.serial_text();
+            let lines: Vec<&str> = console.lines().collect();
+            let mut logs = String::new();
+            for p in pods
+                .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
+                .await
+                .unwrap()
+                .items
+            {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let log = pods
+                    .logs(&name, &Default::default())
+                    .await
+                    .unwrap_or_default();
+                logs.push_str(&format!("--- {name}\n{log}\n"));
+            }
+            panic!(
+                "machine {NAME} not Available 300 s after enrolment (state {state:?})\nconsole tail:\n{}\n{logs}\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n"),
+                anneal_tests::node::manager_logs(pods).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let hw = Api::<MachineHardware>::namespaced(client.clone(), "anneal-system")
+        .get(NAME)
+        .await
+        .unwrap();
+    let summary = anneal_tests::e2e::summary(&hw);
+    println!("inspected through the pods: {summary}");
+    assert!(summary.contains("NODEVBLK0001"), "{summary}");
+
+    // the Machine deleted: the manager lets it go
+    machines.delete(NAME, &Default::default()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while machines.get_opt(NAME).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "Machine {NAME} still there 90 s after its deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(bmc);
+    drop(vm);
 }
