@@ -299,6 +299,28 @@ async fn managed_bootd(
                 .unwrap();
         }
     };
+    // the content store's claim bound to its hostPath volume (the node's
+    // binder does it in its own time; until then a pod mounting the store
+    // is not scheduled, which the Subnet would report)
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), "anneal-system");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let phase = claims
+            .get("anneal-content")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase);
+        if phase.as_deref() == Some("Bound") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "PersistentVolumeClaim anneal-content not Bound after 120 s: {phase:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     apply(serde_json::json!({
         "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
         "metadata": {"name": "rack1", "namespace": "anneal-system"}, "spec": {}}))
@@ -309,6 +331,14 @@ async fn managed_bootd(
         "spec": {"siteRef": {"name": "rack1"}, "cidr": "10.90.0.0/24",
                  "bootd": {"serverIP": SERVER_IP, "mode": "Managed"},
                  "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.90.0.100", "end": "10.90.0.150"}}}}))
+    .await;
+    // an operator's mistake: a serverIP no interface of the node holds
+    apply(serde_json::json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+        "metadata": {"name": "rack2", "namespace": "anneal-system"},
+        "spec": {"siteRef": {"name": "rack1"}, "cidr": "10.90.1.0/24",
+                 "bootd": {"serverIP": "10.90.1.1", "mode": "Managed"},
+                 "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.90.1.100", "end": "10.90.1.150"}}}}))
     .await;
 
     let applied = Instant::now();
@@ -369,6 +399,42 @@ async fn managed_bootd(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // the mistake is told on the Subnet, from the bootd pod's own error
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = subnets.get("rack2").await.unwrap();
+        let available = s
+            .status
+            .unwrap_or_default()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == types::BOOTD_AVAILABLE);
+        if let Some(c) = &available
+            && c.message
+                .contains("no interface of this host has the address 10.90.1.1")
+        {
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", "BootdStarting")
+            );
+            assert!(
+                c.message.contains("Subnet anneal-system/rack2"),
+                "{}",
+                c.message
+            );
+            println!(
+                "rack2 (serverIP on no interface): BootdAvailable=False: {}",
+                c.message
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rack2's BootdAvailable does not name the missing address after 120 s: {available:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    subnets.delete("rack2", &Default::default()).await.unwrap();
     let d = deployments.get("bootd-rack1").await.unwrap();
     assert_eq!(
         d.owner_references().first().map(|o| o.kind.as_str()),

@@ -166,6 +166,9 @@ impl KubeExecutor {
                 "name": "work",
                 "image": image,
                 "imagePullPolicy": "IfNotPresent",
+                // a server that exits says why in its pod's status (and so
+                // in its owner's condition): the last lines of its log
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "command": [format!("/{}", spec.program.binary())],
                 "args": args,
                 "env": env,
@@ -345,18 +348,38 @@ impl KubeExecutor {
                     return Ok(Observation::absent());
                 };
                 let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0) > 0;
+                let detail = if ready {
+                    String::new()
+                } else {
+                    match self.pod_trouble(&name).await {
+                        Some(why) => format!("Deployment {name} has no ready replica: {why}"),
+                        None => format!("Deployment {name} has no ready replica"),
+                    }
+                };
                 Ok(Observation {
                     phase: Phase::Running,
                     progress: None,
                     outcome: None,
-                    detail: if ready {
-                        String::new()
-                    } else {
-                        format!("Deployment {name} has no ready replica")
-                    },
+                    detail,
                 })
             }
         }
+    }
+
+    /// Why the newest pod of workload `name` is not ready, as `kubectl
+    /// describe` would tell: not scheduled (the scheduler's message), its
+    /// container waiting (CrashLoopBackOff, ErrImageNeverPull, …) and how
+    /// its last run ended (exit code and the end of its log). `None` when
+    /// there is no pod or nothing to say.
+    async fn pod_trouble(&self, name: &str) -> Option<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        let lp = ListParams::default().labels(&format!("{WORKLOAD_LABEL}={name}"));
+        let list = pods.list(&lp).await.ok()?;
+        let pod = list
+            .items
+            .iter()
+            .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))?;
+        pod_trouble(pod)
     }
 
     async fn log_lines(&self, job: &str) -> (Option<Value>, Option<Value>) {
@@ -469,5 +492,113 @@ impl KubeExecutor {
             }
         }
         Ok(())
+    }
+}
+
+/// [`KubeExecutor::pod_trouble`] for one pod.
+pub fn pod_trouble(pod: &Pod) -> Option<String> {
+    let pname = pod.name_any();
+    let status = pod.status.as_ref()?;
+    let mut parts = Vec::new();
+    for c in status.conditions.iter().flatten() {
+        if c.type_ == "PodScheduled" && c.status == "False" {
+            parts.push(format!(
+                "pod {pname} not scheduled: {}",
+                c.message.as_deref().unwrap_or("no reason given")
+            ));
+        }
+    }
+    for cs in status.container_statuses.iter().flatten() {
+        if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            let reason = w.reason.as_deref().unwrap_or("Waiting");
+            match w.message.as_deref() {
+                Some(m) if !m.is_empty() => parts.push(format!("pod {pname}: {reason}: {m}")),
+                _ => parts.push(format!("pod {pname}: {reason}")),
+            }
+        }
+        if let Some(t) = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            // the end of the log: the error a program prints last
+            let message = t
+                .message
+                .as_deref()
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default()
+                .trim();
+            let mut line = format!(
+                "its last run ended with exit code {} ({}) after {} restart(s)",
+                t.exit_code,
+                t.reason.as_deref().unwrap_or("Terminated"),
+                cs.restart_count
+            );
+            if !message.is_empty() {
+                line.push_str(&format!(": {}", truncate(message, 400)));
+            }
+            parts.push(line);
+        }
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(status: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "bootd-rack1-abc"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_crash_looping_server_says_why_from_its_last_log_line() {
+        let p = pod(json!({
+            "containerStatuses": [{
+                "name": "work", "image": "i", "imageID": "", "ready": false, "restartCount": 3,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=work"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                    "message": "INFO starting\nError: no interface holds serverIP 10.90.0.77 (Subnet anneal-system/rack1)\n\n"}},
+            }],
+        }));
+        let why = pod_trouble(&p).unwrap();
+        assert!(
+            why.contains("pod bootd-rack1-abc: CrashLoopBackOff: back-off 40s"),
+            "{why}"
+        );
+        assert!(
+            why.contains("exit code 1 (Error) after 3 restart(s): Error: no interface holds serverIP 10.90.0.77"),
+            "{why}"
+        );
+        assert!(!why.contains("INFO starting"), "{why}");
+    }
+
+    #[test]
+    fn an_unscheduled_server_names_the_schedulers_message() {
+        let p = pod(json!({
+            "conditions": [{"type": "PodScheduled", "status": "False",
+                "message": "0/1 nodes are available: 1 node(s) didn't have free ports for the requested pod ports."}],
+        }));
+        let why = pod_trouble(&p).unwrap();
+        assert!(
+            why.contains("not scheduled: 0/1 nodes are available"),
+            "{why}"
+        );
+        assert_eq!(pod_trouble(&pod(json!({}))), None);
+        assert_eq!(truncate("héllo", 2), "h");
     }
 }
