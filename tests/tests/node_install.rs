@@ -451,6 +451,7 @@ async fn managed_bootd(
     assert!(answer.ends_with(&first_stage), "{head}");
 
     inspect_vm(client, pods, segment, work).await;
+    manager_restart_keeps_bootd(client, pods).await;
 
     // the Subnet deleted: the garbage collector removes its bootd
     subnets.delete("rack1", &Default::default()).await.unwrap();
@@ -654,4 +655,98 @@ async fn inspect_vm(
     }
     drop(bmc);
     drop(vm);
+}
+
+/// The manager pod replaced (an upgrade, a node drain): the new one takes
+/// the Lease, adopts the running bootd on its first pass and leaves it as
+/// it is: the same pod, never restarted, the Deployment's template
+/// unchanged (DHCP never stops for a manager's restart).
+async fn manager_restart_keeps_bootd(client: &kube::Client, pods: &Api<Pod>) {
+    use anneal_api::Subnet;
+    use anneal_api::conditions::types;
+    let bootd_pods = || async {
+        pods.list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|p| {
+                let restarts = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .map(|c| c.iter().map(|c| c.restart_count).sum::<i32>())
+                    .unwrap_or_default();
+                (p.metadata.uid.unwrap_or_default(), restarts)
+            })
+            .collect::<Vec<_>>()
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let before = bootd_pods().await;
+    let generation = deployments
+        .get("bootd-rack1")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let managers = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=anneal-manager"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(managers.len(), 1);
+    let old = managers[0].metadata.name.clone().unwrap();
+    let restarted = Instant::now();
+    pods.delete(&old, &Default::default()).await.unwrap();
+    // the new manager pod leads and has made its first bootd pass
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "anneal-system");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let new = loop {
+        let holder = leases
+            .get_opt("anneal-manager")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| *h != old);
+        if let Some(h) = holder {
+            let log = pods.logs(&h, &Default::default()).await.unwrap_or_default();
+            if log.contains("managed bootd applied") {
+                break h;
+            }
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "no new manager pod leading with a bootd pass 180 s after {old} was deleted\n{}",
+                anneal_tests::node::manager_logs(pods).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "manager pod {old} replaced by {new}: leading, bootd adopted {:.1} s after the deletion",
+        restarted.elapsed().as_secs_f64()
+    );
+    let d = deployments.get("bootd-rack1").await.unwrap();
+    assert_eq!(
+        d.metadata.generation, generation,
+        "the new manager changed bootd's Deployment"
+    );
+    assert_eq!(
+        bootd_pods().await,
+        before,
+        "bootd's pod was replaced or restarted across the manager's restart"
+    );
+    let s = Api::<Subnet>::namespaced(client.clone(), "anneal-system")
+        .get("rack1")
+        .await
+        .unwrap();
+    let c = s
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == types::BOOTD_AVAILABLE)
+        .unwrap();
+    assert_eq!(c.status, "True", "{c:?}");
 }
