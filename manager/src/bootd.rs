@@ -35,7 +35,8 @@ use serde_json::json;
 
 use crate::controller::Scope;
 use crate::workload::{
-    Access, Executor, Kind, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name,
+    Access, Executor, Kind, PassError, Phase, Program, Volume, VolumeSource, WorkloadSpec,
+    workload_name,
 };
 
 /// The field manager of the Subnet conditions this controller writes.
@@ -238,14 +239,6 @@ pub async fn controller(scope: Scope, executor: Executor, cfg: BootdConfig) {
             }
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum PassError {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Workload(#[from] crate::workload::WorkloadError),
 }
 
 async fn ca_digest(scope: &Scope, cfg: &BootdConfig) -> Result<Option<String>, kube::Error> {

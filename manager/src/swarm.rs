@@ -42,7 +42,7 @@ use serde_json::json;
 use crate::controller::Scope;
 use crate::deploy::plan::SwarmInputs;
 use crate::workload::{
-    Executor, Kind, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name,
+    Executor, Kind, PassError, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name,
 };
 
 /// The field manager of this controller's status writes.
@@ -311,14 +311,6 @@ pub async fn controller(scope: Scope, executor: Executor, cfg: SwarmConfig) {
             }
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum PassError {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Workload(#[from] crate::workload::WorkloadError),
 }
 
 async fn pass(

@@ -378,20 +378,7 @@ async fn managed_bootd(
         }
         let last = format!("BootdAvailable {available:?}, dhcp {dhcp:?}");
         if Instant::now() > deadline {
-            let mut logs = String::new();
-            for p in pods
-                .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
-                .await
-                .unwrap()
-                .items
-            {
-                let name = p.metadata.name.clone().unwrap_or_default();
-                let log = pods
-                    .logs(&name, &Default::default())
-                    .await
-                    .unwrap_or_default();
-                logs.push_str(&format!("--- {name}: {:?}\n{log}\n", p.status));
-            }
+            let logs = bootd_logs(pods).await;
             panic!(
                 "the managed bootd is not live after 120 s: {last}\n{logs}\n{}",
                 anneal_tests::node::manager_logs(pods).await
@@ -613,20 +600,7 @@ async fn inspect_vm(
         if enrolled.elapsed() > Duration::from_secs(300) {
             let console = vm.serial_text();
             let lines: Vec<&str> = console.lines().collect();
-            let mut logs = String::new();
-            for p in pods
-                .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
-                .await
-                .unwrap()
-                .items
-            {
-                let name = p.metadata.name.clone().unwrap_or_default();
-                let log = pods
-                    .logs(&name, &Default::default())
-                    .await
-                    .unwrap_or_default();
-                logs.push_str(&format!("--- {name}\n{log}\n"));
-            }
+            let logs = bootd_logs(pods).await;
             panic!(
                 "machine {NAME} not Available 300 s after enrolment (state {state:?})\nconsole tail:\n{}\n{logs}\n{}",
                 lines[lines.len().saturating_sub(40)..].join("\n"),
@@ -749,4 +723,23 @@ async fn manager_restart_keeps_bootd(client: &kube::Client, pods: &Api<Pod>) {
         .find(|c| c.type_ == types::BOOTD_AVAILABLE)
         .unwrap();
     assert_eq!(c.status, "True", "{c:?}");
+}
+
+/// Each bootd pod's status and log, for a failure message.
+async fn bootd_logs(pods: &Api<Pod>) -> String {
+    let mut logs = String::new();
+    for p in pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
+        .await
+        .unwrap()
+        .items
+    {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let log = pods
+            .logs(&name, &Default::default())
+            .await
+            .unwrap_or_default();
+        logs.push_str(&format!("--- {name}: {:?}\n{log}\n", p.status));
+    }
+    logs
 }

@@ -244,6 +244,18 @@ pub fn workload_name(prefix: &str, namespace: &str, name: &str) -> String {
     format!("{}-{tag}", head.trim_end_matches(['-', '.']))
 }
 
+/// Why a pass of a controller that runs workloads (managed bootd, the
+/// swarm) failed: it is retried on the next pass.
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    /// Reading or writing the objects the pass works from.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// The executor.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+}
+
 /// Errors of an executor.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
