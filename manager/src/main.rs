@@ -92,6 +92,11 @@ struct ContentArgs {
     /// PersistentVolumeClaim of the content store (kubernetes executor).
     #[arg(long, default_value = "anneal-content")]
     content_claim: String,
+    /// Run the content server, seeders and trackers on the node's network
+    /// (kubernetes executor; an appliance: they listen on the provisioning
+    /// interface's address). Jobs stay on the pod network.
+    #[arg(long)]
+    workload_host_network: bool,
     /// Run the content server (`anneal-agent serve` over the store) listening
     /// here, e.g. `0.0.0.0:8088`; unset: no content server.
     #[arg(long)]
@@ -171,6 +176,7 @@ impl ContentArgs {
                         image,
                         bootd_image: self.bootd_image.clone(),
                         content_claim: self.content_claim.clone(),
+                        server_host_network: self.workload_host_network,
                     },
                 )),
                 self.content_claim.clone(),

@@ -55,6 +55,7 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
             image: "registry.example/anneal/agent:1.2.3".into(),
             bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
             content_claim: "content-site-a".into(),
+            server_host_network: false,
         },
     );
     let ctx = ContentContext {
@@ -315,6 +316,31 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         "the swept bootd's configuration Secret is gone too"
     );
     // the content server is not a bootd: the sweep leaves it
+    // (below); on the pod network unless servers are on the node's network
+    // (--workload-host-network): then the content server is, Jobs are not
+    assert_eq!(
+        kube_ex.object(&server)["spec"]["template"]["spec"]["hostNetwork"],
+        json!(null)
+    );
+    let on_host = KubeExecutor::new(
+        client.clone(),
+        KubeConfig {
+            namespace: "anneal-system".into(),
+            image: "registry.example/anneal/agent:1.2.3".into(),
+            bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
+            content_claim: "content-site-a".into(),
+            server_host_network: true,
+        },
+    );
+    let pod = &on_host.object(&server)["spec"]["template"]["spec"];
+    assert_eq!(
+        (pod["hostNetwork"].clone(), pod["dnsPolicy"].clone()),
+        (json!(true), json!("ClusterFirstWithHostNet"))
+    );
+    assert_eq!(
+        on_host.object(&spec)["spec"]["template"]["spec"]["hostNetwork"],
+        json!(null)
+    );
     assert!(deps.get_opt("content-site-a").await.unwrap().is_some());
     ex.remove(&home).await.unwrap();
 

@@ -98,6 +98,8 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
           - --workload-image=docker.io/anneal/agent:dev
           - --workload-namespace=anneal-system
           - --content-claim=anneal-content
+          - --workload-host-network
+          - --content-listen={SERVER_IP}:8088
       - op: replace
         path: /spec/template/spec/containers/0/ports
         value:
@@ -437,6 +439,37 @@ async fn managed_bootd(
     );
     assert!(answer.ends_with(&first_stage), "{head}");
 
+    // the content server, a pod on the node's network, serves on the
+    // provisioning interface's address too
+    // (its Deployment is made when the manager starts leading: wait for it)
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let answer = loop {
+        match try_http_get(
+            &format!("{SERVER_IP}:8088"),
+            "/content/anneal-system/none/index",
+        )
+        .await
+        {
+            Ok(a) => break a,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no content server on {SERVER_IP}:8088 after 120 s: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.starts_with("HTTP/1.1 404") && text.contains("no such content"),
+        "{text}"
+    );
+    println!(
+        "content server answering on {SERVER_IP}:8088 ({:.1} s after the bootd)",
+        Instant::now()
+            .duration_since(deadline - Duration::from_secs(120))
+            .as_secs_f64()
+    );
+
     inspect_vm(client, pods, segment, work).await;
     manager_restart_keeps_bootd(client, pods).await;
 
@@ -469,17 +502,18 @@ async fn managed_bootd(
 
 /// A plain HTTP/1.0 GET: the whole answer, head and body.
 async fn http_get(addr: &str, path: &str) -> Vec<u8> {
+    try_http_get(addr, path).await.unwrap()
+}
+
+/// [`http_get`], or why it failed (nothing listening yet, …).
+async fn try_http_get(addr: &str, path: &str) -> std::io::Result<Vec<u8>> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(addr).await?;
     c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+        .await?;
     let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    out
+    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut out)).await??;
+    Ok(out)
 }
 
 /// A VM enrolled as Machine `node-vm` in `anneal-system`: the manager pod

@@ -39,6 +39,12 @@ pub struct KubeConfig {
     pub bootd_image: String,
     /// The PersistentVolumeClaim of the Site's content store.
     pub content_claim: String,
+    /// Servers (the content server, seeders, trackers) on the node's
+    /// network instead of the pod network: on an appliance they listen on
+    /// the provisioning interface's address, where machines reach them
+    /// (`--workload-host-network`). Jobs stay on the pod network; a
+    /// workload with its own network attachment keeps it.
+    pub server_host_network: bool,
 }
 
 /// Runs workloads as Jobs and Deployments.
@@ -188,7 +194,11 @@ impl KubeExecutor {
         if let Some(sa) = &access.service_account {
             pod_spec["serviceAccountName"] = json!(sa);
         }
-        if access.host_network {
+        let host_network = access.host_network
+            || (spec.kind == Kind::Server
+                && self.cfg.server_host_network
+                && access.network_attachment.is_none());
+        if host_network {
             pod_spec["hostNetwork"] = json!(true);
             pod_spec["dnsPolicy"] = json!("ClusterFirstWithHostNet");
         }
