@@ -48,16 +48,14 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
     .unwrap();
     let imp = imports.create(&PostParams::default(), &imp).await.unwrap();
 
-    let kube_ex = KubeExecutor::new(
-        client.clone(),
-        KubeConfig {
-            namespace: "anneal-system".into(),
-            image: "registry.example/anneal/agent:1.2.3".into(),
-            bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
-            content_claim: "content-site-a".into(),
-            server_host_network: false,
-        },
-    );
+    let kcfg = KubeConfig {
+        namespace: "anneal-system".into(),
+        image: "registry.example/anneal/agent:1.2.3".into(),
+        bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
+        content_claim: "content-site-a".into(),
+        server_host_network: false,
+    };
+    let kube_ex = KubeExecutor::new(client.clone(), kcfg.clone());
     let ctx = ContentContext {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), anneal_manager::controller::reporter(None)),
@@ -325,11 +323,8 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
     let on_host = KubeExecutor::new(
         client.clone(),
         KubeConfig {
-            namespace: "anneal-system".into(),
-            image: "registry.example/anneal/agent:1.2.3".into(),
-            bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
-            content_claim: "content-site-a".into(),
             server_host_network: true,
+            ..kcfg
         },
     );
     let pod = &on_host.object(&server)["spec"]["template"]["spec"];
