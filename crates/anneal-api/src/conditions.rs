@@ -265,9 +265,9 @@ pub mod reasons {
     /// BootdAvailable=False: the managed bootd is starting or not ready (the
     /// message says what its workload reports).
     pub const BOOTD_STARTING: &str = "BootdStarting";
-    /// BootdAvailable=False: this manager cannot run a bootd (no workload
-    /// executor, or no agent API URL for the boot table); the message names
-    /// the flag that fixes it.
+    /// BootdAvailable=False: this manager cannot run a bootd yet (no agent
+    /// API URL for the boot table, or the agent API's CA Secret not written
+    /// yet); the message names the flag or the Secret.
     pub const BOOTD_NOT_CONFIGURED: &str = "BootdNotConfigured";
 
     // --- Machine Progressing / DeployRun Succeeded ---
