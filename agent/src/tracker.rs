@@ -81,7 +81,9 @@ pub fn store_info_hashes(
     let mut seen = HashSet::new();
     for ns in std::fs::read_dir(store)? {
         let ns = ns?;
-        if !ns.file_type()?.is_dir() {
+        // not a namespace (no namespace name starts with a dot): bootd's
+        // leases (`.bootd`, root's, 0700), staging
+        if !ns.file_type()?.is_dir() || ns.file_name().as_encoded_bytes().starts_with(b".") {
             continue;
         }
         for c in std::fs::read_dir(ns.path())? {
@@ -1255,8 +1257,8 @@ mod tests {
         let raw = dir.path().join("raw");
         std::fs::write(&raw, vec![7u8; 1 << 20]).unwrap();
         let mut hashes = Vec::new();
-        for name in ["root", "draft"] {
-            let c = crate::store::content_dir(&store, "lab", name);
+        for (ns, name) in [("lab", "root"), ("lab", "draft"), (".bootd", "leases")] {
+            let c = crate::store::content_dir(&store, ns, name);
             std::fs::create_dir_all(&c).unwrap();
             let (index, _) = capture_region(
                 &std::fs::File::open(&raw).unwrap(),
@@ -1274,8 +1276,17 @@ mod tests {
         }
         let root = crate::store::content_dir(&store, "lab", "root");
         std::fs::write(root.join(crate::store::VERIFIED), "ab\n").unwrap();
+        // a dot directory is no namespace (bootd's `.bootd`, root's and
+        // unreadable to the tracker): never scanned, whatever it holds
+        let hidden = crate::store::content_dir(&store, ".bootd", "leases");
+        std::fs::write(hidden.join(crate::store::VERIFIED), "ab\n").unwrap();
         allow.scanned = None;
         assert_eq!(allow.check(&hashes[0]), Ok(()));
+        assert_eq!(
+            allow.check(&hashes[2]),
+            Err(AnnounceError::NotAllowed(hex::encode(hashes[2]))),
+            "a dot directory is not a namespace"
+        );
         assert_eq!(
             allow.check(&hashes[1]),
             Err(AnnounceError::NotAllowed(hex::encode(hashes[1]))),

@@ -145,7 +145,8 @@ pub fn sha256_file(path: &Path) -> String {
         .to_string()
 }
 
-/// A static file server on 127.0.0.1 (HTTP/1.1, GET only, one request per
+/// A static file server on 127.0.0.1, or the address given
+/// ([`FileServer::start_on`]) (HTTP/1.1, GET only, one request per
 /// connection, whole files): 200 with Content-Length, 404 for a missing
 /// file. With a rate, bodies are sent at about that many bytes per second.
 /// Stops (and joins its thread) when dropped.
@@ -161,7 +162,13 @@ impl FileServer {
     /// Serves `root`; `rate` bytes per second per response (`None`: as fast
     /// as possible).
     pub fn start(root: &Path, rate: Option<u64>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on(root, rate, std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// [`FileServer::start`] on `ip` (any port): e.g. the test node's
+    /// address, which its pods reach.
+    pub fn start_on(root: &Path, rate: Option<u64>, ip: std::net::IpAddr) -> Self {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
@@ -190,7 +197,7 @@ impl FileServer {
         }
     }
 
-    /// `http://127.0.0.1:PORT/<path>`.
+    /// `http://ADDRESS:PORT/<path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}/{path}", self.addr)
     }

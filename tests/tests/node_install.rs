@@ -26,8 +26,21 @@
 //! enrolled as a Machine is powered on by the manager pod through its BMC,
 //! network-boots through the bootd pod (PXE, iPXE, the Debian kernel and the
 //! agent's initramfs), registers with the manager pod's agent API and is
-//! inspected: `Available`. Deleting the Subnet then removes the Deployment
-//! through its owner reference (the node's garbage collector).
+//! inspected: `Available`.
+//!
+//! Then the deploy, every workload a pod: the test OS is imported through
+//! an ImageImport (the ingest Job's pod fetches it from a file server on
+//! the node's address and writes the content store), the machine is
+//! claimed, and while its agent writes the manager pod is killed
+//! (force-deleted). The replacement pod leads, adopts bootd untouched, and
+//! the run in progress completes (one DeployRun, Succeeded): the agent
+//! fetched the contents from the seeder pod of (Image, Site), found through
+//! the Site's tracker pod (or, if the swarm stalls, from the content server
+//! pod), the Machine is Provisioned and the VM boots the deployed OS
+//! (its marker and the machine's name on the console). The seeder stays
+//! for its grace period; deleting the Image removes it. Deleting the Subnet
+//! then removes bootd's Deployment through its owner reference (the node's
+//! garbage collector).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -61,11 +74,12 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
                 anneal_tests::node::bootd_image(&dir),
             ],
             (kernel.vmlinuz, initrd),
+            anneal_tests::testos::test_os().unwrap(),
         )
     })
     .await
     .unwrap();
-    let (images, boot) = images;
+    let (images, boot, os) = images;
     // the provisioning segment, before the manager binds its agent API there
     let segment = Segment::create();
     let cp = ControlPlane::start().await.unwrap();
@@ -100,6 +114,8 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
           - --content-claim=anneal-content
           - --workload-host-network
           - --content-listen={SERVER_IP}:8088
+          - --content-url=http://{SERVER_IP}:8088
+          - --fast-track-window=10m
       - op: replace
         path: /spec/template/spec/containers/0/ports
         value:
@@ -187,7 +203,7 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    managed_bootd(&client, &pods, &segment, &boot, work.path()).await;
+    managed_bootd(&client, &pods, &segment, &boot, &os, work.path()).await;
     drop(segment);
 
     let left = node.stop();
@@ -265,6 +281,7 @@ async fn managed_bootd(
     pods: &Api<Pod>,
     segment: &Segment,
     (vmlinuz, initrd): &(std::path::PathBuf, std::path::PathBuf),
+    os: &anneal_tests::testos::TestOs,
     work: &std::path::Path,
 ) {
     use anneal_api::Subnet;
@@ -283,6 +300,25 @@ async fn managed_bootd(
         .unwrap();
     }
     let first_stage = std::fs::read("/usr/lib/ipxe/snponly.efi").unwrap();
+    // the workloads (ingest Jobs, the content server, seeders) run as
+    // 65532 and bootd as root in the group 65532 (no CAP_DAC_OVERRIDE); a
+    // hostPath volume ignores fsGroup: the store is set up for them as
+    // docs/kubernetes.md tells an operator
+    for args in [
+        vec!["chown", "-R", "65532:65532", "content"],
+        vec!["chmod", "0770", "content"],
+    ] {
+        let out = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .current_dir(NODE_DIR)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     let apply = |v: serde_json::Value| {
         let client = client.clone();
@@ -325,7 +361,8 @@ async fn managed_bootd(
     }
     apply(serde_json::json!({
         "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
-        "metadata": {"name": "rack1", "namespace": "anneal-system"}, "spec": {}}))
+        "metadata": {"name": "rack1", "namespace": "anneal-system"},
+        "spec": {"tracker": {"ip": SERVER_IP}, "seederSubnetRef": {"name": "rack1"}}}))
     .await;
     apply(serde_json::json!({
         "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
@@ -470,8 +507,7 @@ async fn managed_bootd(
             .as_secs_f64()
     );
 
-    inspect_vm(client, pods, segment, work).await;
-    manager_restart_keeps_bootd(client, pods).await;
+    deploy_vm(client, pods, segment, os, work).await;
 
     // the Subnet deleted: the garbage collector removes its bootd
     subnets.delete("rack1", &Default::default()).await.unwrap();
@@ -519,23 +555,61 @@ async fn try_http_get(addr: &str, path: &str) -> std::io::Result<Vec<u8>> {
 /// A VM enrolled as Machine `node-vm` in `anneal-system`: the manager pod
 /// powers it on through its BMC (PXE once), it boots through the bootd pod
 /// and the agent registers with the manager pod: `Available`, its
-/// MachineHardware written. The Machine is deleted at the end (the manager
-/// powers the VM off and lets it go).
-async fn inspect_vm(
+/// MachineHardware written. Meanwhile the test OS is imported through an
+/// ImageImport: the ingest Job's pod fetches it from a file server on the
+/// node's address. The machine is then claimed (fast-track: the agent that
+/// inspected it deploys) and, while its agent writes, the manager pod is
+/// killed ([`kill_the_leader`]); the replacement leads and the run in
+/// progress completes: the agent streams the contents from the content
+/// server pod and the seeder pod of (Image, Site) (announced to the Site's
+/// tracker pod), the Machine is Provisioned and the VM boots the deployed
+/// OS. Deleting the Image removes its seeder; the Machine is deleted at
+/// the end (the manager powers the VM off and lets it go).
+async fn deploy_vm(
     client: &kube::Client,
     pods: &Api<Pod>,
     segment: &Segment,
+    os: &anneal_tests::testos::TestOs,
     work: &std::path::Path,
 ) {
-    use anneal_api::{Machine, MachineHardware};
+    use anneal_api::{DeployRun, Image, ImageImport, Machine, MachineHardware, RunPhase};
     use anneal_testinfra::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
     const NAME: &str = "node-vm";
     let dir = work.join("vm");
     std::fs::create_dir_all(&dir).unwrap();
+
+    // the image an operator imports, served on the node's address (the
+    // ingest Job's pod is on the pod network)
+    let src = work.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(&os.image, src.join("testos.raw")).unwrap();
+    let files = anneal_tests::images::FileServer::start_on(
+        &src,
+        None,
+        anneal_testinfra::NODE_IP.parse().unwrap(),
+    );
+    let imports: Api<ImageImport> = Api::namespaced(client.clone(), "anneal-system");
+    imports
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
+                "metadata": {"name": "testos"},
+                "spec": {"source": {"url": files.url("testos.raw"),
+                                    "checksum": format!("sha256:{}", anneal_tests::images::sha256_file(&src.join("testos.raw")))},
+                         "imageName": "testos", "contentPrefix": "testos", "osFamily": "Linux",
+                         "bootable": true},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let import_started = Instant::now();
+
     let disk = dir.join("vda.raw");
     std::fs::File::create(&disk)
         .unwrap()
-        .set_len(256 << 20)
+        .set_len(3 << 30)
         .unwrap();
     let tap = segment.ns.add_tap().unwrap();
     let mut nic = NicConfig::virtio(&tap, MAC);
@@ -552,8 +626,14 @@ async fn inspect_vm(
             bus: DiskBus::VirtioBlk,
             serial: "NODEVBLK0001".into(),
         }],
-        // paused until the BMC powers it on
-        extra_args: vec!["-S".into(), "-no-shutdown".into()],
+        // paused until the BMC powers it on; the deployed test OS prints
+        // the DMI serial
+        extra_args: vec![
+            "-S".into(),
+            "-no-shutdown".into(),
+            "-smbios".into(),
+            format!("type=1,serial={NAME}"),
+        ],
         no_reboot: false,
         ..VmConfig::default()
     };
@@ -614,35 +694,49 @@ async fn inspect_vm(
         .await
         .unwrap();
     let enrolled = Instant::now();
-    let mut last = String::from("?");
-    loop {
-        let m = serde_json::to_value(machines.get(NAME).await.unwrap()).unwrap();
-        let state = m["status"]["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if state != last {
-            println!(
-                "machine {NAME}: {state} ({:.1} s after enrolment)",
-                enrolled.elapsed().as_secs_f64()
-            );
-            last = state.clone();
-        }
-        if state == "Available" {
-            break;
-        }
-        if enrolled.elapsed() > Duration::from_secs(300) {
-            let console = vm.serial_text();
+    let fail = |what: String| {
+        let console = vm.serial_text();
+        async move {
             let lines: Vec<&str> = console.lines().collect();
             let logs = bootd_logs(pods).await;
+            let workloads = workload_logs(pods).await;
             panic!(
-                "machine {NAME} not Available 300 s after enrolment (state {state:?})\nconsole tail:\n{}\n{logs}\n{}",
+                "{what}\nconsole tail:\n{}\n{logs}\n{workloads}\n{}",
                 lines[lines.len().saturating_sub(40)..].join("\n"),
                 anneal_tests::node::manager_logs(pods).await
             );
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    };
+    let mut last = String::from("?");
+    let mut state_of = async |until: &str, limit: Duration| {
+        let since = Instant::now();
+        loop {
+            let m = serde_json::to_value(machines.get(NAME).await.unwrap()).unwrap();
+            let state = m["status"]["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if state != last {
+                println!(
+                    "machine {NAME}: {state} ({:.1} s after enrolment)",
+                    enrolled.elapsed().as_secs_f64()
+                );
+                last = state.clone();
+            }
+            if state == until {
+                return;
+            }
+            if since.elapsed() > limit {
+                fail(format!(
+                    "machine {NAME} not {until} {} s after enrolment (state {state:?})",
+                    enrolled.elapsed().as_secs()
+                ))
+                .await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    state_of("Available", Duration::from_secs(300)).await;
     let hw = Api::<MachineHardware>::namespaced(client.clone(), "anneal-system")
         .get(NAME)
         .await
@@ -650,6 +744,171 @@ async fn inspect_vm(
     let summary = anneal_tests::e2e::summary(&hw);
     println!("inspected through the pods: {summary}");
     assert!(summary.contains("NODEVBLK0001"), "{summary}");
+
+    // the import, by the ingest Job's pod
+    let images: Api<Image> = Api::namespaced(client.clone(), "anneal-system");
+    loop {
+        let st = imports
+            .get("testos")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        if st.state == Some(anneal_api::ImportState::Failed) {
+            fail(format!("ImageImport testos failed: {:?}", st.conditions)).await;
+        }
+        if images
+            .get_opt("testos")
+            .await
+            .unwrap()
+            .and_then(|i| i.status)
+            .and_then(|s| s.state)
+            == Some(anneal_api::ImageState::Ready)
+        {
+            break;
+        }
+        if import_started.elapsed() > Duration::from_secs(300) {
+            fail(format!(
+                "Image testos not Ready 300 s after its import: {st:?}"
+            ))
+            .await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "imported by the ingest Job's pod, Image Ready {:.1} s after the ImageImport",
+        import_started.elapsed().as_secs_f64()
+    );
+    drop(files);
+
+    // claimed; the manager killed while the agent writes
+    let claimed = Instant::now();
+    Api::<anneal_api::MachineClaim>::namespaced(client.clone(), "anneal-system")
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+                "metadata": {"name": "deploy"},
+                "spec": {"machineName": NAME, "imageRef": {"name": "testos"},
+                         "targetDisk": {"serialNumber": "NODEVBLK0001"}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let runs: Api<DeployRun> = Api::namespaced(client.clone(), "anneal-system");
+    let in_progress = loop {
+        let list = runs.list(&Default::default()).await.unwrap().items;
+        let phase = list
+            .first()
+            .and_then(|r| r.status.as_ref())
+            .and_then(|s| s.phase);
+        match phase {
+            Some(RunPhase::WritingContent) => break phase.unwrap(),
+            Some(RunPhase::Succeeded | RunPhase::Failed) => {
+                fail(format!(
+                    "the run ended before the test saw it writing: {phase:?}"
+                ))
+                .await;
+            }
+            _ => {}
+        }
+        if claimed.elapsed() > Duration::from_secs(300) {
+            fail(format!("no run writing 300 s after the claim: {phase:?}")).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "run in {in_progress:?} {:.1} s after the claim: killing the leader",
+        claimed.elapsed().as_secs_f64()
+    );
+    kill_the_leader(client, pods).await;
+    state_of("Provisioned", Duration::from_secs(600)).await;
+    println!(
+        "claim → Provisioned in {:.1} s",
+        claimed.elapsed().as_secs_f64()
+    );
+    let list = runs.list(&Default::default()).await.unwrap().items;
+    assert_eq!(
+        list.len(),
+        1,
+        "the run in progress completed, none was started again: {:?}",
+        list.iter()
+            .map(|r| (r.name_any(), r.status.clone()))
+            .collect::<Vec<_>>()
+    );
+    let st = list[0].status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(RunPhase::Succeeded), "{st:?}");
+    let t = st.transfer.clone().unwrap_or_default();
+    assert!(
+        t.seeder_bytes + t.http_bytes >= 200 << 20,
+        "the contents came from the seeder and content server pods: {t:?}"
+    );
+    println!(
+        "run {}: {} peer(s), {} MiB from the seeder, {} MiB over HTTP{}",
+        list[0].name_any(),
+        t.peers,
+        t.seeder_bytes >> 20,
+        t.http_bytes >> 20,
+        t.fallback_reason
+            .as_deref()
+            .map(|r| format!(" (fallback: {r})"))
+            .unwrap_or_default()
+    );
+    let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let console = vm.serial_text();
+        if console.contains(&marker) && console.contains(&format!("ANNEAL-DEPLOYED {NAME}")) {
+            break;
+        }
+        if Instant::now() > deadline {
+            fail("the deployed OS printed no marker 300 s after Provisioned".into()).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "claim → the deployed OS's marker on the console in {:.1} s",
+        claimed.elapsed().as_secs_f64()
+    );
+
+    // the seeder of (testos, rack1) stays for its grace period after the
+    // run; deleting the Image removes it
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let seeders = || async {
+        deployments
+            .list(&ListParams::default().labels("app.kubernetes.io/component=seeder"))
+            .await
+            .unwrap()
+            .items
+    };
+    let left = seeders().await;
+    assert_eq!(
+        left.len(),
+        1,
+        "one seeder in its grace period after the run: {:?}",
+        left.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        left[0]
+            .owner_references()
+            .first()
+            .map(|o| (o.kind.as_str(), o.name.as_str())),
+        Some(("Image", "testos"))
+    );
+    images.delete("testos", &Default::default()).await.unwrap();
+    let deleted = Instant::now();
+    while !seeders().await.is_empty() {
+        assert!(
+            deleted.elapsed() < Duration::from_secs(90),
+            "the seeder of Image testos still there 90 s after the Image was deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "Image deleted: its seeder gone {:.1} s later",
+        deleted.elapsed().as_secs_f64()
+    );
 
     // the Machine deleted: the manager lets it go
     machines.delete(NAME, &Default::default()).await.unwrap();
@@ -665,11 +924,12 @@ async fn inspect_vm(
     drop(vm);
 }
 
-/// The manager pod replaced (an upgrade, a node drain): the new one takes
-/// the Lease, adopts the running bootd on its first pass and leaves it as
-/// it is: the same pod, never restarted, the Deployment's template
-/// unchanged (DHCP never stops for a manager's restart).
-async fn manager_restart_keeps_bootd(client: &kube::Client, pods: &Api<Pod>) {
+/// The leader pod killed (force-deleted: no graceful hand-over, its Lease
+/// must expire): the replacement takes the Lease, adopts the running bootd
+/// on its first pass and leaves it as it is: the same pod, never
+/// restarted, the Deployment's template unchanged (DHCP never stops for a
+/// manager's restart).
+async fn kill_the_leader(client: &kube::Client, pods: &Api<Pod>) {
     use anneal_api::Subnet;
     use anneal_api::conditions::types;
     let bootd_pods = || async {
@@ -704,8 +964,10 @@ async fn manager_restart_keeps_bootd(client: &kube::Client, pods: &Api<Pod>) {
         .items;
     assert_eq!(managers.len(), 1);
     let old = managers[0].metadata.name.clone().unwrap();
-    let restarted = Instant::now();
-    pods.delete(&old, &Default::default()).await.unwrap();
+    let killed = Instant::now();
+    pods.delete(&old, &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
     // the new manager pod leads and has made its first bootd pass
     let leases: Api<Lease> = Api::namespaced(client.clone(), "anneal-system");
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -725,15 +987,15 @@ async fn manager_restart_keeps_bootd(client: &kube::Client, pods: &Api<Pod>) {
         }
         if Instant::now() > deadline {
             panic!(
-                "no new manager pod leading with a bootd pass 180 s after {old} was deleted\n{}",
+                "no new manager pod leading with a bootd pass 180 s after {old} was killed\n{}",
                 anneal_tests::node::manager_logs(pods).await
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     println!(
-        "manager pod {old} replaced by {new}: leading, bootd adopted {:.1} s after the deletion",
-        restarted.elapsed().as_secs_f64()
+        "manager pod {old} killed; {new} leads, bootd adopted {:.1} s later",
+        killed.elapsed().as_secs_f64()
     );
     let d = deployments.get("bootd-rack1").await.unwrap();
     assert_eq!(
@@ -757,6 +1019,31 @@ async fn manager_restart_keeps_bootd(client: &kube::Client, pods: &Api<Pod>) {
         .find(|c| c.type_ == types::BOOTD_AVAILABLE)
         .unwrap();
     assert_eq!(c.status, "True", "{c:?}");
+}
+
+/// Each workload pod's (ingest, content server, seeder, tracker) status
+/// and log, for a failure message.
+async fn workload_logs(pods: &Api<Pod>) -> String {
+    let mut logs = String::new();
+    for p in pods
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=anneal-manager"))
+        .await
+        .unwrap()
+        .items
+    {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let log = pods
+            .logs(&name, &Default::default())
+            .await
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        logs.push_str(&format!(
+            "--- {name}: {:?}\n{}\n",
+            p.status.and_then(|s| s.phase),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
+    }
+    logs
 }
 
 /// Each bootd pod's status and log, for a failure message.

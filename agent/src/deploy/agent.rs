@@ -13,6 +13,11 @@ use super::{Control, DeployOptions, HookRunner, Progress, run_plan};
 use crate::client::{AgentClient, Backoff};
 use crate::say;
 
+/// How long the agent keeps trying to report a deploy's outcome: longer
+/// than a manager's replacement (a new pod, the old leader's Lease
+/// expiring) takes.
+const RESULT_BUDGET: Duration = Duration::from_secs(300);
+
 /// Runs `plan`, reporting to the manager. `Ok` after a reported success;
 /// `Err` with the one console line of a failure (already reported).
 pub fn run(
@@ -128,9 +133,13 @@ pub fn run(
         run_id: plan.run_id.clone(),
         outcome,
     };
+    // The manager may be away for a while (its pod replaced, a new leader
+    // waiting for the old Lease to expire): the outcome of a deploy is not
+    // given up before RESULT_BUDGET.
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
     let mut sent = false;
-    for attempt in 1..=6 {
+    let started = Instant::now();
+    for attempt in 1.. {
         match client.result(&req) {
             Ok(()) => {
                 sent = true;
@@ -142,6 +151,14 @@ pub fn run(
             }
             Err(e) => {
                 let d = backoff.next_delay();
+                if started.elapsed() + d > RESULT_BUDGET {
+                    say!(
+                        "deploy: reporting the result failed (attempt {attempt}, giving up after {:.0} s): {}",
+                        started.elapsed().as_secs_f64(),
+                        error_chain(&e)
+                    );
+                    break;
+                }
                 say!(
                     "deploy: reporting the result failed (attempt {attempt}): {}; retrying in {:.1} s",
                     error_chain(&e),

@@ -146,15 +146,15 @@ impl KubeExecutor {
         };
         let access = &spec.access;
         let privileged = !access.capabilities.is_empty();
-        let mut pod_security = json!({
+        let pod_security = json!({
             "runAsNonRoot": !privileged,
             "runAsUser": if privileged { 0 } else { 65532 },
             "runAsGroup": if privileged { 0 } else { 65532 },
             "seccompProfile": {"type": "RuntimeDefault"},
+            // the content store's group: a root workload (bootd) holds no
+            // CAP_DAC_OVERRIDE and writes its leases there through it
+            "fsGroup": 65532,
         });
-        if !privileged {
-            pod_security["fsGroup"] = json!(65532);
-        }
         let mut capabilities = json!({"drop": ["ALL"]});
         if privileged {
             capabilities["add"] = json!(access.capabilities);
@@ -330,11 +330,19 @@ impl KubeExecutor {
                     return Ok(Observation::absent());
                 };
                 let status = job.status.unwrap_or_default();
-                let (progress, outcome) = self.log_lines(&name).await;
+                let lines = self
+                    .log_lines(&format!("batch.kubernetes.io/job-name={name}"))
+                    .await;
+                let unread = lines.as_ref().err().cloned();
+                let (progress, outcome) = lines.unwrap_or_default();
                 let (phase, detail) = if status.succeeded.unwrap_or(0) > 0 {
-                    match finished_phase(outcome.as_ref(), true) {
-                        Phase::Succeeded => (Phase::Succeeded, String::new()),
-                        p => (
+                    match (finished_phase(outcome.as_ref(), true), unread) {
+                        (Phase::Succeeded, _) => (Phase::Succeeded, String::new()),
+                        (p, Some(why)) => (
+                            p,
+                            format!("Job {name} succeeded but its result is unknown: {why}"),
+                        ),
+                        (p, None) => (
                             p,
                             format!("Job {name} succeeded but its pod log holds no result"),
                         ),
@@ -358,7 +366,16 @@ impl KubeExecutor {
                     return Ok(Observation::absent());
                 };
                 let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0) > 0;
+                // a running server's protocol lines (a seeder's `progress`
+                // once it has checked its contents)
+                let mut progress = None;
                 let detail = if ready {
+                    match self.log_lines(&format!("{WORKLOAD_LABEL}={name}")).await {
+                        Ok((p, _)) => progress = p,
+                        Err(why) => {
+                            tracing::warn!(workload = %name, %why, "reading a server's log");
+                        }
+                    }
                     String::new()
                 } else {
                     match self.pod_trouble(&name).await {
@@ -368,7 +385,7 @@ impl KubeExecutor {
                 };
                 Ok(Observation {
                     phase: Phase::Running,
-                    progress: None,
+                    progress,
                     outcome: None,
                     detail,
                 })
@@ -392,28 +409,33 @@ impl KubeExecutor {
         pod_trouble(pod)
     }
 
-    async fn log_lines(&self, job: &str) -> (Option<Value>, Option<Value>) {
+    /// The last protocol lines (`progress`, the outcome) in the log of the
+    /// newest pod matching `selector`; `Err` says why it could not be read
+    /// (the manager needs `get` on `pods/log`).
+    async fn log_lines(&self, selector: &str) -> Result<(Option<Value>, Option<Value>), String> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        let lp = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
-        let Ok(list) = pods.list(&lp).await else {
-            return (None, None);
-        };
+        let lp = ListParams::default().labels(selector);
+        let list = pods
+            .list(&lp)
+            .await
+            .map_err(|e| format!("listing its pods: {e}"))?;
         let Some(pod) = list
             .items
             .iter()
             .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
         else {
-            return (None, None);
+            return Ok((None, None));
         };
         let params = LogParams {
             container: Some("work".into()),
             tail_lines: Some(50),
             ..LogParams::default()
         };
-        match pods.logs(&pod.name_any(), &params).await {
-            Ok(text) => scan_output(&text),
-            Err(_) => (None, None),
-        }
+        let text = pods
+            .logs(&pod.name_any(), &params)
+            .await
+            .map_err(|e| format!("reading the log of pod {}: {e}", pod.name_any()))?;
+        Ok(scan_output(&text))
     }
 
     /// Deletes the Deployments of `component` (`app.kubernetes.io/component`)
