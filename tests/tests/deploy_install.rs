@@ -190,6 +190,9 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
             "anneal-system",
         ],
         &["create", "jobs.batch", "-n", "anneal-system"],
+        // its workloads' protocol lines (an ingest's result, a seeder's
+        // readiness)
+        &["get", "pods", "--subresource=log", "-n", "anneal-system"],
         &["create", "deployments.apps", "-n", "site-a"],
         &["create", "events.events.k8s.io", "-n", "tenant-a"],
         &["create", "tokenreviews.authentication.k8s.io"],
@@ -226,6 +229,7 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
         &["delete", "namespaces"],
         &["create", "pods", "-n", "anneal-system"],
         &["create", "pods/exec", "-n", "anneal-system"],
+        &["delete", "pods", "-n", "anneal-system"],
         &["patch", "nodes"],
         &["create", "serviceaccounts/token", "-n", "anneal-system"],
         &["delete", "persistentvolumeclaims", "-n", "anneal-system"],
