@@ -76,3 +76,28 @@ pub async fn service_account(
         .unwrap();
     (path, kube::Client::try_from(cfg).unwrap())
 }
+
+/// Enrols `namespace` as docs/kubernetes.md tells an operator: ClusterRole
+/// `anneal-manager-secrets` bound to the manager's ServiceAccount there
+/// (the manager uses Secrets only where it is bound).
+pub fn enroll_namespace(cp: &ControlPlane, namespace: &str) {
+    let out = cp
+        .kubectl()
+        .unwrap()
+        .args([
+            "create",
+            "rolebinding",
+            "anneal-manager-secrets",
+            "-n",
+            namespace,
+            "--clusterrole=anneal-manager-secrets",
+            "--serviceaccount=anneal-system:anneal-manager",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "enrolling {namespace}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

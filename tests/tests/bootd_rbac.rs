@@ -6,7 +6,10 @@
 //! copy into `site-a`; bootd, acting as `anneal-bootd`, builds its table from
 //! that copy and holds the token unused; the registration spends it and the
 //! copy is deleted. bootd's token cannot read (get or list) a Secret of
-//! another namespace, nor list Secrets cluster-wide.
+//! another namespace, nor list Secrets cluster-wide; the manager's uses
+//! Secrets only where an operator bound `anneal-manager-secrets` (tenant-b,
+//! site-a, anneal-system): a Secret of tenant-c is refused, and so is a
+//! cluster-wide list.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -19,7 +22,7 @@ use anneal_testinfra::ControlPlane;
 use anneal_tests::eventually;
 use anneal_tests::lab::{Watcher, lease_subnet};
 use anneal_tests::lifecycle::*;
-use anneal_tests::rbac::{apply_manifest, service_account};
+use anneal_tests::rbac::{apply_manifest, enroll_namespace, service_account};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -51,6 +54,9 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
     create_namespace(&admin, "tenant-b").await;
     apply_manifest(&cp, "deploy/base/rbac-manager.yaml", "anneal-system");
     apply_manifest(&cp, "deploy/base/rbac-bootd.yaml", "site-a");
+    // the manager's Secrets: the tenant's Machine and the Subnet's namespace
+    enroll_namespace(&cp, "tenant-b");
+    enroll_namespace(&cp, "site-a");
     let mut subnet = lease_subnet(None);
     subnet.spec.allowed_namespaces = vec!["tenant-b".into()];
     Api::<Subnet>::namespaced(admin.clone(), "site-a")
@@ -68,7 +74,25 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
         .await
         .unwrap();
 
-    let (manager_kc, _) = service_account(&cp, "anneal-system", "anneal-manager").await;
+    let (manager_kc, manager) = service_account(&cp, "anneal-system", "anneal-manager").await;
+    // nor does the manager's, in a namespace no operator enrolled
+    create_namespace(&admin, "tenant-c").await;
+    let mut other = tenant_secret.clone();
+    other.metadata.namespace = Some("tenant-c".into());
+    Api::<Secret>::namespaced(admin.clone(), "tenant-c")
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+    let e = Api::<Secret>::namespaced(manager.clone(), "tenant-c")
+        .get("bmc")
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "{e}");
+    let e = Api::<Secret>::all(manager.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "{e}");
     let (_, bootd) = service_account(&cp, "site-a", "anneal-bootd").await;
 
     // bootd's ServiceAccount: no Secret of another namespace, no
@@ -166,4 +190,31 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
     })
     .await;
     watcher.stop().await;
+
+    // a Machine of a namespace no operator enrolled: its BMC Secret is
+    // refused to the manager, and the Machine says what to bind
+    let mut m = machine(
+        "m-c",
+        "52:54:00:7f:40:02",
+        Some(("redfish://192.0.2.1", "bmc")),
+    );
+    m.metadata.namespace = Some("tenant-c".into());
+    Api::<Machine>::namespaced(admin.clone(), "tenant-c")
+        .create(&PostParams::default(), &m)
+        .await
+        .unwrap();
+    let said = eventually("m-c says its Secret is refused", WAIT, || async {
+        let m = Api::<Machine>::namespaced(admin.clone(), "tenant-c")
+            .get("m-c")
+            .await
+            .unwrap();
+        m.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "BMCReachable" && c.status == "False")
+            .map(|c| c.message)
+            .filter(|msg| msg.contains("bind ClusterRole anneal-manager-secrets"))
+    })
+    .await;
+    assert!(said.contains("namespace tenant-c"), "{said}");
 }

@@ -7,8 +7,10 @@
 //! the manager's ServiceAccount token (as its pod would), `kubectl auth
 //! can-i` shows it may do what the manager needs and is refused what it
 //! does not: its Lease only in its own namespace, no CRD, RBAC, Namespace,
-//! Pod or Node writes. (The node that runs these pods is the next part of
-//! issue 17.)
+//! Pod or Node writes, and Secrets only in its own namespace and in the
+//! tenant namespaces an operator enrolled (a RoleBinding of
+//! `anneal-manager-secrets`): a Secret of another namespace is refused,
+//! and so is listing Secrets cluster-wide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -143,6 +145,28 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
         ["ReadWriteMany".to_string()]
     );
 
+    // A tenant namespace enrolled as the install docs say (the manager may
+    // use Secrets there), and one that is not.
+    for args in [
+        vec!["create", "namespace", "tenant-a"],
+        vec!["create", "namespace", "tenant-b"],
+        vec![
+            "create",
+            "rolebinding",
+            "anneal-manager-secrets",
+            "-n",
+            "tenant-a",
+            "--clusterrole=anneal-manager-secrets",
+            "--serviceaccount=anneal-system:anneal-manager",
+        ],
+    ] {
+        let out = cp.kubectl().unwrap().args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // The manager's own token, as the kubelet would mount it.
     let (kubeconfig, _) =
         anneal_tests::rbac::service_account(&cp, "anneal-system", "anneal-manager").await;
@@ -177,6 +201,8 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
         ],
         &["create", "deployruns.anneal.dev", "-n", "tenant-a"],
         &["get", "secrets", "-n", "tenant-a"],
+        &["watch", "secrets", "-n", "tenant-a"],
+        &["create", "secrets", "-n", "anneal-system"],
         &[
             "create",
             "leases.coordination.k8s.io",
@@ -227,6 +253,10 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
             "anneal-system",
         ],
         &["delete", "namespaces"],
+        // Secrets only where an operator bound anneal-manager-secrets
+        &["get", "secrets", "-n", "tenant-b"],
+        &["list", "secrets", "--all-namespaces"],
+        &["create", "secrets", "-n", "kube-system"],
         &["create", "pods", "-n", "anneal-system"],
         &["create", "pods/exec", "-n", "anneal-system"],
         &["delete", "pods", "-n", "anneal-system"],

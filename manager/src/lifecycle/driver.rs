@@ -596,6 +596,15 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, Bmc
     let secret = match secrets.get_opt(&cref.name).await {
         Ok(Some(s)) => s,
         Ok(None) => return Err(missing(format!("secret {} not found", cref.name))),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            return Err(BmcFailure {
+                reason: BmcReason::QueryFailed,
+                message: format!(
+                    "cannot read secret {}: the manager may not read Secrets in namespace {ns}: bind ClusterRole anneal-manager-secrets there (kubectl create rolebinding anneal-manager-secrets -n {ns} --clusterrole=anneal-manager-secrets --serviceaccount=anneal-system:anneal-manager)",
+                    cref.name
+                ),
+            });
+        }
         Err(e) => {
             return Err(BmcFailure {
                 reason: BmcReason::QueryFailed,

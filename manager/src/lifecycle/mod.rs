@@ -20,7 +20,7 @@ pub mod driver;
 pub mod handlers;
 pub mod status;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 
@@ -269,6 +269,7 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
     let store = controller.store();
     let waiting = store.clone();
     let bound = store.clone();
+    let secrets_of = store.clone();
     let controller = controller
         .owns(scope.api::<MachineHardware>(), watcher::Config::default())
         // A run's status (progress, result) wakes its Machine.
@@ -306,9 +307,8 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
                     .collect::<Vec<_>>()
             },
         )
-        .watches(
-            scope.api::<Secret>(),
-            watcher::Config::default(),
+        .watches_stream(
+            bmc_secrets(&scope, secrets_of.clone()),
             move |secret: Secret| {
                 let ns = secret.namespace().unwrap_or_default();
                 let name = secret.name_any();
@@ -361,6 +361,102 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
             },
         );
     drive(ID, &scope, controller, reconcile, ctx).await;
+}
+
+/// The namespaces of the Secrets `machines` reference for their BMCs
+/// (credentials, CA bundles).
+fn bmc_secret_namespaces(machines: &[Arc<Machine>]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for m in machines {
+        let mns = m.namespace().unwrap_or_default();
+        if let Some(b) = &m.spec.bmc {
+            out.insert(b.credentials_secret_ref.namespace_or(&mns).to_string());
+            if let Some(r) = &b.ca_bundle_secret_ref {
+                out.insert(r.namespace_or(&mns).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The Secrets of the namespaces Machines take BMC Secrets from, as one
+/// stream: a watch per namespace (the scope's one when it has one), started
+/// and stopped as Machines come and go. The manager may read Secrets only
+/// where an operator bound ClusterRole `anneal-manager-secrets`
+/// (docs/kubernetes.md): never a cluster-wide Secret watch. A namespace
+/// whose Secrets it may not watch is named in a warning (the watch retries
+/// with back-off; the Machine's own reconcile names the refused Secret).
+fn bmc_secrets(
+    scope: &Scope,
+    machines: Store<Machine>,
+) -> impl futures::Stream<Item = Result<Secret, watcher::Error>> + Send + 'static {
+    use futures::StreamExt as _;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Secret>(256);
+    let client = scope.client.clone();
+    let fixed = scope.namespace.clone();
+    let cancel = scope.cancel.clone();
+    tokio::spawn(async move {
+        let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let want = match &fixed {
+                Some(ns) => BTreeSet::from([ns.clone()]),
+                None => bmc_secret_namespaces(&machines.state()),
+            };
+            watches.retain(|ns, task| {
+                let keep = want.contains(ns);
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+            for ns in want {
+                if watches.contains_key(&ns) {
+                    continue;
+                }
+                let api = Api::<Secret>::namespaced(client.clone(), &ns);
+                let tx = tx.clone();
+                let name = ns.clone();
+                watches.insert(
+                    ns,
+                    tokio::spawn(async move {
+                        let mut refused = false;
+                        let mut events = std::pin::pin!(
+                            kube::runtime::WatchStreamExt::touched_objects(
+                                kube::runtime::WatchStreamExt::default_backoff(
+                                    kube::runtime::watcher(api, watcher::Config::default())
+                                )
+                            )
+                        );
+                        while let Some(ev) = events.next().await {
+                            match ev {
+                                Ok(secret) => {
+                                    refused = false;
+                                    if tx.send(secret).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                Err(e) if !refused => {
+                                    refused = true;
+                                    tracing::warn!(namespace = %name, error = %e,
+                                        "cannot watch the Secrets of this namespace (its Machines' BMC credentials): bind ClusterRole anneal-manager-secrets to the manager's ServiceAccount there");
+                                }
+                                Err(_) => {}
+                            }
+                        }
+                    }),
+                );
+            }
+        }
+        for (_, t) in watches {
+            t.abort();
+        }
+    });
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok))).boxed()
 }
 
 impl ReconcileError for Error {
