@@ -96,6 +96,9 @@ build_go "$here/controlplane/kube" kubectl k8s.io/kubernetes/cmd/kubectl
 build_go "$here/controlplane/kube" kubelet k8s.io/kubernetes/cmd/kubelet
 build_go "$here/controlplane/kube" kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+# kube-proxy (iptables mode): Services on the node, for the tests that reach
+# one from outside the cluster (node_failover: the agent API's externalIP)
+build_go "$here/controlplane/kube" kube-proxy k8s.io/kubernetes/cmd/kube-proxy
 
 # --- Debian kernel (guest) ------------------------------------------------------
 "$repo/qemu/fetch-kernel.sh"

@@ -31,6 +31,7 @@ pub mod images;
 pub mod lab;
 pub mod lifecycle;
 pub mod node;
+pub mod node_lab;
 pub mod ovmf;
 pub mod rbac;
 pub mod testos;

@@ -1,19 +1,43 @@
 //! Issue 17: the cluster overlay on the test tier's real node: two manager
-//! replicas on the pod network, one leader. The leader pod is killed (force
-//! deleted: no graceful hand-over, its Lease must expire); the other
-//! replica takes the Lease, and the Deployment brings a new second
-//! replica up. The overlay is the cluster one with only the in-cluster API
-//! address changed (the node's relay: the test node runs no kube-proxy)
-//! and images never pulled. The node leaves nothing on the host.
+//! replicas on the pod network, one leader, a deploy in progress when the
+//! leader pod is killed.
+//!
+//! The overlay is the cluster one adapted to this machine only: the
+//! in-cluster API address (the node's relay), images never pulled, a
+//! hostPath PersistentVolume for the content store's claim (the test node
+//! has no StorageClass), and what a site with managed bootds and machines
+//! outside the cluster sets: `anneal-system` at Pod Security `privileged`
+//! (bootd on the host's network), the agent API's Service with the
+//! provisioning address as an `externalIP` (kube-proxy, iptables mode,
+//! sends a machine's connections to a Ready replica), the server workloads
+//! on the host's network on that address. The VM (OVMF, TCG) on the
+//! provisioning segment is inspected through the pods, the test OS is
+//! imported by the ingest Job's pod, the machine is claimed and, while its
+//! agent writes, the leader pod is force-deleted (no hand-over): the other
+//! replica takes the Lease within the lease duration (15 s, counted from
+//! the last renewal) and the run in progress completes: one DeployRun,
+//! Succeeded, the Machine Provisioned, the deployed OS boots. The
+//! Deployment brings a replacement replica up. The node leaves nothing on
+//! the host.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
 
-use anneal_testinfra::{ControlPlane, Node};
+use anneal_testinfra::{ControlPlane, NODE_DIR, NODE_IP, Node};
+use anneal_tests::node_lab::{
+    Import, NS, NodeVm, SERVER_IP, Segment, claim, prepare_store, site_and_subnet,
+    the_run_succeeded, wait_store_bound, wait_writing,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
+
+/// The manager's lease duration (its default).
+const LEASE: Duration = Duration::from_secs(15);
+/// Its renewal interval (its default): the Lease expires at most this long
+/// plus [`LEASE`] after the last renewal before a kill.
+const RENEW: Duration = Duration::from_secs(5);
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {
     leases
@@ -43,15 +67,56 @@ async fn ready_pods(pods: &Api<Pod>) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
+async fn killing_the_leader_mid_deploy_hands_over_and_the_deploy_completes() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_path_buf();
-    let images = tokio::task::spawn_blocking(move || vec![anneal_tests::node::manager_image(&dir)])
-        .await
-        .unwrap();
+    let (images, (vmlinuz, initrd), os) = tokio::task::spawn_blocking(move || {
+        let agent = anneal_tests::artifacts::agent_musl();
+        let kernel = anneal_testinfra::debian_kernel().unwrap();
+        let initrd = dir.join("agent.cpio.zst");
+        anneal_tests::artifacts::build_initramfs(
+            &anneal_tests::artifacts::initramfs_tool(),
+            &agent,
+            &kernel.modules,
+            &initrd,
+        );
+        (
+            vec![
+                anneal_tests::node::manager_image(&dir),
+                anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
+                anneal_tests::node::bootd_image(&dir),
+            ],
+            (kernel.vmlinuz, initrd),
+            anneal_tests::testos::test_os().unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    let segment = Segment::create();
     let cp = ControlPlane::start().await.unwrap();
-    let node = Node::start(&cp, &images).await.unwrap();
+    let mut node = Node::start(&cp, &images).await.unwrap();
+    node.start_kube_proxy(&cp).await.unwrap();
     let api = node.api_address().unwrap();
+    prepare_store(&vmlinuz, &initrd);
+
+    // the content store's volume (no StorageClass on the test node)
+    let pv = format!(
+        r#"{{"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {{"name": "anneal-content-node"}},
+            "spec": {{"capacity": {{"storage": "500Gi"}}, "accessModes": ["ReadWriteMany"],
+                      "persistentVolumeReclaimPolicy": "Retain",
+                      "claimRef": {{"namespace": "{NS}", "name": "anneal-content"}},
+                      "hostPath": {{"path": "{NODE_DIR}/content", "type": "Directory"}}}}}}"#
+    );
+    let mut child = cp
+        .kubectl()
+        .unwrap()
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), pv.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "the PersistentVolume");
 
     anneal_tests::node::apply_overlay(
         &cp,
@@ -71,6 +136,41 @@ async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
       - op: replace
         path: /spec/template/spec/containers/0/imagePullPolicy
         value: Never
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --agent-api-name={SERVER_IP}
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --bootd-api-url=https://{SERVER_IP}:8443
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --allow-insecure-bmc
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --workload-host-network
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --content-listen={SERVER_IP}:8088
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --content-url=http://{SERVER_IP}:8088
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --fast-track-window=10m
+  - target:
+      kind: Service
+      name: anneal-agent-api
+    patch: |-
+      - op: add
+        path: /spec/externalIPs
+        value: ["{SERVER_IP}"]
+  - target:
+      kind: Namespace
+      name: anneal-system
+    patch: |-
+      - op: replace
+        path: /metadata/labels/pod-security.kubernetes.io~1enforce
+        value: privileged
 "#,
             ip = api.ip(),
             port = api.port()
@@ -78,9 +178,9 @@ async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
     );
 
     let client = cp.client();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "anneal-system");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "anneal-system");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let both = |why: &'static str| {
         let (pods, leases, deployments) = (pods.clone(), leases.clone(), deployments.clone());
         async move {
@@ -106,10 +206,30 @@ async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
             }
         }
     };
-    let (ready, leader) = both("two Ready replicas, one leading").await;
-    println!("replicas {ready:?}, leader {leader}");
+    let (ready, _) = both("two Ready replicas, one leading").await;
+    println!("replicas {ready:?}");
 
-    // the leader dies without handing over
+    // a managed bootd, the test OS imported, the VM inspected
+    wait_store_bound(&client).await;
+    site_and_subnet(&client, false).await;
+    let mut import = Import::start(&client, &os, work.path()).await;
+    let mut vm = NodeVm::enrol(&client, &segment, NODE_IP.parse().unwrap(), work.path()).await;
+    vm.wait_state(&client, &pods, "Available", Duration::from_secs(300))
+        .await;
+    if let Err(why) = import.wait(&client).await {
+        vm.fail(&pods, &why).await;
+    }
+
+    // claimed; the leader dies without handing over while the agent writes
+    let claimed = Instant::now();
+    claim(&client).await;
+    wait_writing(&client, &vm, &pods, Duration::from_secs(300)).await;
+    let leader = holder(&leases).await.unwrap();
+    let other = ready_pods(&pods)
+        .await
+        .into_iter()
+        .find(|p| *p != leader)
+        .unwrap_or_else(|| panic!("no second Ready replica beside the leader {leader}"));
     let killed = Instant::now();
     pods.delete(
         &leader,
@@ -120,7 +240,6 @@ async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
     )
     .await
     .unwrap();
-    let other = ready.iter().find(|p| **p != leader).unwrap().clone();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let h = holder(&leases).await;
@@ -133,15 +252,38 @@ async fn killing_the_leader_pod_hands_the_lease_to_the_other_replica() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let took = killed.elapsed();
     println!(
-        "{other} took the Lease {:.1} s after {leader} was killed (lease duration 15 s)",
-        killed.elapsed().as_secs_f64()
+        "{leader} killed {:.1} s after the claim, its run writing; {other} took the Lease {:.1} s later (lease duration {} s)",
+        killed.duration_since(claimed).as_secs_f64(),
+        took.as_secs_f64(),
+        LEASE.as_secs()
     );
+    assert!(
+        took <= LEASE + RENEW + Duration::from_secs(2),
+        "{other} took the Lease {took:?} after the kill: more than the lease duration after the last renewal"
+    );
+    vm.wait_state(&client, &pods, "Provisioned", Duration::from_secs(600))
+        .await;
+    let run = the_run_succeeded(&client).await;
+    println!(
+        "claim → Provisioned in {:.1} s, one run ({}), Succeeded",
+        claimed.elapsed().as_secs_f64(),
+        run.metadata.name.unwrap_or_default()
+    );
+    vm.wait_deployed_os(&pods, &os).await;
+    println!(
+        "claim → the deployed OS's marker on the console in {:.1} s",
+        claimed.elapsed().as_secs_f64()
+    );
+
     // and the Deployment replaces the dead replica
     let (ready, now) = both("the replacement replica Ready").await;
     assert_eq!(now, other);
     assert!(!ready.contains(&leader), "{ready:?}");
 
+    vm.delete(&client).await;
+    drop(segment);
     let left = node.stop();
     assert!(left.is_empty(), "the node left on the host: {left:?}");
 }

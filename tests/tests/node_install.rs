@@ -46,6 +46,10 @@
 use std::time::{Duration, Instant};
 
 use anneal_testinfra::{ControlPlane, NODE_DIR, Node};
+use anneal_tests::node_lab::{
+    Import, MACHINE, NS, NodeVm, SERIAL, SERVER_IP, Segment, apply, bootd_logs, claim,
+    prepare_store, site_and_subnet, the_run_succeeded, wait_store_bound, wait_writing,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -210,72 +214,6 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
     assert!(left.is_empty(), "the node left on the host: {left:?}");
 }
 
-/// bootd's address on the provisioning segment (and the agent API's).
-const SERVER_IP: &str = "10.90.0.1";
-/// The host's end of the segment.
-const HOST_IF: &str = "anlbd0";
-/// The VM's NIC.
-const MAC: &str = "52:54:00:e2:e0:71";
-const BMC_USER: &str = "admin";
-const BMC_PASSWORD: &str = "node-bmc-password";
-
-/// The provisioning segment: a bridge in a namespace of the test (the VM's
-/// tap joins it) and a veth pair from it to the host, whose host end
-/// ([`HOST_IF`]) holds [`SERVER_IP`]: the host-network pods reach the VM
-/// and nothing else does. Removed on drop (the host end by name, the
-/// namespace with the rest).
-struct Segment {
-    ns: anneal_testinfra::Netns,
-}
-
-impl Segment {
-    fn create() -> Segment {
-        let mut ns = anneal_testinfra::Netns::create("anlnd").unwrap();
-        // iPXE waits ~15 s for IPv6 without router advertisements
-        ns.start_router_advertisements().unwrap();
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", HOST_IF])
-            .output();
-        for args in [
-            vec![
-                "link",
-                "add",
-                HOST_IF,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "anlbdp",
-                "netns",
-                ns.name(),
-            ],
-            vec!["addr", "add", "10.90.0.1/24", "dev", HOST_IF],
-            vec!["link", "set", HOST_IF, "up"],
-        ] {
-            let out = std::process::Command::new("ip")
-                .args(&args)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ns.ip(&["link", "set", "anlbdp", "master", "br0"]).unwrap();
-        ns.ip(&["link", "set", "anlbdp", "up"]).unwrap();
-        Segment { ns }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", HOST_IF])
-            .output();
-    }
-}
-
 async fn managed_bootd(
     client: &kube::Client,
     pods: &Api<Pod>,
@@ -286,93 +224,15 @@ async fn managed_bootd(
 ) {
     use anneal_api::Subnet;
     use anneal_api::conditions::types;
-    // the boot files an operator puts into the content store (copies: the
-    // pod sees the store, not the host's paths)
-    let boot = std::path::Path::new(NODE_DIR).join("content/boot");
-    std::fs::create_dir_all(boot.join("files")).unwrap();
-    std::fs::copy(vmlinuz, boot.join("vmlinuz")).unwrap();
-    std::fs::copy(initrd, boot.join("initrd.img")).unwrap();
-    for f in ["snponly.efi", "ipxe.efi", "undionly.kpxe"] {
-        std::fs::copy(
-            std::path::Path::new("/usr/lib/ipxe").join(f),
-            boot.join("files").join(f),
-        )
-        .unwrap();
-    }
+    prepare_store(vmlinuz, initrd);
     let first_stage = std::fs::read("/usr/lib/ipxe/snponly.efi").unwrap();
-    // the workloads (ingest Jobs, the content server, seeders) run as
-    // 65532 and bootd as root in the group 65532 (no CAP_DAC_OVERRIDE); a
-    // hostPath volume ignores fsGroup: the store is set up for them as
-    // docs/kubernetes.md tells an operator
-    for args in [
-        vec!["chown", "-R", "65532:65532", "content"],
-        vec!["chmod", "0770", "content"],
-    ] {
-        let out = std::process::Command::new(args[0])
-            .args(&args[1..])
-            .current_dir(NODE_DIR)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    let apply = |v: serde_json::Value| {
-        let client = client.clone();
-        async move {
-            let cp = kube::api::PatchParams::apply("node-install-test");
-            let name = v["metadata"]["name"].as_str().unwrap().to_string();
-            let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
-            let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-                "anneal.dev",
-                "v1alpha1",
-                v["kind"].as_str().unwrap(),
-            ));
-            Api::<kube::api::DynamicObject>::namespaced_with(client, "anneal-system", &ar)
-                .patch(&name, &cp, &kube::api::Patch::Apply(&obj))
-                .await
-                .unwrap();
-        }
-    };
     // the content store's claim bound to its hostPath volume (the node's
     // binder does it in its own time; until then a pod mounting the store
     // is not scheduled, which the Subnet would report)
-    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), "anneal-system");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let phase = claims
-            .get("anneal-content")
-            .await
-            .unwrap()
-            .status
-            .and_then(|s| s.phase);
-        if phase.as_deref() == Some("Bound") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "PersistentVolumeClaim anneal-content not Bound after 120 s: {phase:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    apply(serde_json::json!({
-        "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
-        "metadata": {"name": "rack1", "namespace": "anneal-system"},
-        "spec": {"tracker": {"ip": SERVER_IP}, "seederSubnetRef": {"name": "rack1"}}}))
-    .await;
-    apply(serde_json::json!({
-        "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
-        "metadata": {"name": "rack1", "namespace": "anneal-system"},
-        "spec": {"siteRef": {"name": "rack1"}, "cidr": "10.90.0.0/24",
-                 "bootd": {"serverIP": SERVER_IP, "mode": "Managed"},
-                 "dhcp": {"mode": "lease", "gateway": "", "leaseRange": {"start": "10.90.0.100", "end": "10.90.0.150"}}}}))
-    .await;
+    wait_store_bound(client).await;
+    site_and_subnet(client, true).await;
     // an operator's mistake: a serverIP no interface of the node holds
-    apply(serde_json::json!({
+    apply(client, serde_json::json!({
         "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
         "metadata": {"name": "rack2", "namespace": "anneal-system"},
         "spec": {"siteRef": {"name": "rack1"}, "cidr": "10.90.1.0/24",
@@ -560,11 +420,12 @@ async fn try_http_get(addr: &str, path: &str) -> std::io::Result<Vec<u8>> {
 /// node's address. The machine is then claimed (fast-track: the agent that
 /// inspected it deploys) and, while its agent writes, the manager pod is
 /// killed ([`kill_the_leader`]); the replacement leads and the run in
-/// progress completes: the agent streams the contents from the content
-/// server pod and the seeder pod of (Image, Site) (announced to the Site's
-/// tracker pod), the Machine is Provisioned and the VM boots the deployed
-/// OS. Deleting the Image removes its seeder; the Machine is deleted at
-/// the end (the manager powers the VM off and lets it go).
+/// progress completes: the agent streams the contents from the seeder pod
+/// of (Image, Site) (announced to the Site's tracker pod; the content
+/// server pod if the swarm stalls), the Machine is Provisioned and the VM
+/// boots the deployed OS. Deleting the Image removes its seeder; the
+/// Machine is deleted at the end (the manager powers the VM off and lets
+/// it go).
 async fn deploy_vm(
     client: &kube::Client,
     pods: &Api<Pod>,
@@ -572,281 +433,56 @@ async fn deploy_vm(
     os: &anneal_tests::testos::TestOs,
     work: &std::path::Path,
 ) {
-    use anneal_api::{DeployRun, Image, ImageImport, Machine, MachineHardware, RunPhase};
-    use anneal_testinfra::{DiskBus, DiskConfig, Firmware, NicConfig, Vm, VmConfig};
-    const NAME: &str = "node-vm";
-    let dir = work.join("vm");
-    std::fs::create_dir_all(&dir).unwrap();
-
-    // the image an operator imports, served on the node's address (the
-    // ingest Job's pod is on the pod network)
-    let src = work.join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(&os.image, src.join("testos.raw")).unwrap();
-    let files = anneal_tests::images::FileServer::start_on(
-        &src,
-        None,
-        anneal_testinfra::NODE_IP.parse().unwrap(),
-    );
-    let imports: Api<ImageImport> = Api::namespaced(client.clone(), "anneal-system");
-    imports
-        .create(
-            &Default::default(),
-            &serde_json::from_value(serde_json::json!({
-                "apiVersion": "anneal.dev/v1alpha1", "kind": "ImageImport",
-                "metadata": {"name": "testos"},
-                "spec": {"source": {"url": files.url("testos.raw"),
-                                    "checksum": format!("sha256:{}", anneal_tests::images::sha256_file(&src.join("testos.raw")))},
-                         "imageName": "testos", "contentPrefix": "testos", "osFamily": "Linux",
-                         "bootable": true},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let import_started = Instant::now();
-
-    let disk = dir.join("vda.raw");
-    std::fs::File::create(&disk)
-        .unwrap()
-        .set_len(3 << 30)
-        .unwrap();
-    let tap = segment.ns.add_tap().unwrap();
-    let mut nic = NicConfig::virtio(&tap, MAC);
-    // OVMF's own PXE client fetches the first stage, as on real hardware
-    nic.option_rom = false;
-    let cfg = VmConfig {
-        firmware: Firmware::Ovmf,
-        memory_mib: 1024,
-        cpus: 2,
-        nics: vec![nic],
-        disks: vec![DiskConfig {
-            path: disk,
-            format: "raw".into(),
-            bus: DiskBus::VirtioBlk,
-            serial: "NODEVBLK0001".into(),
-        }],
-        // paused until the BMC powers it on; the deployed test OS prints
-        // the DMI serial
-        extra_args: vec![
-            "-S".into(),
-            "-no-shutdown".into(),
-            "-smbios".into(),
-            format!("type=1,serial={NAME}"),
-        ],
-        no_reboot: false,
-        ..VmConfig::default()
-    };
-    let launched = Instant::now();
-    let vm = Vm::launch(&cfg, Some(&segment.ns)).unwrap();
-    while !vm.qmp_path().exists() {
-        assert!(
-            launched.elapsed() < Duration::from_secs(60),
-            "no QMP socket"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let bmc = anneal_qemu_bmc::start(anneal_qemu_bmc::BmcConfig {
-        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        qmp: vm.qmp_path().to_path_buf(),
-        state_file: dir.join("bmc-state.json"),
-        request_log: None,
-        username: BMC_USER.into(),
-        password: BMC_PASSWORD.into(),
-        system_id: "vm0".into(),
-        tls: None,
-    })
-    .await
-    .unwrap();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "anneal-system");
-    secrets
-        .create(
-            &Default::default(),
-            &serde_json::from_value(serde_json::json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": format!("{NAME}-bmc")},
-                "stringData": {"username": BMC_USER, "password": BMC_PASSWORD},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let machines: Api<Machine> = Api::namespaced(client.clone(), "anneal-system");
-    machines
-        .create(
-            &Default::default(),
-            &serde_json::from_value(serde_json::json!({
-                "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
-                "metadata": {"name": NAME},
-                "spec": {
-                    "subnetRef": {"name": "rack1"},
-                    "bootMACAddress": MAC,
-                    "console": ["ttyS0"],
-                    "bootLoader": "ipxe",
-                    "bmc": {
-                        "address": format!("redfish+http://127.0.0.1:{}", bmc.addr().port()),
-                        "credentialsSecretRef": {"name": format!("{NAME}-bmc")},
-                    },
-                },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let enrolled = Instant::now();
-    let fail = |what: String| {
-        let console = vm.serial_text();
-        async move {
-            let lines: Vec<&str> = console.lines().collect();
-            let logs = bootd_logs(pods).await;
-            let workloads = workload_logs(pods).await;
-            panic!(
-                "{what}\nconsole tail:\n{}\n{logs}\n{workloads}\n{}",
-                lines[lines.len().saturating_sub(40)..].join("\n"),
-                anneal_tests::node::manager_logs(pods).await
-            );
-        }
-    };
-    let mut last = String::from("?");
-    let mut state_of = async |until: &str, limit: Duration| {
-        let since = Instant::now();
-        loop {
-            let m = serde_json::to_value(machines.get(NAME).await.unwrap()).unwrap();
-            let state = m["status"]["state"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if state != last {
-                println!(
-                    "machine {NAME}: {state} ({:.1} s after enrolment)",
-                    enrolled.elapsed().as_secs_f64()
-                );
-                last = state.clone();
-            }
-            if state == until {
-                return;
-            }
-            if since.elapsed() > limit {
-                fail(format!(
-                    "machine {NAME} not {until} {} s after enrolment (state {state:?})",
-                    enrolled.elapsed().as_secs()
-                ))
-                .await;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    };
-    state_of("Available", Duration::from_secs(300)).await;
-    let hw = Api::<MachineHardware>::namespaced(client.clone(), "anneal-system")
-        .get(NAME)
+    use anneal_api::{Image, MachineHardware};
+    let mut import = Import::start(client, os, work).await;
+    let localhost = std::net::Ipv4Addr::LOCALHOST.into();
+    let mut vm = NodeVm::enrol(client, segment, localhost, work).await;
+    vm.wait_state(client, pods, "Available", Duration::from_secs(300))
+        .await;
+    let hw = Api::<MachineHardware>::namespaced(client.clone(), NS)
+        .get(MACHINE)
         .await
         .unwrap();
     let summary = anneal_tests::e2e::summary(&hw);
     println!("inspected through the pods: {summary}");
-    assert!(summary.contains("NODEVBLK0001"), "{summary}");
+    assert!(summary.contains(SERIAL), "{summary}");
 
     // the import, by the ingest Job's pod
-    let images: Api<Image> = Api::namespaced(client.clone(), "anneal-system");
-    loop {
-        let st = imports
-            .get("testos")
-            .await
-            .unwrap()
-            .status
-            .unwrap_or_default();
-        if st.state == Some(anneal_api::ImportState::Failed) {
-            fail(format!("ImageImport testos failed: {:?}", st.conditions)).await;
-        }
-        if images
-            .get_opt("testos")
-            .await
-            .unwrap()
-            .and_then(|i| i.status)
-            .and_then(|s| s.state)
-            == Some(anneal_api::ImageState::Ready)
-        {
-            break;
-        }
-        if import_started.elapsed() > Duration::from_secs(300) {
-            fail(format!(
-                "Image testos not Ready 300 s after its import: {st:?}"
-            ))
-            .await;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    match import.wait(client).await {
+        Ok(t) => println!(
+            "imported by the ingest Job's pod, Image Ready {:.1} s after the ImageImport",
+            t.as_secs_f64()
+        ),
+        Err(why) => vm.fail(pods, &why).await,
     }
-    println!(
-        "imported by the ingest Job's pod, Image Ready {:.1} s after the ImageImport",
-        import_started.elapsed().as_secs_f64()
-    );
-    drop(files);
 
     // claimed; the manager killed while the agent writes
     let claimed = Instant::now();
-    Api::<anneal_api::MachineClaim>::namespaced(client.clone(), "anneal-system")
-        .create(
-            &Default::default(),
-            &serde_json::from_value(serde_json::json!({
-                "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
-                "metadata": {"name": "deploy"},
-                "spec": {"machineName": NAME, "imageRef": {"name": "testos"},
-                         "targetDisk": {"serialNumber": "NODEVBLK0001"}},
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    let runs: Api<DeployRun> = Api::namespaced(client.clone(), "anneal-system");
-    let in_progress = loop {
-        let list = runs.list(&Default::default()).await.unwrap().items;
-        let phase = list
-            .first()
-            .and_then(|r| r.status.as_ref())
-            .and_then(|s| s.phase);
-        match phase {
-            Some(RunPhase::WritingContent) => break phase.unwrap(),
-            Some(RunPhase::Succeeded | RunPhase::Failed) => {
-                fail(format!(
-                    "the run ended before the test saw it writing: {phase:?}"
-                ))
-                .await;
-            }
-            _ => {}
-        }
-        if claimed.elapsed() > Duration::from_secs(300) {
-            fail(format!("no run writing 300 s after the claim: {phase:?}")).await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    claim(client).await;
+    wait_writing(client, &vm, pods, Duration::from_secs(300)).await;
     println!(
-        "run in {in_progress:?} {:.1} s after the claim: killing the leader",
+        "run writing {:.1} s after the claim: killing the leader",
         claimed.elapsed().as_secs_f64()
     );
     kill_the_leader(client, pods).await;
-    state_of("Provisioned", Duration::from_secs(600)).await;
+    vm.wait_state(client, pods, "Provisioned", Duration::from_secs(600))
+        .await;
     println!(
         "claim → Provisioned in {:.1} s",
         claimed.elapsed().as_secs_f64()
     );
-    let list = runs.list(&Default::default()).await.unwrap().items;
-    assert_eq!(
-        list.len(),
-        1,
-        "the run in progress completed, none was started again: {:?}",
-        list.iter()
-            .map(|r| (r.name_any(), r.status.clone()))
-            .collect::<Vec<_>>()
-    );
-    let st = list[0].status.clone().unwrap_or_default();
-    assert_eq!(st.phase, Some(RunPhase::Succeeded), "{st:?}");
-    let t = st.transfer.clone().unwrap_or_default();
+    let run = the_run_succeeded(client).await;
+    let t = run
+        .status
+        .and_then(|s| s.transfer)
+        .unwrap_or_default();
     assert!(
         t.seeder_bytes + t.http_bytes >= 200 << 20,
         "the contents came from the seeder and content server pods: {t:?}"
     );
     println!(
         "run {}: {} peer(s), {} MiB from the seeder, {} MiB over HTTP{}",
-        list[0].name_any(),
+        run.metadata.name.unwrap_or_default(),
         t.peers,
         t.seeder_bytes >> 20,
         t.http_bytes >> 20,
@@ -855,18 +491,7 @@ async fn deploy_vm(
             .map(|r| format!(" (fallback: {r})"))
             .unwrap_or_default()
     );
-    let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let console = vm.serial_text();
-        if console.contains(&marker) && console.contains(&format!("ANNEAL-DEPLOYED {NAME}")) {
-            break;
-        }
-        if Instant::now() > deadline {
-            fail("the deployed OS printed no marker 300 s after Provisioned".into()).await;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    vm.wait_deployed_os(pods, os).await;
     println!(
         "claim → the deployed OS's marker on the console in {:.1} s",
         claimed.elapsed().as_secs_f64()
@@ -874,7 +499,7 @@ async fn deploy_vm(
 
     // the seeder of (testos, rack1) stays for its grace period after the
     // run; deleting the Image removes it
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "anneal-system");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let seeders = || async {
         deployments
             .list(&ListParams::default().labels("app.kubernetes.io/component=seeder"))
@@ -896,7 +521,10 @@ async fn deploy_vm(
             .map(|o| (o.kind.as_str(), o.name.as_str())),
         Some(("Image", "testos"))
     );
-    images.delete("testos", &Default::default()).await.unwrap();
+    Api::<Image>::namespaced(client.clone(), NS)
+        .delete("testos", &Default::default())
+        .await
+        .unwrap();
     let deleted = Instant::now();
     while !seeders().await.is_empty() {
         assert!(
@@ -909,19 +537,7 @@ async fn deploy_vm(
         "Image deleted: its seeder gone {:.1} s later",
         deleted.elapsed().as_secs_f64()
     );
-
-    // the Machine deleted: the manager lets it go
-    machines.delete(NAME, &Default::default()).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while machines.get_opt(NAME).await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "Machine {NAME} still there 90 s after its deletion"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    drop(bmc);
-    drop(vm);
+    vm.delete(client).await;
 }
 
 /// The leader pod killed (force-deleted: no graceful hand-over, its Lease
@@ -1021,46 +637,3 @@ async fn kill_the_leader(client: &kube::Client, pods: &Api<Pod>) {
     assert_eq!(c.status, "True", "{c:?}");
 }
 
-/// Each workload pod's (ingest, content server, seeder, tracker) status
-/// and log, for a failure message.
-async fn workload_logs(pods: &Api<Pod>) -> String {
-    let mut logs = String::new();
-    for p in pods
-        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=anneal-manager"))
-        .await
-        .unwrap()
-        .items
-    {
-        let name = p.metadata.name.clone().unwrap_or_default();
-        let log = pods
-            .logs(&name, &Default::default())
-            .await
-            .unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        logs.push_str(&format!(
-            "--- {name}: {:?}\n{}\n",
-            p.status.and_then(|s| s.phase),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        ));
-    }
-    logs
-}
-
-/// Each bootd pod's status and log, for a failure message.
-async fn bootd_logs(pods: &Api<Pod>) -> String {
-    let mut logs = String::new();
-    for p in pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
-        .await
-        .unwrap()
-        .items
-    {
-        let name = p.metadata.name.clone().unwrap_or_default();
-        let log = pods
-            .logs(&name, &Default::default())
-            .await
-            .unwrap_or_default();
-        logs.push_str(&format!("--- {name}: {:?}\n{log}\n", p.status));
-    }
-    logs
-}

@@ -114,6 +114,7 @@ pub struct Node {
     kubelet: Option<ChildGroup>,
     scheduler: Option<ChildGroup>,
     controller_manager: Option<ChildGroup>,
+    kube_proxy: Option<ChildGroup>,
     kubeconfig: PathBuf,
     before: Before,
     startup: Duration,
@@ -294,6 +295,7 @@ impl Node {
             kubelet: None,
             scheduler: None,
             controller_manager: None,
+            kube_proxy: None,
             kubeconfig: cp.kubeconfig_path().to_path_buf(),
             before,
             startup: Duration::ZERO,
@@ -579,6 +581,55 @@ localStorageCapacityIsolation: false
         Path::new(NODE_DIR).join("logs")
     }
 
+    /// Starts kube-proxy (iptables mode, as the admin) for the tests that
+    /// reach a Service from outside the cluster (its `externalIPs`), and
+    /// waits until it has programmed the Service `default/kubernetes`. It
+    /// changes no sysctl (conntrack limits and timeouts left as they are,
+    /// no localhost NodePorts); its KUBE-* chains go with the node's.
+    pub async fn start_kube_proxy(&mut self, cp: &ControlPlane) -> anyhow::Result<()> {
+        let logs = Path::new(NODE_DIR).join("logs");
+        let admin = cp.kubeconfig_path().display().to_string();
+        self.kube_proxy = Some(ChildGroup::spawn_logged(
+            "kube-proxy",
+            Command::new(cached_bin("kube-proxy")?)
+                .arg(format!("--kubeconfig={admin}"))
+                .arg(format!("--hostname-override={NODE_NAME}"))
+                .arg("--proxy-mode=iptables")
+                .arg("--iptables-localhost-nodeports=false")
+                .arg("--conntrack-max-per-core=0")
+                .arg("--conntrack-tcp-timeout-established=0")
+                .arg("--conntrack-tcp-timeout-close-wait=0")
+                .arg(format!("--healthz-bind-address=127.0.0.1:{}", free_port()?))
+                .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))
+                .arg("--v=2"),
+            &logs.join("kube-proxy.log"),
+        )?);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(st) = self.kube_proxy.as_mut().and_then(ChildGroup::try_exit) {
+                anyhow::bail!(
+                    "kube-proxy exited ({st}): {}",
+                    crate::tail_file(&logs.join("kube-proxy.log"))
+                );
+            }
+            // a Service's rules carry its name in a comment (nat with
+            // endpoints, filter without)
+            let rules = Command::new("iptables-save")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            if rules.contains("default/kubernetes:https") {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "kube-proxy programmed no Service after 60 s: {}\niptables-save:\n{rules}",
+                crate::tail_file(&logs.join("kube-proxy.log"))
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Stops the node, undoes its changes to the host, and reports what it
     /// still found.
     pub fn stop(mut self) -> Leftovers {
@@ -614,6 +665,7 @@ localStorageCapacityIsolation: false
             }
         }
         for c in [
+            &mut self.kube_proxy,
             &mut self.controller_manager,
             &mut self.scheduler,
             &mut self.kubelet,
@@ -720,6 +772,43 @@ impl Drop for Node {
     }
 }
 
+/// The words of an `iptables-save` rule line, as the shell would split
+/// them: a double-quoted comment (kube-proxy's `--comment "kubernetes
+/// service portals"`) is one word, `\"` inside it a quote.
+fn rule_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let (mut quoted, mut started) = (false, false);
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if quoted => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            '"' => {
+                quoted = !quoted;
+                started = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if started {
+                    words.push(std::mem::take(&mut cur));
+                    started = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        words.push(cur);
+    }
+    words
+}
+
 /// Undoes the node's host changes: mounts, cgroups, the iptables chains
 /// that are not in `before` (kubelet's KUBE-* and the CNI plugins'
 /// CNI-*; all of them when `before` is empty, at a start after a killed
@@ -768,8 +857,8 @@ fn cleanup_host(before: &Before) {
         {
             for line in String::from_utf8_lossy(&rules.stdout).lines() {
                 if line.starts_with("-A ") && line.contains(&format!("-j {name}")) {
-                    let mut args: Vec<&str> = line.split_whitespace().collect();
-                    args[0] = "-D";
+                    let mut args = rule_words(line);
+                    args[0] = "-D".into();
                     let _ = Command::new(bin).args(["-t", table]).args(&args).status();
                 }
             }
@@ -838,4 +927,33 @@ fn pause_image() -> anyhow::Result<PathBuf> {
         .arg(&tmp))?;
     std::fs::rename(&tmp, &archive)?;
     Ok(archive)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rule_words;
+
+    #[test]
+    fn a_quoted_comment_is_one_word() {
+        assert_eq!(
+            rule_words(
+                r#"-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#
+            ),
+            [
+                "-A",
+                "PREROUTING",
+                "-m",
+                "comment",
+                "--comment",
+                "kubernetes service portals",
+                "-j",
+                "KUBE-SERVICES"
+            ]
+        );
+        assert_eq!(
+            rule_words(r#"-A X --comment "a \"b\"" -j Y"#),
+            ["-A", "X", "--comment", "a \"b\"", "-j", "Y"]
+        );
+        assert_eq!(rule_words("-A X  -j Y "), ["-A", "X", "-j", "Y"]);
+    }
 }
