@@ -30,6 +30,53 @@ pub const NS: &str = "anneal-system";
 const BMC_USER: &str = "admin";
 const BMC_PASSWORD: &str = "node-bmc-password";
 
+/// What the node tests build before the node starts.
+#[derive(Debug)]
+pub struct Artifacts {
+    /// The image archives the node imports: the manager's, the workloads'
+    /// (the static musl agent) and bootd's.
+    pub images: Vec<std::path::PathBuf>,
+    /// The Debian kernel bootd serves.
+    pub vmlinuz: std::path::PathBuf,
+    /// The agent's initramfs bootd serves.
+    pub initrd: std::path::PathBuf,
+    /// The test OS the VM deploys.
+    pub os: crate::testos::TestOs,
+}
+
+impl Artifacts {
+    /// [`Artifacts::build`] off the runtime's threads.
+    pub async fn build_in(dir: &Path) -> Artifacts {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Artifacts::build(&dir))
+            .await
+            .unwrap()
+    }
+
+    /// Builds them into `dir` (blocking).
+    pub fn build(dir: &Path) -> Artifacts {
+        let agent = crate::artifacts::agent_musl();
+        let kernel = anneal_testinfra::debian_kernel().unwrap();
+        let initrd = dir.join("agent.cpio.zst");
+        crate::artifacts::build_initramfs(
+            &crate::artifacts::initramfs_tool(),
+            &agent,
+            &kernel.modules,
+            &initrd,
+        );
+        Artifacts {
+            images: vec![
+                crate::node::manager_image(dir),
+                crate::node::image("agent", &agent, "anneal-agent", dir),
+                crate::node::bootd_image(dir),
+            ],
+            vmlinuz: kernel.vmlinuz,
+            initrd,
+            os: crate::testos::test_os().unwrap(),
+        }
+    }
+}
+
 /// The provisioning segment: a bridge in a namespace of the test (the VM's
 /// tap joins it) and a veth pair from it to the host, whose host end
 /// ([`HOST_IF`]) holds [`SERVER_IP`]: the host-network pods reach the VM
@@ -52,7 +99,15 @@ impl Segment {
             .output();
         for args in [
             vec![
-                "link", "add", HOST_IF, "type", "veth", "peer", "name", "anlbdp", "netns",
+                "link",
+                "add",
+                HOST_IF,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "anlbdp",
+                "netns",
                 ns.name(),
             ],
             vec!["addr", "add", "10.90.0.1/24", "dev", HOST_IF],
@@ -544,29 +599,21 @@ pub async fn the_run_succeeded(client: &kube::Client) -> DeployRun {
 
 /// Each bootd pod's status and log, for a failure message.
 pub async fn bootd_logs(pods: &Api<Pod>) -> String {
-    let mut logs = String::new();
-    for p in pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=bootd"))
-        .await
-        .unwrap()
-        .items
-    {
-        let name = p.metadata.name.clone().unwrap_or_default();
-        let log = pods
-            .logs(&name, &Default::default())
-            .await
-            .unwrap_or_default();
-        logs.push_str(&format!("--- {name}: {:?}\n{log}\n", p.status));
-    }
-    logs
+    pod_logs(pods, "app.kubernetes.io/component=bootd", true).await
 }
 
 /// Each workload pod's (ingest, content server, seeder, tracker, bootd)
 /// phase and last log lines, for a failure message.
 pub async fn workload_logs(pods: &Api<Pod>) -> String {
+    pod_logs(pods, "app.kubernetes.io/managed-by=anneal-manager", false).await
+}
+
+/// The pods matching `selector`: their whole status and log (`whole`), or
+/// their phase and last 20 log lines.
+async fn pod_logs(pods: &Api<Pod>, selector: &str, whole: bool) -> String {
     let mut logs = String::new();
     for p in pods
-        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=anneal-manager"))
+        .list(&ListParams::default().labels(selector))
         .await
         .unwrap()
         .items
@@ -576,12 +623,16 @@ pub async fn workload_logs(pods: &Api<Pod>) -> String {
             .logs(&name, &Default::default())
             .await
             .unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        logs.push_str(&format!(
-            "--- {name}: {:?}\n{}\n",
-            p.status.and_then(|s| s.phase),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        ));
+        if whole {
+            logs.push_str(&format!("--- {name}: {:?}\n{log}\n", p.status));
+        } else {
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            logs.push_str(&format!(
+                "--- {name}: {:?}\n{}\n",
+                p.status.and_then(|s| s.phase),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
     }
     logs
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anneal_testinfra::{ControlPlane, NODE_DIR, NODE_IP, Node};
 use anneal_tests::node_lab::{
-    Import, NS, NodeVm, SERVER_IP, Segment, claim, prepare_store, site_and_subnet,
+    Artifacts, Import, NS, NodeVm, SERVER_IP, Segment, claim, prepare_store, site_and_subnet,
     the_run_succeeded, wait_store_bound, wait_writing,
 };
 use k8s_openapi::api::apps::v1::Deployment;
@@ -69,35 +69,14 @@ async fn ready_pods(pods: &Api<Pod>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_mid_deploy_hands_over_and_the_deploy_completes() {
     let work = tempfile::tempdir().unwrap();
-    let dir = work.path().to_path_buf();
-    let (images, (vmlinuz, initrd), os) = tokio::task::spawn_blocking(move || {
-        let agent = anneal_tests::artifacts::agent_musl();
-        let kernel = anneal_testinfra::debian_kernel().unwrap();
-        let initrd = dir.join("agent.cpio.zst");
-        anneal_tests::artifacts::build_initramfs(
-            &anneal_tests::artifacts::initramfs_tool(),
-            &agent,
-            &kernel.modules,
-            &initrd,
-        );
-        (
-            vec![
-                anneal_tests::node::manager_image(&dir),
-                anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
-                anneal_tests::node::bootd_image(&dir),
-            ],
-            (kernel.vmlinuz, initrd),
-            anneal_tests::testos::test_os().unwrap(),
-        )
-    })
-    .await
-    .unwrap();
+    let art = Artifacts::build_in(work.path()).await;
+    let (images, os) = (&art.images, &art.os);
     let segment = Segment::create();
     let cp = ControlPlane::start().await.unwrap();
-    let mut node = Node::start(&cp, &images).await.unwrap();
+    let mut node = Node::start(&cp, images).await.unwrap();
     node.start_kube_proxy(&cp).await.unwrap();
     let api = node.api_address().unwrap();
-    prepare_store(&vmlinuz, &initrd);
+    prepare_store(&art.vmlinuz, &art.initrd);
 
     // the content store's volume (no StorageClass on the test node)
     let pv = format!(
@@ -212,7 +191,7 @@ async fn killing_the_leader_mid_deploy_hands_over_and_the_deploy_completes() {
     // a managed bootd, the test OS imported, the VM inspected
     wait_store_bound(&client).await;
     site_and_subnet(&client, false).await;
-    let mut import = Import::start(&client, &os, work.path()).await;
+    let mut import = Import::start(&client, os, work.path()).await;
     let mut vm = NodeVm::enrol(&client, &segment, NODE_IP.parse().unwrap(), work.path()).await;
     vm.wait_state(&client, &pods, "Available", Duration::from_secs(300))
         .await;
@@ -271,7 +250,7 @@ async fn killing_the_leader_mid_deploy_hands_over_and_the_deploy_completes() {
         claimed.elapsed().as_secs_f64(),
         run.metadata.name.unwrap_or_default()
     );
-    vm.wait_deployed_os(&pods, &os).await;
+    vm.wait_deployed_os(&pods, os).await;
     println!(
         "claim → the deployed OS's marker on the console in {:.1} s",
         claimed.elapsed().as_secs_f64()

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use anneal_testinfra::{ControlPlane, NODE_DIR, Node};
 use anneal_tests::node_lab::{
-    Import, MACHINE, NS, NodeVm, SERIAL, SERVER_IP, Segment, apply, bootd_logs, claim,
+    Artifacts, Import, MACHINE, NS, NodeVm, SERIAL, SERVER_IP, Segment, apply, bootd_logs, claim,
     prepare_store, site_and_subnet, the_run_succeeded, wait_store_bound, wait_writing,
 };
 use k8s_openapi::api::apps::v1::Deployment;
@@ -59,35 +59,12 @@ use kube::api::{Api, ListParams};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
     let work = tempfile::tempdir().unwrap();
-    let dir = work.path().to_path_buf();
-    let images = tokio::task::spawn_blocking(move || {
-        let agent = anneal_tests::artifacts::agent_musl();
-        // the agent's initramfs, which the managed bootd serves
-        let kernel = anneal_testinfra::debian_kernel().unwrap();
-        let initrd = dir.join("agent.cpio.zst");
-        anneal_tests::artifacts::build_initramfs(
-            &anneal_tests::artifacts::initramfs_tool(),
-            &agent,
-            &kernel.modules,
-            &initrd,
-        );
-        (
-            vec![
-                anneal_tests::node::manager_image(&dir),
-                anneal_tests::node::image("agent", &agent, "anneal-agent", &dir),
-                anneal_tests::node::bootd_image(&dir),
-            ],
-            (kernel.vmlinuz, initrd),
-            anneal_tests::testos::test_os().unwrap(),
-        )
-    })
-    .await
-    .unwrap();
-    let (images, boot, os) = images;
+    let art = Artifacts::build_in(work.path()).await;
+    let (images, os) = (&art.images, &art.os);
     // the provisioning segment, before the manager binds its agent API there
     let segment = Segment::create();
     let cp = ControlPlane::start().await.unwrap();
-    let node = Node::start(&cp, &images).await.unwrap();
+    let node = Node::start(&cp, images).await.unwrap();
     let api_port = cp.url().rsplit(':').next().unwrap().to_string();
     let metrics = anneal_testinfra::free_port().unwrap();
     let agent_api = anneal_testinfra::free_port().unwrap();
@@ -207,7 +184,15 @@ async fn the_appliance_install_runs_the_manager_as_a_pod_holding_the_lease() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    managed_bootd(&client, &pods, &segment, &boot, &os, work.path()).await;
+    managed_bootd(
+        &client,
+        &pods,
+        &segment,
+        (&art.vmlinuz, &art.initrd),
+        os,
+        work.path(),
+    )
+    .await;
     drop(segment);
 
     let left = node.stop();
@@ -218,7 +203,7 @@ async fn managed_bootd(
     client: &kube::Client,
     pods: &Api<Pod>,
     segment: &Segment,
-    (vmlinuz, initrd): &(std::path::PathBuf, std::path::PathBuf),
+    (vmlinuz, initrd): (&std::path::Path, &std::path::Path),
     os: &anneal_tests::testos::TestOs,
     work: &std::path::Path,
 ) {
@@ -472,10 +457,7 @@ async fn deploy_vm(
         claimed.elapsed().as_secs_f64()
     );
     let run = the_run_succeeded(client).await;
-    let t = run
-        .status
-        .and_then(|s| s.transfer)
-        .unwrap_or_default();
+    let t = run.status.and_then(|s| s.transfer).unwrap_or_default();
     assert!(
         t.seeder_bytes + t.http_bytes >= 200 << 20,
         "the contents came from the seeder and content server pods: {t:?}"
@@ -636,4 +618,3 @@ async fn kill_the_leader(client: &kube::Client, pods: &Api<Pod>) {
         .unwrap();
     assert_eq!(c.status, "True", "{c:?}");
 }
-
