@@ -426,20 +426,24 @@ fn bmc_secrets(
                     tokio::spawn(async move {
                         let mut refused = false;
                         let mut events = std::pin::pin!(
-                            kube::runtime::WatchStreamExt::touched_objects(
-                                kube::runtime::WatchStreamExt::default_backoff(
-                                    kube::runtime::watcher(api, watcher::Config::default())
-                                )
+                            kube::runtime::WatchStreamExt::default_backoff(
+                                kube::runtime::watcher(api, watcher::Config::default())
                             )
                         );
                         while let Some(ev) = events.next().await {
                             match ev {
-                                Ok(secret) => {
+                                // An edit (or a deletion) after the watch
+                                // began; the initial list is no edit (it
+                                // would cut short the back-off of every
+                                // Machine with a failing BMC as the watch
+                                // of its namespace starts).
+                                Ok(watcher::Event::Apply(secret) | watcher::Event::Delete(secret)) => {
                                     refused = false;
                                     if tx.send(secret).await.is_err() {
                                         return;
                                     }
                                 }
+                                Ok(_) => refused = false,
                                 Err(e) if !refused => {
                                     refused = true;
                                     tracing::warn!(namespace = %name, error = %e,
