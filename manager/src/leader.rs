@@ -59,17 +59,25 @@ impl Elector {
     }
 
     /// Blocks until this replica holds the lease.
+    /// A standby tries again every `renew_every`, or as soon as the
+    /// holder's lease expires when that is sooner: it takes over within the
+    /// lease duration of the holder's last renewal, ahead of a replica that
+    /// only starts then.
     pub async fn acquire(&self) -> Result<(), LeaderError> {
         loop {
-            match self.try_acquire_or_renew().await {
-                Ok(true) => {
+            let mut wait = self.cfg.renew_every;
+            match self.attempt().await {
+                Ok((true, _)) => {
                     info!(lease = %self.cfg.name, identity = %self.cfg.identity, "acquired leadership");
                     return Ok(());
                 }
-                Ok(false) => {}
+                Ok((false, Some(left))) => {
+                    wait = wait.min(left + Duration::from_millis(50));
+                }
+                Ok((false, None)) => {}
                 Err(e) => warn!(error = %e, "lease attempt failed"),
             }
-            tokio::time::sleep(self.cfg.renew_every).await;
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -94,6 +102,12 @@ impl Elector {
     /// One attempt: create the lease, take it over when expired or free, or
     /// renew it when ours. Every write carries the resourceVersion read.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, LeaderError> {
+        self.attempt().await.map(|(held, _)| held)
+    }
+
+    /// [`Self::try_acquire_or_renew`], and when another replica holds the
+    /// lease, how long until it expires without a renewal.
+    async fn attempt(&self) -> Result<(bool, Option<Duration>), LeaderError> {
         let secs = i32::try_from(self.cfg.lease_duration.as_secs())
             .unwrap_or(15)
             .max(1);
@@ -119,8 +133,8 @@ impl Elector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Ok(_) => Ok((true, None)),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok((false, None)),
                 Err(e) => Err(LeaderError::Kube(e)),
             };
         };
@@ -129,12 +143,16 @@ impl Elector {
         let ours = holder == self.cfg.identity;
         if !ours && !holder.is_empty() {
             let duration = i64::from(spec.lease_duration_seconds.unwrap_or(secs));
-            let expired = spec.renew_time.as_ref().is_none_or(|t| {
-                t.0.saturating_add(SignedDuration::from_secs(duration))
-                    .is_ok_and(|end| end < Timestamp::now())
+            let left = spec.renew_time.as_ref().and_then(|t| {
+                let end =
+                    t.0.saturating_add(SignedDuration::from_secs(duration))
+                        .ok()?;
+                Duration::try_from(end.duration_since(Timestamp::now()))
+                    .ok()
+                    .filter(|d| !d.is_zero())
             });
-            if !expired {
-                return Ok(false);
+            if left.is_some() {
+                return Ok((false, left));
             }
         }
         if !ours {
@@ -149,8 +167,8 @@ impl Elector {
             .replace(&self.cfg.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Ok(_) => Ok((true, None)),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok((false, None)),
             Err(e) => Err(LeaderError::Kube(e)),
         }
     }
