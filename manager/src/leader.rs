@@ -45,6 +45,25 @@ pub struct Elector {
     cfg: LeaseConfig,
 }
 
+/// How long a standby waits before its next attempt, having campaigned for
+/// `waited` and seen another holder whose lease has `left` to run (`None`:
+/// unknown, or a write lost to another replica).
+fn standby_wait(cfg: &LeaseConfig, waited: Duration, left: Option<Duration>) -> Duration {
+    let Some(left) = left else {
+        return cfg.renew_every;
+    };
+    let at_expiry = left + Duration::from_millis(50);
+    if at_expiry >= cfg.renew_every {
+        return cfg.renew_every;
+    }
+    if waited + at_expiry >= cfg.lease_duration {
+        at_expiry
+    } else {
+        // a newcomer: the established standby goes first
+        at_expiry + cfg.renew_every / 2
+    }
+}
+
 fn now() -> MicroTime {
     MicroTime(Timestamp::now())
 }
@@ -61,22 +80,24 @@ impl Elector {
     /// Blocks until this replica holds the lease.
     /// A standby tries again every `renew_every`, or as soon as the
     /// holder's lease expires when that is sooner: it takes over within the
-    /// lease duration of the holder's last renewal, ahead of a replica that
-    /// only starts then.
+    /// lease duration of the holder's last renewal. A replica that started
+    /// less than one lease duration before that expiry (the Deployment's
+    /// replacement for a killed leader) gives an established standby half a
+    /// renewal period's head start, so the survivor takes over.
     pub async fn acquire(&self) -> Result<(), LeaderError> {
+        let started = tokio::time::Instant::now();
         loop {
-            let mut wait = self.cfg.renew_every;
-            match self.attempt().await {
+            let wait = match self.attempt().await {
                 Ok((true, _)) => {
                     info!(lease = %self.cfg.name, identity = %self.cfg.identity, "acquired leadership");
                     return Ok(());
                 }
-                Ok((false, Some(left))) => {
-                    wait = wait.min(left + Duration::from_millis(50));
+                Ok((false, left)) => standby_wait(&self.cfg, started.elapsed(), left),
+                Err(e) => {
+                    warn!(error = %e, "lease attempt failed");
+                    self.cfg.renew_every
                 }
-                Ok((false, None)) => {}
-                Err(e) => warn!(error = %e, "lease attempt failed"),
-            }
+            };
             tokio::time::sleep(wait).await;
         }
     }
@@ -171,5 +192,56 @@ impl Elector {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok((false, None)),
             Err(e) => Err(LeaderError::Kube(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> LeaseConfig {
+        LeaseConfig {
+            namespace: "ns".into(),
+            name: "lease".into(),
+            identity: "me".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn a_standby_polls_every_renewal_while_the_holder_is_fresh() {
+        let c = cfg();
+        assert_eq!(
+            standby_wait(&c, Duration::from_secs(60), Some(Duration::from_secs(12))),
+            c.renew_every
+        );
+        assert_eq!(
+            standby_wait(&c, Duration::from_secs(60), None),
+            c.renew_every
+        );
+    }
+
+    #[test]
+    fn an_established_standby_tries_at_the_holders_expiry() {
+        let c = cfg();
+        assert_eq!(
+            standby_wait(&c, Duration::from_secs(60), Some(Duration::from_secs(3))),
+            Duration::from_millis(3050)
+        );
+    }
+
+    #[test]
+    fn a_newcomer_lets_the_established_standby_go_first() {
+        let c = cfg();
+        // started 2 s ago, the holder (just killed) expires in 3 s
+        let newcomer = standby_wait(&c, Duration::from_secs(2), Some(Duration::from_secs(3)));
+        let survivor = standby_wait(&c, Duration::from_secs(60), Some(Duration::from_secs(3)));
+        assert!(
+            newcomer >= survivor + Duration::from_secs(2),
+            "{newcomer:?} vs {survivor:?}"
+        );
+        // still within a renewal period of the expiry
+        assert!(newcomer < Duration::from_secs(3) + c.renew_every);
     }
 }

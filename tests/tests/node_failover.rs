@@ -14,10 +14,10 @@
 //! provisioning segment is inspected through the pods, the test OS is
 //! imported by the ingest Job's pod, the machine is claimed and, while its
 //! agent writes, the leader pod is force-deleted (no hand-over): another
-//! replica takes the Lease within the lease duration (15 s, counted from
-//! the last renewal) — the survivor, or sometimes the Deployment's
-//! replacement started meanwhile (a race still open) — and the run in
-//! progress completes: one DeployRun,
+//! surviving replica takes the Lease within the lease duration (15 s,
+//! counted from the last renewal; the Deployment's replacement, started
+//! meanwhile, gives it the first try) and the run in progress completes:
+//! one DeployRun,
 //! Succeeded, the Machine Provisioned, the deployed OS boots. The
 //! Deployment brings a replacement replica up. The node leaves nothing on
 //! the host.
@@ -220,9 +220,8 @@ async fn killing_the_leader_mid_deploy_hands_over_and_the_deploy_completes() {
     )
     .await
     .unwrap();
-    // A replica other than the dead one leads: the survivor, or (a race
-    // not yet closed: the survivor retries on a timer) the Deployment's
-    // replacement, started meanwhile.
+    // The surviving replica leads (the Deployment's replacement, started
+    // meanwhile, gives the established standby the first try).
     let deadline = Instant::now() + Duration::from_secs(90);
     let new = loop {
         let h = holder(&leases).await;
@@ -237,10 +236,14 @@ async fn killing_the_leader_mid_deploy_hands_over_and_the_deploy_completes() {
     };
     let took = killed.elapsed();
     println!(
-        "{leader} killed {:.1} s after the claim, its run writing; {new} (the survivor is {other}) took the Lease {:.1} s later (lease duration {} s)",
+        "{leader} killed {:.1} s after the claim, its run writing; {new} took the Lease {:.1} s later (lease duration {} s)",
         killed.duration_since(claimed).as_secs_f64(),
         took.as_secs_f64(),
         LEASE.as_secs()
+    );
+    assert_eq!(
+        new, other,
+        "the Deployment's replacement {new} took the Lease, not the surviving replica {other}"
     );
     assert!(
         took <= LEASE + Duration::from_secs(2),
