@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+pub use anneal_api::Architecture;
 use anneal_dhcp::{BootFiles, BootTable, Cidr, Loader, Mac, MachineEntry, Mode};
 
 use crate::state::{BootToken, MachineBoot, Snapshot, Token};
@@ -64,7 +65,9 @@ pub struct ApiSpec {
     pub ca_sha256: String,
 }
 
-/// Kernel and initramfs served over HTTP.
+/// Kernel and initramfs served over HTTP (and TFTP, to network GRUB): the
+/// x86_64 pair, and the arm64 pair for machines whose `spec.architecture`
+/// is `aarch64`.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Artifacts {
@@ -72,6 +75,64 @@ pub struct Artifacts {
     pub initrd: PathBuf,
     #[serde(default = "default_initrd_name")]
     pub initrd_name: String,
+    /// The arm64 kernel and initramfs (`/boot/aarch64/kernel`, `…/initrd`).
+    #[serde(default)]
+    pub aarch64: Option<ArchArtifacts>,
+}
+
+/// The kernel and initramfs of one more architecture.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArchArtifacts {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+impl Artifacts {
+    /// The kernel and initramfs for `arch`; `None` when this bootd has none
+    /// for it.
+    pub fn for_arch(&self, arch: Architecture) -> Option<(&Path, &Path)> {
+        match arch {
+            Architecture::X86_64 => Some((&self.kernel, &self.initrd)),
+            Architecture::Aarch64 => self
+                .aarch64
+                .as_ref()
+                .map(|a| (a.kernel.as_path(), a.initrd.as_path())),
+        }
+    }
+}
+
+/// The name of an architecture in messages and paths (`spec.architecture`'s).
+pub fn arch_name(a: Architecture) -> &'static str {
+    match a {
+        Architecture::X86_64 => "x86_64",
+        Architecture::Aarch64 => "aarch64",
+    }
+}
+
+/// The path under `/boot/` (HTTP) or `boot/` (TFTP) of `arch`'s artifacts:
+/// the x86_64 pair at the top, others in a directory named after the
+/// architecture.
+pub fn boot_prefix(arch: Architecture) -> &'static str {
+    match arch {
+        Architecture::X86_64 => "boot/",
+        Architecture::Aarch64 => "boot/aarch64/",
+    }
+}
+
+/// The architecture and file (`kernel` or `initrd`) of a `boot/…` path
+/// (without the leading slash).
+pub fn parse_boot_path(path: &str) -> Option<(Architecture, bool)> {
+    let (arch, file) = if let Some(f) = path.strip_prefix("boot/aarch64/") {
+        (Architecture::Aarch64, f)
+    } else {
+        (Architecture::X86_64, path.strip_prefix("boot/")?)
+    };
+    match file {
+        "kernel" => Some((arch, true)),
+        "initrd" => Some((arch, false)),
+        _ => None,
+    }
 }
 
 fn default_initrd_name() -> String {
@@ -97,6 +158,10 @@ pub struct StaticMachine {
     /// `ipxe` (default) or `shim` (Machine `spec.bootLoader`).
     #[serde(default)]
     pub boot_loader: Loader,
+    /// `x86_64` (default) or `aarch64` (Machine `spec.architecture`): which
+    /// kernel and initramfs the machine boots.
+    #[serde(default)]
+    pub architecture: Architecture,
     #[serde(default)]
     pub debug_shell: bool,
 }
@@ -284,6 +349,21 @@ impl StaticConfig {
                 missing.join(", ")
             )));
         }
+        // arm64 machines' pair, when the directory has one
+        let arm = dir.join("aarch64");
+        let aarch64 = match (arm.join("vmlinuz"), arm.join("initrd.img")) {
+            (k, i) if k.is_file() && i.is_file() => Some(ArchArtifacts {
+                kernel: k,
+                initrd: i,
+            }),
+            (k, i) if k.exists() || i.exists() => {
+                return Err(invalid(format!(
+                    "boot directory {}: aarch64/ needs both vmlinuz and initrd.img",
+                    dir.display()
+                )));
+            }
+            _ => None,
+        };
         self.artifacts = Some(Artifacts {
             kernel,
             initrd,
@@ -291,6 +371,7 @@ impl StaticConfig {
                 .artifacts
                 .as_ref()
                 .map_or_else(default_initrd_name, |a| a.initrd_name.clone()),
+            aarch64,
         });
         self.files_dir = Some(files);
         self.read_files_dir()
@@ -362,6 +443,7 @@ impl StaticConfig {
                         .map_or(BootToken::None, |t| BootToken::Unused(Token::new(t))),
                     chain_undionly: m.chain_undionly,
                     debug_shell: m.debug_shell,
+                    architecture: m.architecture,
                 },
             );
         }
@@ -478,6 +560,22 @@ machines:
         assert_eq!(
             cfg.files["snponly.efi"],
             boot.path().join("files/snponly.efi")
+        );
+        assert!(a.aarch64.is_none());
+        // the arm64 pair: both files or neither
+        std::fs::create_dir(boot.path().join("aarch64")).unwrap();
+        std::fs::write(boot.path().join("aarch64/vmlinuz"), b"k").unwrap();
+        let e = cfg.use_boot_dir(boot.path()).unwrap_err().to_string();
+        assert!(e.contains("aarch64/ needs both vmlinuz and initrd.img"), "{e}");
+        std::fs::write(boot.path().join("aarch64/initrd.img"), b"i").unwrap();
+        cfg.use_boot_dir(boot.path()).unwrap();
+        let a = cfg.artifacts.as_ref().unwrap();
+        assert_eq!(
+            a.for_arch(Architecture::Aarch64),
+            Some((
+                boot.path().join("aarch64/vmlinuz").as_path(),
+                boot.path().join("aarch64/initrd.img").as_path()
+            ))
         );
         // a missing directory names itself
         let missing = format!("{YAML}filesDir: /nonexistent/anneal-files\n");

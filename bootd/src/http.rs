@@ -375,19 +375,25 @@ async fn route(
         )
     } else if path == "/healthz" {
         (respond(StatusCode::OK, "text/plain", "ok\n"), "other")
-    } else if path == "/boot/kernel" || path == "/boot/initrd" {
+    } else if let Some((arch, kernel)) = path
+        .strip_prefix('/')
+        .and_then(crate::config::parse_boot_path)
+    {
         let snap = shared.snapshot();
-        match &snap.artifacts {
-            Some(a) => {
-                let (p, k) = if path.ends_with("kernel") {
-                    (&a.kernel, "kernel")
-                } else {
-                    (&a.initrd, "initrd")
-                };
-                (serve_file(p, &req).await, k)
+        match snap.artifacts.as_ref().and_then(|a| a.for_arch(arch)) {
+            Some((k, i)) => {
+                let (p, what) = if kernel { (k, "kernel") } else { (i, "initrd") };
+                (serve_file(p, &req).await, what)
             }
             None => (
-                respond(StatusCode::NOT_FOUND, "text/plain", "no artifacts\n"),
+                respond(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    format!(
+                        "no {} kernel and initrd are configured\n",
+                        crate::config::arch_name(arch)
+                    ),
+                ),
                 "other",
             ),
         }

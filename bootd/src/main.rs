@@ -56,9 +56,11 @@ struct Cli {
     lease_file: Option<PathBuf>,
     /// Boot files from one directory, overriding the configuration's
     /// `artifacts` and `filesDir`: `DIR/vmlinuz` (the kernel),
-    /// `DIR/initrd.img` (the agent's initramfs) and every file of
-    /// `DIR/files/` (the first stages: snponly.efi, undionly.kpxe, …). A
-    /// managed bootd gets the content store's `boot` directory.
+    /// `DIR/initrd.img` (the agent's initramfs), every file of
+    /// `DIR/files/` (the first stages: snponly.efi, undionly.kpxe, …) and,
+    /// when present, `DIR/aarch64/vmlinuz` and `DIR/aarch64/initrd.img`
+    /// (for Machines of `architecture: aarch64`). A managed bootd gets the
+    /// content store's `boot` directory.
     #[arg(long)]
     boot_dir: Option<PathBuf>,
     /// iPXE boot script template (default: the shipped one).

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use anneal_dhcp::Mac;
 
+use crate::config::{arch_name, boot_prefix};
 use crate::state::{MachineBoot, Snapshot, Token};
 
 /// The boot script template shipped in `ipxe/`.
@@ -55,6 +56,11 @@ pub enum ScriptError {
     BadArgument(String),
     #[error("no kernel and initrd are configured")]
     NoArtifacts,
+    /// The machine's `spec.architecture` has no kernel and initramfs here.
+    #[error(
+        "no {0} kernel and initrd are configured (artifacts.{0} in the configuration, or {0}/ in --boot-dir)"
+    )]
+    NoArtifactsFor(&'static str),
 }
 
 /// Replaces every `{{key}}`; values are not rescanned.
@@ -117,6 +123,10 @@ pub fn boot_script(
     m: &MachineBoot,
 ) -> Result<String, ScriptError> {
     let art = snap.artifacts.as_ref().ok_or(ScriptError::NoArtifacts)?;
+    if art.for_arch(m.architecture).is_none() {
+        return Err(ScriptError::NoArtifactsFor(arch_name(m.architecture)));
+    }
+    let boot = boot_prefix(m.architecture);
     let base = snap.table.http_base.trim_end_matches('/');
     let server = snap.table.server_ip.to_string();
     let prelude = if m.chain_undionly {
@@ -133,8 +143,8 @@ pub fn boot_script(
     v.insert("server", server);
     v.insert("prelude", prelude);
     v.insert("initrd_name", art.initrd_name.clone());
-    v.insert("initrd_url", format!("{base}/boot/initrd"));
-    v.insert("kernel_url", format!("{base}/boot/kernel"));
+    v.insert("initrd_url", format!("{base}/{boot}initrd"));
+    v.insert("kernel_url", format!("{base}/{boot}kernel"));
     v.insert(
         "token_initrd",
         if m.token.unused().is_some() {
@@ -177,11 +187,6 @@ pub fn token_path_mac(path: &str) -> Option<Mac> {
     path.strip_prefix("token/")?.parse().ok()
 }
 
-/// The TFTP paths of the kernel and the initramfs for network GRUB.
-pub const GRUB_KERNEL_PATH: &str = "boot/kernel";
-/// See [`GRUB_KERNEL_PATH`].
-pub const GRUB_INITRD_PATH: &str = "boot/initrd";
-
 /// A machine's GRUB config, `grub/<mac>` over TFTP: for an enrolled machine
 /// the kernel and command line of the iPXE script, then its token cpio
 /// (`token/<mac>`, while the token is unused, first as in the iPXE script)
@@ -193,19 +198,21 @@ pub fn grub_config(snap: &Snapshot, mac: Mac) -> Result<String, ScriptError> {
         v.insert("mac", mac.to_string());
         return render(GRUB_UNKNOWN_TEMPLATE, &v);
     };
-    if snap.artifacts.is_none() {
-        return Err(ScriptError::NoArtifacts);
+    let art = snap.artifacts.as_ref().ok_or(ScriptError::NoArtifacts)?;
+    if art.for_arch(m.architecture).is_none() {
+        return Err(ScriptError::NoArtifactsFor(arch_name(m.architecture)));
     }
+    let boot = boot_prefix(m.architecture);
     let mut initrds = Vec::new();
     if m.token.unused().is_some() {
         initrds.push(token_path(mac));
     }
-    initrds.push(format!("/{GRUB_INITRD_PATH}"));
+    initrds.push(format!("/{boot}initrd"));
     let mut v = BTreeMap::new();
     v.insert("machine", m.name.clone());
     v.insert("mac", mac.to_string());
     v.insert("server", snap.table.server_ip.to_string());
-    v.insert("kernel_url", format!("/{GRUB_KERNEL_PATH}"));
+    v.insert("kernel_url", format!("/{boot}kernel"));
     v.insert("initrd_urls", initrds.join(" "));
     v.insert("cmdline", cmdline(snap, mac, m)?);
     render(GRUB_BOOT_TEMPLATE, &v)
@@ -306,6 +313,75 @@ mod tests {
             "{stranger}"
         );
         assert!(!stranger.contains("linux"), "{stranger}");
+    }
+
+    #[test]
+    fn an_arm64_machine_boots_the_arm64_pair() {
+        let yaml = |arm: &str| {
+            format!(
+                "serverIP: 10.77.0.1\ncidr: 10.77.0.0/24\ndhcp: {{mode: proxy}}\n\
+                 artifacts: {{kernel: /k, initrd: /i{arm}}}\n\
+                 machines:\n\
+                 - {{name: lab/x, mac: \"52:54:00:00:00:01\", console: [ttyS0]}}\n\
+                 - {{name: lab/a, mac: \"52:54:00:00:00:02\", console: [ttyAMA0], architecture: aarch64, bootLoader: shim}}\n"
+            )
+        };
+        let x = Mac([0x52, 0x54, 0, 0, 0, 1]);
+        let a = Mac([0x52, 0x54, 0, 0, 0, 2]);
+        let snap = crate::StaticConfig::from_yaml(&yaml(", aarch64: {kernel: /ak, initrd: /ai}"))
+            .unwrap()
+            .snapshot(8080, "r".into())
+            .unwrap();
+        let ipxe = |mac| boot_script(BOOT_TEMPLATE, &snap, mac, snap.machines.get(&mac).unwrap());
+        let s = ipxe(a).unwrap();
+        assert!(
+            s.contains("http://10.77.0.1:8080/boot/aarch64/kernel "),
+            "{s}"
+        );
+        assert!(
+            s.contains("http://10.77.0.1:8080/boot/aarch64/initrd "),
+            "{s}"
+        );
+        assert!(s.contains("console=ttyAMA0"), "{s}");
+        let s = ipxe(x).unwrap();
+        assert!(s.contains("http://10.77.0.1:8080/boot/kernel "), "{s}");
+        let g = grub_config(&snap, a).unwrap();
+        assert!(g.contains("if linux /boot/aarch64/kernel "), "{g}");
+        assert!(g.contains("initrd /boot/aarch64/initrd; then"), "{g}");
+        // each path names its own pair
+        let art = snap.artifacts.as_ref().unwrap();
+        for (path, want) in [
+            ("boot/kernel", "/k"),
+            ("boot/initrd", "/i"),
+            ("boot/aarch64/kernel", "/ak"),
+            ("boot/aarch64/initrd", "/ai"),
+        ] {
+            let (arch, kernel) = crate::config::parse_boot_path(path).unwrap();
+            let (k, i) = art.for_arch(arch).unwrap();
+            assert_eq!(if kernel { k } else { i }, std::path::Path::new(want));
+        }
+        for bad in [
+            "boot/",
+            "boot/aarch64/",
+            "boot/aarch64/x",
+            "boot/riscv64/kernel",
+            "kernel",
+        ] {
+            assert_eq!(crate::config::parse_boot_path(bad), None, "{bad}");
+        }
+
+        // without an arm64 pair the arm64 machine gets no script, and the
+        // error says what to configure; the x86_64 one still boots
+        let snap = crate::StaticConfig::from_yaml(&yaml(""))
+            .unwrap()
+            .snapshot(8080, "r".into())
+            .unwrap();
+        let m = snap.machines.get(&a).unwrap();
+        let e = boot_script(BOOT_TEMPLATE, &snap, a, m).unwrap_err();
+        assert_eq!(e, ScriptError::NoArtifactsFor("aarch64"));
+        assert!(e.to_string().contains("artifacts.aarch64"), "{e}");
+        assert_eq!(grub_config(&snap, a).unwrap_err(), e);
+        assert!(boot_script(BOOT_TEMPLATE, &snap, x, snap.machines.get(&x).unwrap()).is_ok());
     }
 
     #[test]

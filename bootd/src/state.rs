@@ -67,6 +67,8 @@ pub struct MachineBoot {
     pub token: BootToken,
     pub chain_undionly: bool,
     pub debug_shell: bool,
+    /// Which kernel and initramfs it boots (`spec.architecture`).
+    pub architecture: crate::config::Architecture,
 }
 
 /// One consistent view of a Subnet's boot table.

@@ -612,11 +612,14 @@ fn transfer(
             tracing::info!(client = %peer, %mac, "served {what}");
         }
         r.map(Arc::new)
-    } else if name == script::GRUB_KERNEL_PATH || name == script::GRUB_INITRD_PATH {
-        match &snap.artifacts {
-            Some(a) if name == script::GRUB_KERNEL_PATH => cache.get(&a.kernel),
-            Some(a) => cache.get(&a.initrd),
-            None => Err(std::io::Error::other("no kernel and initrd are configured")),
+    } else if let Some((arch, kernel)) = crate::config::parse_boot_path(name) {
+        match snap.artifacts.as_ref().and_then(|a| a.for_arch(arch)) {
+            Some((k, _)) if kernel => cache.get(k),
+            Some((_, i)) => cache.get(i),
+            None => Err(std::io::Error::other(format!(
+                "no {} kernel and initrd are configured",
+                crate::config::arch_name(arch)
+            ))),
         }
         .map_err(|e| error_chain(&e))
     } else if let Some(path) = snap.files.get(name) {

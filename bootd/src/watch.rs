@@ -187,6 +187,7 @@ pub async fn build(
                 console: m.spec.console.clone(),
                 token,
                 chain_undionly: false,
+                architecture: m.spec.architecture,
                 // `anneal.dev/debug-shell`: the agent opens a shell on the
                 // console when it fails instead of rebooting
                 debug_shell: m
