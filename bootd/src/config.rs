@@ -566,7 +566,10 @@ machines:
         std::fs::create_dir(boot.path().join("aarch64")).unwrap();
         std::fs::write(boot.path().join("aarch64/vmlinuz"), b"k").unwrap();
         let e = cfg.use_boot_dir(boot.path()).unwrap_err().to_string();
-        assert!(e.contains("aarch64/ needs both vmlinuz and initrd.img"), "{e}");
+        assert!(
+            e.contains("aarch64/ needs both vmlinuz and initrd.img"),
+            "{e}"
+        );
         std::fs::write(boot.path().join("aarch64/initrd.img"), b"i").unwrap();
         cfg.use_boot_dir(boot.path()).unwrap();
         let a = cfg.artifacts.as_ref().unwrap();
