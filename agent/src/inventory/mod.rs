@@ -76,6 +76,7 @@ impl Root {
         let info = self.read("proc/cpuinfo").unwrap_or_default();
         let mut count = 0u32;
         let mut model = None;
+        let (mut implementer, mut part) = (None, None);
         for line in info.lines() {
             let Some((k, v)) = line.split_once(':') else {
                 continue;
@@ -83,8 +84,16 @@ impl Root {
             match k.trim() {
                 "processor" => count += 1,
                 "model name" if model.is_none() => model = Some(v.trim().to_string()),
+                "CPU implementer" if implementer.is_none() => implementer = parse_hex(v),
+                "CPU part" if part.is_none() => part = parse_hex(v),
                 _ => {}
             }
+        }
+        // arm64 names no model: the first CPU's MIDR implementer and part do
+        if model.is_none()
+            && let (Some(i), Some(p)) = (implementer, part)
+        {
+            model = Some(arm_cpu_model(i, p));
         }
         if count == 0 {
             count = self
@@ -494,9 +503,68 @@ pub fn normalize_wwn(w: &str) -> Option<String> {
     Some(w.to_string())
 }
 
+/// `0x41` → 0x41.
+fn parse_hex(v: &str) -> Option<u32> {
+    u32::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// An arm64 CPU's name from its MIDR implementer and part numbers (as
+/// `/proc/cpuinfo` gives them): the common server and board cores by name,
+/// any other by its numbers.
+fn arm_cpu_model(implementer: u32, part: u32) -> String {
+    let name = match (implementer, part) {
+        (0x41, 0xd03) => Some("ARM Cortex-A53"),
+        (0x41, 0xd07) => Some("ARM Cortex-A57"),
+        (0x41, 0xd08) => Some("ARM Cortex-A72"),
+        (0x41, 0xd0b) => Some("ARM Cortex-A76"),
+        (0x41, 0xd0c) => Some("ARM Neoverse-N1"),
+        (0x41, 0xd40) => Some("ARM Neoverse-V1"),
+        (0x41, 0xd49) => Some("ARM Neoverse-N2"),
+        (0x41, 0xd4f) => Some("ARM Neoverse-V2"),
+        (0x43, 0x0af) => Some("Cavium ThunderX2"),
+        (0x46, 0x001) => Some("Fujitsu A64FX"),
+        (0x48, 0xd01) => Some("HiSilicon TaiShan v110"),
+        (0xc0, 0xac3) => Some("Ampere-1"),
+        (0xc0, 0xac4) => Some("Ampere-1a"),
+        _ => None,
+    };
+    name.map_or_else(
+        || format!("arm64 implementer {implementer:#04x} part {part:#05x}"),
+        str::to_string,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_arm64_cpu_is_named_from_its_midr() {
+        // /proc/cpuinfo of a Cortex-A72 (two CPUs), as arm64 kernels print it
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("proc")).unwrap();
+        let one = "processor\t: {n}\nBogoMIPS\t: 125.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\n\
+                   CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\n\
+                   CPU part\t: 0xd08\nCPU revision\t: 3\n\n";
+        let info = one.replace("{n}", "0") + &one.replace("{n}", "1");
+        std::fs::write(root.path().join("proc/cpuinfo"), info).unwrap();
+        let cpu = Root::new(root.path()).cpu();
+        assert_eq!(cpu.count, 2);
+        assert_eq!(cpu.model.as_deref(), Some("ARM Cortex-A72"));
+        assert_eq!(arm_cpu_model(0x41, 0xd0c), "ARM Neoverse-N1");
+        assert_eq!(
+            arm_cpu_model(0x99, 0x123),
+            "arm64 implementer 0x99 part 0x123"
+        );
+        // x86's model name wins over anything else
+        std::fs::write(
+            root.path().join("proc/cpuinfo"),
+            "processor\t: 0\nmodel name\t: QEMU Virtual CPU version 2.5+\n",
+        )
+        .unwrap();
+        let cpu = Root::new(root.path()).cpu();
+        assert_eq!(cpu.model.as_deref(), Some("QEMU Virtual CPU version 2.5+"));
+    }
 
     #[test]
     fn cpu_lists() {
