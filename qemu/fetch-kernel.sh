@@ -2,8 +2,21 @@
 # Fetches the Debian guest kernel (linux-image-amd64's dependency) with
 # `apt-get download`, unpacks it with `dpkg-deb -x` (never installs it) into
 # $ANNEAL_CACHE/kernel/<version>/, and points $ANNEAL_CACHE/kernel/current at it.
+#
+# `fetch-kernel.sh arm64` does the same for linux-image-arm64:arm64 (the arm64
+# boot matrix, issue 16) into $ANNEAL_CACHE/kernel-arm64/<version>/ and its
+# `current` (same layout: vmlinuz, an uncompressed EFI-stub Image there;
+# modules with depmod's index, which depmod builds for a foreign
+# architecture's modules too; version). It enables arm64 as a dpkg foreign
+# architecture first when it is not one yet (apt then lists arm64 packages;
+# nothing arm64 is installed).
 set -euo pipefail
-cache=${ANNEAL_CACHE:-/var/cache/anneal}/kernel
+arch=${1:-amd64}
+case "$arch" in
+  amd64) cache=${ANNEAL_CACHE:-/var/cache/anneal}/kernel meta=linux-image-amd64 ;;
+  arm64) cache=${ANNEAL_CACHE:-/var/cache/anneal}/kernel-arm64 meta=linux-image-arm64:arm64 ;;
+  *) echo "usage: $0 [amd64|arm64]" >&2; exit 2 ;;
+esac
 mkdir -p "$cache"
 if [ -L "$cache/current" ] && [ -e "$cache/current/vmlinuz" ]; then
   exit 0
@@ -15,12 +28,20 @@ flock 9
 if [ -L "$cache/current" ] && [ -e "$cache/current/vmlinuz" ]; then
   exit 0
 fi
-pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+if [ "$arch" != amd64 ] && [ "$(dpkg --print-architecture)" != "$arch" ] &&
+  ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
+  echo "[fetch-kernel] enabling $arch as a dpkg foreign architecture"
+  dpkg --add-architecture "$arch"
+  apt-get update -qq
+fi
+pkg=$(apt-cache depends "$meta" | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 if [ -z "$pkg" ]; then
   apt-get update -qq
-  pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  pkg=$(apt-cache depends "$meta" | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 fi
+# linux-image-6.1.0-57-arm64:arm64 -> 6.1.0-57-arm64
 version=${pkg#linux-image-}
+version=${version%:"$arch"}
 work=$(mktemp -d)
 chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT

@@ -64,10 +64,15 @@ fi
 # directories separately: it builds beside the test build, filling
 # the cores it leaves idle. The exact command of tests/src/artifacts.rs
 # `agent_musl`, so the tests find it fresh.
-step "static agent (profile agent, musl): building in the background"
+# Then the aarch64 agent (the arm64 boot matrix: e2e_inspect's arm64 case),
+# cross-built with Debian's gcc-aarch64-linux-gnu (tests/setup.d/arm64.sh):
+# `agent_musl_aarch64`'s command.
+step "static agents (profile agent, musl, x86_64 then aarch64): building in the background"
 musl_log="$logdir/agent-musl-build.log"
-setsid cargo build --quiet --locked --profile agent --target x86_64-unknown-linux-musl \
-  -p anneal-agent --bin anneal-agent >"$musl_log" 2>&1 &
+setsid sh -c 'cargo build --quiet --locked --profile agent --target x86_64-unknown-linux-musl \
+  -p anneal-agent --bin anneal-agent &&
+  cargo build --quiet --locked --profile agent --target aarch64-unknown-linux-musl \
+  -p anneal-agent --bin anneal-agent' >"$musl_log" 2>&1 &
 musl_pid=$!
 trap 'kill -- "-$musl_pid" 2>/dev/null || true' EXIT
 
@@ -82,7 +87,7 @@ step "test artifacts (bootd, anneal-initramfs, examples)"
 cargo build --workspace --locked --bin bootd --bin anneal-initramfs --bin anneal-agent \
   --bin anneal-oci --bin manager --example fake_manager --example posthook_run
 
-step "static agent (profile agent, musl): waiting for the background build"
+step "static agents (profile agent, musl): waiting for the background build"
 musl_rc=0
 wait "$musl_pid" || musl_rc=$?
 trap - EXIT

@@ -107,6 +107,7 @@ async fn builtins_write_real_efi_variables_on_ovmf() {
         firmware: vec![],
         busybox: Some(PathBuf::from("/bin/busybox")),
         binaries: vec![runner.clone()],
+        sysroot: None,
         compression: anneal_initramfs::Compression::Gzip,
         level: 1,
     };

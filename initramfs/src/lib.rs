@@ -14,6 +14,8 @@ use anneal_kmod::{ModuleIndex, module_name};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+pub mod elf;
+
 /// A failed build.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -43,13 +45,47 @@ pub enum BuildError {
     Compress(&'static str, #[source] io::Error),
     /// The shared libraries of an extra binary could not be listed.
     #[error(
-        "cannot list the shared libraries of {path} with ldd ({detail}): pass a binary of the build host's architecture, or a static one"
+        "cannot list the shared libraries of {path} with ldd ({detail}): pass a binary of the build host's architecture, a static one, or a foreign root with --sysroot"
     )]
     Ldd {
         /// The binary.
         path: PathBuf,
         /// What ldd said.
         detail: String,
+    },
+    /// A program or library from the sysroot has unreadable ELF headers.
+    #[error("cannot read the ELF headers of {path}")]
+    Elf {
+        /// The file (inside the sysroot).
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: elf::ElfError,
+    },
+    /// A library an extra binary needs is not in the sysroot.
+    #[error("{name} (needed by {by}) is in none of {searched} under {sysroot}")]
+    MissingLibrary {
+        /// The `DT_NEEDED` name.
+        name: String,
+        /// The program or library that needs it.
+        by: PathBuf,
+        /// The sysroot.
+        sysroot: PathBuf,
+        /// The directories searched, relative to the sysroot.
+        searched: String,
+    },
+    /// A library resolved in the sysroot is for another machine than the
+    /// program needing it.
+    #[error("{path} is for ELF machine {found}, the program {by} for {expected}")]
+    Machine {
+        /// The library.
+        path: PathBuf,
+        /// Its `e_machine`.
+        found: u16,
+        /// The program.
+        by: PathBuf,
+        /// The program's `e_machine`.
+        expected: u16,
     },
 }
 
@@ -226,6 +262,14 @@ pub struct Inputs {
     /// for the growLastPartition step): each is packed at its own absolute
     /// path with the ELF interpreter and libraries `ldd` lists for it.
     pub binaries: Vec<PathBuf>,
+    /// A foreign root the `binaries` come from (Debian arm64 packages
+    /// unpacked with `dpkg-deb -x`, for an arm64 initramfs built on an x86
+    /// host, where ldd cannot run the program): each binary path is read
+    /// inside it and packed at that path, and its interpreter and libraries
+    /// are found there from the ELF headers (`PT_INTERP`, `DT_NEEDED`,
+    /// transitively) in the multiarch library directories, symbolic links
+    /// followed inside the sysroot.
+    pub sysroot: Option<PathBuf>,
     /// Compression.
     pub compression: Compression,
     /// Compression level (zstd 1..=19, gzip 1..=9).
@@ -460,11 +504,141 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>, BuildError> {
         // ldd exits 1 for a static binary ("not a dynamic executable").
         let err = String::from_utf8_lossy(&out.stderr);
         if err.contains("not a dynamic executable") || text.contains("statically linked") {
+            // ldd says this of a dynamically linked program of another
+            // architecture too: packing it without its libraries would
+            // give a program that cannot start.
+            if let Ok(data) = fs::read(bin)
+                && let Ok(d) = elf::parse(&data)
+                && d.interpreter.is_some()
+            {
+                return Err(ldd_err(format!(
+                    "a dynamically linked program for ELF machine {}, another architecture",
+                    d.machine
+                )));
+            }
             return Ok(Vec::new());
         }
         return Err(ldd_err(format!("{} {}", out.status, err.trim())));
     }
     parse_ldd(&text).map_err(ldd_err)
+}
+
+/// The file `path` (absolute, as the target system sees it) names inside
+/// `root`: every symbolic link on the way is followed inside `root` (an
+/// absolute target restarts at `root`, `..` stops at it), so nothing of the
+/// build host is read in its place.
+pub fn resolve_in(root: &Path, path: &Path) -> io::Result<PathBuf> {
+    use std::ffi::OsString;
+    use std::path::Component;
+    fn push_rev(todo: &mut Vec<OsString>, p: &Path) {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(s) => todo.push(s.to_os_string()),
+                Component::ParentDir => todo.push("..".into()),
+                _ => {}
+            }
+        }
+    }
+    let mut todo = Vec::new();
+    push_rev(&mut todo, path);
+    let mut done = PathBuf::new();
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let here = root.join(&done).join(&c);
+        if fs::symlink_metadata(&here)?.file_type().is_symlink() {
+            hops += 1;
+            if hops > 40 {
+                return Err(io::Error::other(format!(
+                    "too many levels of symbolic links at {}",
+                    here.display()
+                )));
+            }
+            let target = fs::read_link(&here)?;
+            if target.is_absolute() {
+                done = PathBuf::new();
+            }
+            push_rev(&mut todo, &target);
+        } else {
+            done.push(c);
+        }
+    }
+    Ok(root.join(done))
+}
+
+/// The interpreter and the libraries (transitively) of `bin`, a program
+/// inside `sysroot`, as paths the target system sees: `PT_INTERP`, and each
+/// `DT_NEEDED` name in the first of `lib/<triplet>`, `usr/lib/<triplet>`,
+/// `lib`, `usr/lib` that has it (glibc's default directories; no
+/// `ld.so.cache` is packed). A name equal to the interpreter's file name is
+/// the interpreter (the loader knows itself by that soname).
+pub fn sysroot_libraries(sysroot: &Path, bin: &Path) -> Result<Vec<PathBuf>, BuildError> {
+    let headers = |path: &Path| -> Result<elf::Dynamic, BuildError> {
+        let host = resolve_in(sysroot, path).map_err(|source| BuildError::Read {
+            path: sysroot.join(archive_path(path)),
+            source,
+        })?;
+        elf::parse(&read(&host)?).map_err(|source| BuildError::Elf { path: host, source })
+    };
+    let program = headers(bin)?;
+    let mut dirs: Vec<String> = Vec::new();
+    if let Some(t) = elf::multiarch_triplet(program.machine) {
+        dirs.push(format!("/lib/{t}"));
+        dirs.push(format!("/usr/lib/{t}"));
+    }
+    dirs.extend(["/lib".to_string(), "/usr/lib".to_string()]);
+    let mut out: BTreeSet<PathBuf> = BTreeSet::new();
+    let interp_name = program.interpreter.as_ref().and_then(|i| {
+        Path::new(i)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+    });
+    if let Some(i) = &program.interpreter {
+        // Resolvable, or the build fails here rather than at boot.
+        headers(Path::new(i))?;
+        out.insert(PathBuf::from(i));
+    }
+    let mut queue: Vec<(PathBuf, Vec<String>)> = vec![(bin.to_path_buf(), program.needed)];
+    while let Some((by, needed)) = queue.pop() {
+        for name in needed {
+            if interp_name.as_deref() == Some(name.as_str()) {
+                continue;
+            }
+            let found = if name.contains('/') {
+                Some(PathBuf::from(&name))
+            } else {
+                dirs.iter()
+                    .map(|d| Path::new(d).join(&name))
+                    .find(|p| resolve_in(sysroot, p).is_ok_and(|h| h.is_file()))
+            };
+            let Some(lib) = found else {
+                return Err(BuildError::MissingLibrary {
+                    name,
+                    by,
+                    sysroot: sysroot.to_path_buf(),
+                    searched: dirs.join(", "),
+                });
+            };
+            if out.contains(&lib) {
+                continue;
+            }
+            let d = headers(&lib)?;
+            if d.machine != program.machine {
+                return Err(BuildError::Machine {
+                    path: lib,
+                    found: d.machine,
+                    by: bin.to_path_buf(),
+                    expected: program.machine,
+                });
+            }
+            out.insert(lib.clone());
+            queue.push((lib, d.needed));
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// Builds the archive (uncompressed) and the report's sizes.
@@ -494,15 +668,28 @@ pub fn build_archive(inputs: &Inputs) -> Result<(Archive, Report), BuildError> {
         }
     }
 
+    // Host paths are read as they are; sysroot paths inside the sysroot.
+    let host_file = |p: &Path| -> Result<PathBuf, BuildError> {
+        match &inputs.sysroot {
+            None => Ok(p.to_path_buf()),
+            Some(root) => resolve_in(root, p).map_err(|source| BuildError::Read {
+                path: root.join(archive_path(p)),
+                source,
+            }),
+        }
+    };
     let mut libs: BTreeSet<PathBuf> = BTreeSet::new();
     for b in &inputs.binaries {
-        let data = read(b)?;
+        let data = read(&host_file(b)?)?;
         add_row(&mut rows, "binaries", data.len());
         a.file(&archive_path(b), 0o755, data)?;
-        libs.extend(shared_libraries(b)?);
+        match &inputs.sysroot {
+            None => libs.extend(shared_libraries(b)?),
+            Some(root) => libs.extend(sysroot_libraries(root, b)?),
+        }
     }
     for l in &libs {
-        let data = read(l)?;
+        let data = read(&host_file(l)?)?;
         add_row(&mut rows, "binaries/libs", data.len());
         a.file(&archive_path(l), 0o755, data)?;
     }
@@ -760,6 +947,7 @@ mod tests {
             firmware: vec![],
             busybox: None,
             binaries: vec![],
+            sysroot: None,
             compression: c,
             level: 3,
         }
@@ -829,6 +1017,100 @@ mod tests {
         assert!(
             !err.contains("error while loading shared libraries"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn sysroot_resolution_agrees_with_ldd_on_the_host() {
+        // The host's own root as the sysroot: the ELF walk must find what
+        // ldd (the dynamic loader itself) lists.
+        for bin in ["/usr/sbin/resize2fs", "/usr/sbin/e2fsck"] {
+            let mut by_ldd = shared_libraries(Path::new(bin)).unwrap();
+            by_ldd.sort();
+            let by_elf = sysroot_libraries(Path::new("/"), Path::new(bin)).unwrap();
+            assert_eq!(by_elf, by_ldd, "{bin}");
+        }
+    }
+
+    #[test]
+    fn sysroot_links_stay_inside_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::create_dir_all(root.join("lib/real")).unwrap();
+        std::fs::write(root.join("lib/real/ld.so"), b"inside").unwrap();
+        // An absolute link restarts at the root, not at the host's /.
+        std::os::unix::fs::symlink("/lib/real/ld.so", root.join("lib/ld.so")).unwrap();
+        // `..` stops at the root.
+        std::os::unix::fs::symlink("../../../../lib/real", root.join("lib/up")).unwrap();
+        // A merged-/usr style directory link.
+        std::fs::create_dir_all(root.join("usr")).unwrap();
+        std::os::unix::fs::symlink("../lib", root.join("usr/lib")).unwrap();
+        for p in [
+            "/lib/ld.so",
+            "/lib/up/ld.so",
+            "/usr/lib/ld.so",
+            "/usr/lib/up/ld.so",
+        ] {
+            let h = resolve_in(root, Path::new(p)).unwrap();
+            assert_eq!(h, root.join("lib/real/ld.so"), "{p}");
+        }
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        assert!(resolve_in(root, Path::new("/loop")).is_err());
+        assert!(resolve_in(root, Path::new("/lib/none")).is_err());
+    }
+
+    #[test]
+    fn sysroot_build_packs_the_closure_and_names_what_is_missing() {
+        // A foreign-looking root made of the host's e2fsck closure, placed
+        // at the paths the target sees: the build reads it there, packs it
+        // and the program starts from the unpacked archive alone.
+        let d = tree();
+        let root = tempfile::tempdir().unwrap();
+        let bin = PathBuf::from("/usr/sbin/e2fsck");
+        let mut files = shared_libraries(&bin).unwrap();
+        files.push(bin.clone());
+        for f in &files {
+            let dst = root.path().join(archive_path(f));
+            std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+            std::fs::copy(f, &dst).unwrap();
+        }
+        let mut i = inputs(d.path(), Compression::None);
+        i.binaries = vec![bin.clone()];
+        i.sysroot = Some(root.path().to_path_buf());
+        let (a, report) = build_archive(&i).unwrap();
+        assert!(report.sizes.iter().any(|r| r.category == "binaries/libs"));
+        let tmp = tempfile::tempdir().unwrap();
+        let cpio = tmp.path().join("a.cpio");
+        std::fs::write(&cpio, a.to_bytes()).unwrap();
+        let unpacked = tmp.path().join("tree");
+        std::fs::create_dir(&unpacked).unwrap();
+        let st = std::process::Command::new("cpio")
+            .args(["-id", "--quiet", "-F"])
+            .arg(&cpio)
+            .current_dir(&unpacked)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = std::process::Command::new("chroot")
+            .arg(&unpacked)
+            .arg(&bin)
+            .arg("-V")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("e2fsck 1."), "{err}");
+        // Without libext2fs the build fails naming it and who needs it.
+        let gone = files
+            .iter()
+            .find(|f| f.to_string_lossy().contains("libext2fs"))
+            .unwrap();
+        std::fs::remove_file(root.path().join(archive_path(gone))).unwrap();
+        let e = build_archive(&i).unwrap_err();
+        assert!(matches!(e, BuildError::MissingLibrary { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("libext2fs.so.2") && msg.contains("e2fsck"),
+            "{msg}"
         );
     }
 

@@ -54,6 +54,11 @@ struct Cli {
     /// /usr/sbin/resize2fs for the growLastPartition post-install step).
     #[arg(long = "binary")]
     binaries: Vec<PathBuf>,
+    /// A foreign root (e.g. Debian arm64 packages unpacked with dpkg-deb -x)
+    /// the --binary paths are read in; their interpreter and libraries are
+    /// found there from the ELF headers instead of with ldd.
+    #[arg(long)]
+    sysroot: Option<PathBuf>,
     /// Compression.
     #[arg(long, value_enum, default_value = "zstd")]
     compression: CompressionArg,
@@ -97,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         firmware: cli.firmware,
         busybox: cli.busybox,
         binaries: cli.binaries,
+        sysroot: cli.sysroot,
         compression: match cli.compression {
             CompressionArg::Zstd => Compression::Zstd,
             CompressionArg::Gzip => Compression::Gzip,

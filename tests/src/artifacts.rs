@@ -1,6 +1,6 @@
 //! The artifacts the agent tests boot or inspect, built with cargo on
-//! demand: the static musl agent, the initramfs builder, the fake manager,
-//! bootd's binary.
+//! demand: the static musl agent (x86_64 and aarch64), the initramfs
+//! builder, the fake manager, bootd's binary.
 //!
 //! Every host (debug) artifact is built with `--workspace`, so that cargo
 //! unifies dependency features across the whole workspace exactly as
@@ -68,6 +68,25 @@ pub fn agent_musl() -> PathBuf {
     target_dir().join("x86_64-unknown-linux-musl/agent/anneal-agent")
 }
 
+/// The static musl agent for aarch64 (the arm64 boot matrix), built if
+/// needed with Debian's cross toolchain (`.cargo/config.toml`;
+/// `tests/setup.d/arm64.sh` installs it): the command of `agent_musl` with
+/// the other target. `tests/run.sh` does not start it early (yet): the
+/// first test that boots it should add it beside the x86_64 build there.
+pub fn agent_musl_aarch64() -> PathBuf {
+    cargo(&[
+        "--profile",
+        "agent",
+        "--target",
+        "aarch64-unknown-linux-musl",
+        "-p",
+        "anneal-agent",
+        "--bin",
+        "anneal-agent",
+    ]);
+    target_dir().join("aarch64-unknown-linux-musl/agent/anneal-agent")
+}
+
 /// The manager (debug build): what the node tests run in their manager
 /// pods (packed with its shared libraries by `node::manager_image`).
 pub fn manager_host() -> PathBuf {
@@ -90,21 +109,68 @@ pub fn fake_manager() -> PathBuf {
 /// Builds an initramfs with the broad default driver set and busybox;
 /// returns (output path, report JSON).
 pub fn build_initramfs(tool: &Path, agent: &Path, modules: &Path, out: &Path) -> serde_json::Value {
+    // growLastPartition's tools, with their libraries.
+    let tools = ["/usr/sbin/e2fsck", "/usr/sbin/resize2fs"];
+    run_initramfs_tool(
+        tool,
+        agent,
+        modules,
+        Path::new("/bin/busybox"),
+        None,
+        &tools,
+        out,
+    )
+}
+
+/// `build_initramfs` for arm64: `agent` from `agent_musl_aarch64`, `modules`
+/// from `debian_kernel_arm64`, busybox and e2fsprogs (with their libraries,
+/// found by the tool in the sysroot) from Debian's arm64 packages
+/// (`anneal_testinfra::arm64_pieces`).
+pub fn build_initramfs_arm64(
+    tool: &Path,
+    agent: &Path,
+    modules: &Path,
+    out: &Path,
+) -> serde_json::Value {
+    let arm64 = anneal_testinfra::arm64_pieces().unwrap();
+    let tools = ["/sbin/e2fsck", "/sbin/resize2fs"];
+    run_initramfs_tool(
+        tool,
+        agent,
+        modules,
+        &arm64.busybox,
+        Some(&arm64.sysroot),
+        &tools,
+        out,
+    )
+}
+
+fn run_initramfs_tool(
+    tool: &Path,
+    agent: &Path,
+    modules: &Path,
+    busybox: &Path,
+    sysroot: Option<&Path>,
+    binaries: &[&str],
+    out: &Path,
+) -> serde_json::Value {
     let report = out.with_extension("report.json");
-    let res = Command::new(tool)
-        .arg("--agent")
+    let mut cmd = Command::new(tool);
+    cmd.arg("--agent")
         .arg(agent)
         .arg("--modules")
         .arg(modules)
-        .args(["--busybox", "/bin/busybox", "--compression", "zstd"])
-        // growLastPartition's tools, with their libraries.
-        .args([
-            "--binary",
-            "/usr/sbin/e2fsck",
-            "--binary",
-            "/usr/sbin/resize2fs",
-            "-o",
-        ])
+        .arg("--busybox")
+        .arg(busybox)
+        .args(["--compression", "zstd"]);
+    if let Some(root) = sysroot {
+        cmd.arg("--sysroot").arg(root);
+    }
+    for b in binaries {
+        cmd.args(["--binary", b]);
+    }
+    let res = cmd
+        .arg("-o")
         .arg(out)
         .arg("--report")
         .arg(&report)

@@ -34,7 +34,7 @@ use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_qemu_bmc::{BmcConfig, RunningBmc};
 use anneal_testinfra::{
     ControlPlane, DiskBus, DiskConfig, Firmware, Netns, NicConfig, TcpForward, Vm, VmConfig,
-    debian_kernel,
+    debian_kernel, debian_kernel_arm64,
 };
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -96,6 +96,8 @@ pub struct Lab {
     pub store: Option<PathBuf>,
     /// [`LabOptions::secure_boot`].
     secure_boot: bool,
+    /// [`LabOptions::aarch64`].
+    aarch64: bool,
     _content_forward: Option<TcpForward>,
     /// The second VM, once launched.
     pub peer: Option<PeerVm>,
@@ -118,6 +120,12 @@ pub struct LabOptions {
     /// `OVMF_VARS_4M.ms.fd`), the Machine with `bootLoader: shim`: Debian's
     /// signed shim, network GRUB and kernel (tests/setup.d/secureboot.sh).
     pub secure_boot: bool,
+    /// An arm64 machine (issue 16): AAVMF on QEMU's `virt` board, the
+    /// Machine of `architecture: aarch64` with `bootLoader: shim` (Debian's
+    /// arm64 shim and network GRUB: no arm64 iPXE is available here), the
+    /// aarch64 agent in an initramfs of the arm64 kernel's modules, served
+    /// as bootd's `artifacts.aarch64`.
+    pub aarch64: bool,
     /// Distribution (issue 14, deploy lab only): the Site gets a tracker on
     /// [`SERVER_IP`] (`spec.tracker.ip`, the lab Subnet as its seeder
     /// Subnet), the manager runs it and the seeders inside the lab's
@@ -159,11 +167,17 @@ impl Drop for Lab {
 }
 
 /// Builds (or reuses) the static agent and the initramfs; returns its path.
-/// `ANNEAL_AGENT_BIN` names an already built static agent instead.
-fn build_artifacts(dir: PathBuf, modules: PathBuf) -> PathBuf {
+/// `ANNEAL_AGENT_BIN` names an already built static agent instead (x86_64).
+fn build_artifacts(dir: PathBuf, modules: PathBuf, aarch64: bool) -> PathBuf {
+    let tool = crate::artifacts::initramfs_tool();
+    if aarch64 {
+        let agent = crate::artifacts::agent_musl_aarch64();
+        let initrd = dir.join("agent-arm64.cpio.zst");
+        crate::artifacts::build_initramfs_arm64(&tool, &agent, &modules, &initrd);
+        return initrd;
+    }
     let agent = std::env::var_os("ANNEAL_AGENT_BIN")
         .map_or_else(crate::artifacts::agent_musl, PathBuf::from);
-    let tool = crate::artifacts::initramfs_tool();
     let initrd = dir.join("agent.cpio.zst");
     crate::artifacts::build_initramfs(&tool, &agent, &modules, &initrd);
     initrd
@@ -217,15 +231,22 @@ impl Lab {
         let dir = ns.dir();
         log_to(&dir.join("lab.log"));
         let kernel = debian_kernel()?;
+        // the machine's own kernel: the arm64 one for an arm64 lab
+        let machine_kernel = if opts.aarch64 {
+            debian_kernel_arm64()?
+        } else {
+            kernel.clone()
+        };
         say(&format!(
             "namespace {} (br0 {SERVER_IP}/24) · Debian kernel {}",
             ns.name(),
-            kernel.version
+            machine_kernel.version
         ));
         let build = tokio::task::spawn_blocking({
             let dir = dir.clone();
-            let modules = kernel.modules.clone();
-            move || build_artifacts(dir, modules)
+            let modules = machine_kernel.modules.clone();
+            let aarch64 = opts.aarch64;
+            move || build_artifacts(dir, modules, aarch64)
         });
         let cp = ControlPlane::start().await?;
         cp.install_crds(&anneal_api::crds()).await?;
@@ -394,14 +415,35 @@ impl Lab {
         ));
 
         // bootd: sockets inside the namespace, watcher on the host side.
+        // An arm64 lab serves the arm64 pair only: no x86_64 machine boots
+        // there, so no x86_64 initramfs is built (its path names that).
+        let (x86_initrd, arm_pair) = if opts.aarch64 {
+            (
+                dir.join("no-x86_64-initramfs-in-an-arm64-lab"),
+                format!(
+                    ", aarch64: {{kernel: {}, initrd: {}}}",
+                    machine_kernel.vmlinuz.display(),
+                    initrd.display()
+                ),
+            )
+        } else {
+            (initrd.clone(), String::new())
+        };
         let base = StaticConfig::from_yaml(&format!(
             "serverIP: {SERVER_IP}\ncidr: 10.77.0.0/24\ndhcp: {{mode: lease}}\n\
              api: {{url: \"{API_URL}\", caSha256: \"{}\"}}\n\
-             artifacts: {{kernel: {}, initrd: {}}}\nfiles: {}\n",
+             artifacts: {{kernel: {}, initrd: {}{arm_pair}}}\nfiles: {}\n",
             api.pki().ca_sha256,
             kernel.vmlinuz.display(),
-            initrd.display(),
-            if opts.secure_boot {
+            x86_initrd.display(),
+            if opts.aarch64 {
+                let a = anneal_testinfra::arm64_pieces()?;
+                format!(
+                    "{{shimaa64.efi: {}, grubaa64.efi: {}}}",
+                    a.shim.display(),
+                    a.grub.display()
+                )
+            } else if opts.secure_boot {
                 let sb = anneal_testinfra::cache_dir().join("secureboot");
                 format!(
                     "{{snponly.efi: /usr/lib/ipxe/snponly.efi, shimx64.efi: {}, grubx64.efi: {}}}",
@@ -459,6 +501,7 @@ impl Lab {
             store,
             _content_forward: content_forward,
             secure_boot: opts.secure_boot,
+            aarch64: opts.aarch64,
             peer: None,
         })
     }
@@ -507,7 +550,9 @@ impl Lab {
         // OVMF's own PXE client fetches the first stage, as on real hardware.
         nic.option_rom = false;
         let cfg = VmConfig {
-            firmware: if self.secure_boot {
+            firmware: if self.aarch64 {
+                Firmware::Aavmf
+            } else if self.secure_boot {
                 Firmware::OvmfSecureBootMs
             } else {
                 Firmware::Ovmf
@@ -592,8 +637,9 @@ impl Lab {
                     "spec": {
                         "subnetRef": {"name": SUBNET},
                         "bootMACAddress": mac,
-                        "console": ["ttyS0"],
-                        "bootLoader": if self.secure_boot { "shim" } else { "ipxe" },
+                        "console": [if self.aarch64 { "ttyAMA0" } else { "ttyS0" }],
+                        "bootLoader": if self.secure_boot || self.aarch64 { "shim" } else { "ipxe" },
+                        "architecture": if self.aarch64 { "aarch64" } else { "x86_64" },
                         "bmc": {
                             "address": bmc,
                             "credentialsSecretRef": {"name": format!("{name}-bmc")},

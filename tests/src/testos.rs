@@ -495,6 +495,7 @@ fn write_initramfs(
         firmware: Vec::new(),
         busybox: Some(PathBuf::from(BUSYBOX)),
         binaries: Vec::new(),
+        sysroot: None,
         compression: Compression::Zstd,
         level: 9,
     };

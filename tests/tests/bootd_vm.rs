@@ -7,7 +7,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig};
-use anneal_testinfra::{Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel, smoke_initramfs};
+use anneal_testinfra::{
+    Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel, debian_kernel_arm64, smoke_initramfs,
+    smoke_initramfs_with,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Topology {
@@ -50,8 +53,7 @@ enum Secure {
 
 /// Debian's signed shim and network GRUB (tests/setup.d/secureboot.sh).
 fn secureboot_dir() -> std::path::PathBuf {
-    Path::new(&std::env::var("ANNEAL_CACHE").unwrap_or_else(|_| "/var/cache/anneal".into()))
-        .join("secureboot")
+    anneal_testinfra::cache_dir().join("secureboot")
 }
 
 /// `src` signed with the snakeoil key into `dest` (sbsign, package
@@ -94,10 +96,23 @@ fn sign_snakeoil(src: &Path, dest: &Path) -> anyhow::Result<()> {
 
 const FILES: &str = "files: {snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib/ipxe/ipxe.efi, undionly.kpxe: /usr/lib/ipxe/undionly.kpxe}";
 
-fn config(case: &Case, dir: &Path, kernel: &Path) -> String {
-    let files = match case.secure {
-        Secure::Off => FILES.to_string(),
-        Secure::MicrosoftShim => {
+fn config(
+    case: &Case,
+    dir: &Path,
+    kernel: &Path,
+    arm64: Option<(&Path, &anneal_testinfra::Arm64Pieces)>,
+) -> String {
+    let files = match (case.secure, arm64) {
+        // no arm64 iPXE here (Debian ships none and serves no source
+        // package to build one): arm64 boots Debian's arm64 shim and
+        // network GRUB, like `bootLoader: shim` on x86_64
+        (Secure::Off, Some((_, a))) => format!(
+            "files: {{shimaa64.efi: {}, grubaa64.efi: {}}}",
+            a.shim.display(),
+            a.grub.display()
+        ),
+        (Secure::Off, None) => FILES.to_string(),
+        (Secure::MicrosoftShim, _) => {
             let sb = secureboot_dir();
             format!(
                 "files: {{snponly.efi: /usr/lib/ipxe/snponly.efi, shimx64.efi: {}, grubx64.efi: {}}}",
@@ -105,15 +120,27 @@ fn config(case: &Case, dir: &Path, kernel: &Path) -> String {
                 sb.join("grubx64.efi").display()
             )
         }
-        Secure::SiteKey => format!(
+        (Secure::SiteKey, _) => format!(
             "files: {{snponly.efi: {}/snponly.signed.efi}}",
             dir.display()
         ),
     };
-    let loader = if case.secure == Secure::MicrosoftShim {
+    let loader = if case.secure == Secure::MicrosoftShim || arm64.is_some() {
         "shim"
     } else {
         "ipxe"
+    };
+    let (arch, console, arm_artifacts) = match arm64 {
+        Some((k, _)) => (
+            "aarch64",
+            "ttyAMA0",
+            format!(
+                ", aarch64: {{kernel: {}, initrd: {}/initrd-arm64.cpio}}",
+                k.display(),
+                dir.display()
+            ),
+        ),
+        None => ("x86_64", "ttyS0", String::new()),
     };
     let (server, cidr, dhcp) = match case.topology {
         Topology::Lease => (
@@ -135,8 +162,8 @@ fn config(case: &Case, dir: &Path, kernel: &Path) -> String {
     };
     format!(
         "serverIP: {server}\ncidr: {cidr}\n{dhcp}\n{files}\n\
-         artifacts: {{kernel: {kernel}, initrd: {dir}/initrd.cpio}}\n\
-         machines:\n  - name: lab/{name}\n    mac: \"{mac}\"{address}\n    console: [ttyS0]\n    chainUndionly: {chain}\n    bootLoader: {loader}\n",
+         artifacts: {{kernel: {kernel}, initrd: {dir}/initrd.cpio{arm_artifacts}}}\n\
+         machines:\n  - name: lab/{name}\n    mac: \"{mac}\"{address}\n    console: [{console}]\n    chainUndionly: {chain}\n    bootLoader: {loader}\n    architecture: {arch}\n",
         kernel = kernel.display(),
         dir = dir.display(),
         name = case.name,
@@ -152,13 +179,22 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     let dir = ns.dir();
     let marker = format!("ANNEAL-BOOTD-MARKER-{}", case.name);
     // the kernel logs whether the firmware enforced Secure Boot
-    std::fs::write(
-        dir.join("initrd.cpio"),
-        smoke_initramfs(&format!(
-            "if dmesg | grep -q 'Secure boot enabled'; then sb=1; else sb=0; fi\n\
-             echo {marker} ok secureboot=$sb\npoweroff -f"
-        ))?,
-    )?;
+    let smoke = format!(
+        "if dmesg | grep -q 'Secure boot enabled'; then sb=1; else sb=0; fi\n\
+         echo {marker} ok secureboot=$sb arch=$(uname -m)\npoweroff -f"
+    );
+    std::fs::write(dir.join("initrd.cpio"), smoke_initramfs(&smoke)?)?;
+    let arm64 = if case.firmware.is_arm64() {
+        let k = debian_kernel_arm64()?;
+        let pieces = anneal_testinfra::arm64_pieces()?;
+        std::fs::write(
+            dir.join("initrd-arm64.cpio"),
+            smoke_initramfs_with(&pieces.busybox, &smoke)?,
+        )?;
+        Some((k.vmlinuz, pieces))
+    } else {
+        None
+    };
     let kernel_path = if case.secure == Secure::SiteKey {
         let signed = dir.join("vmlinuz.signed");
         sign_snakeoil(&kernel.vmlinuz, &signed)?;
@@ -170,7 +206,12 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     } else {
         kernel.vmlinuz.clone()
     };
-    let cfg = config(&case, &dir, &kernel_path);
+    let cfg = config(
+        &case,
+        &dir,
+        &kernel_path,
+        arm64.as_ref().map(|(k, p)| (k.as_path(), p)),
+    );
     let snap = StaticConfig::from_yaml(&cfg)?.snapshot(8080, "r1".into())?;
 
     // Namespaces that must outlive the VM.
@@ -305,6 +346,12 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
         });
     let serial = vm.serial_text();
     let enforced = serial.contains(&format!("{marker} ok secureboot=1"));
+    let uname = if case.firmware.is_arm64() {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
+    let right_arch = serial.contains(&format!("arch={uname}"));
     let secs = started.elapsed().as_secs_f64();
     vm.kill();
     for mut c in children {
@@ -328,6 +375,11 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
         Firmware::OvmfSecureBootMs | Firmware::OvmfSecureBootSnakeoil
     );
     anyhow::ensure!(
+        right_arch,
+        "case {}: the marker does not come from an {uname} kernel",
+        case.name
+    );
+    anyhow::ensure!(
         enforced == secure_firmware,
         "case {}: the kernel saw Secure Boot {} (expected {})",
         case.name,
@@ -341,10 +393,10 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
     let files = metric(&metrics, "kind=\"file\",code=\"200\"");
     let ctx = format!("case {}:\n{metrics}", case.name);
     anyhow::ensure!(
-        scripts >= 1 || case.secure == Secure::MicrosoftShim,
+        scripts >= 1 || case.secure == Secure::MicrosoftShim || case.firmware.is_arm64(),
         "no script served, {ctx}"
     );
-    if case.secure == Secure::MicrosoftShim {
+    if case.secure == Secure::MicrosoftShim || case.firmware.is_arm64() {
         // over TFTP: shim, GRUB, grub/grub.cfg, grub/<mac>, the kernel and
         // the initramfs; GRUB ran both configs
         anyhow::ensure!(
@@ -474,6 +526,13 @@ const SECURE_SITE_KEY: Case = Case {
         "52:54:00:b0:00:0a",
     )
 };
+/// arm64 UEFI (AAVMF on QEMU's `virt` board): PXE with client architecture
+/// 11, Debian's arm64 shim and network GRUB, the arm64 kernel of the
+/// Machine's `architecture: aarch64`.
+const AARCH64_UEFI: Case = Case {
+    option_rom: false,
+    ..case("aarch64-uefi", Firmware::Aavmf, "52:54:00:b0:00:0b")
+};
 const SEABIOS_RELAYED: Case = Case {
     topology: Topology::Relayed,
     ..case("seabios-relayed", Firmware::SeaBios, "52:54:00:b0:00:07")
@@ -492,6 +551,7 @@ async fn firmware_matrix() {
         UEFI_PXE6,
         SECURE_MS_SHIM,
         SECURE_SITE_KEY,
+        AARCH64_UEFI,
     ];
     // ANNEAL_BOOTD_CASES=name,name runs only those (debugging one case)
     let only = std::env::var("ANNEAL_BOOTD_CASES").ok();

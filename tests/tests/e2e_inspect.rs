@@ -289,3 +289,65 @@ async fn a_secure_boot_machine_boots_through_shim_and_is_inspected() {
     assert!(fw.secure_boot, "{}", e2e::summary(&hw));
     println!("e2e-sb: {}", e2e::summary(&hw));
 }
+
+/// Issue 16: an arm64 machine (AAVMF on QEMU's `virt` board, a Cortex-A72
+/// under TCG) of `architecture: aarch64` PXE-boots Debian's arm64 shim and
+/// network GRUB from bootd, then the arm64 kernel and our initramfs with the
+/// aarch64 agent; the agent registers, inventories and the Machine is
+/// Available with an aarch64 UEFI inventory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arm64_machine_boots_its_arm64_agent_and_is_inspected() {
+    let mut lab = Lab::start_with(
+        &|s| println!("e2e-arm64: {s}"),
+        e2e::LabOptions {
+            aarch64: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    lab.launch_vm().await.unwrap();
+    lab.enrol().await.unwrap();
+    let res = lab
+        .wait_available(Duration::from_secs(420), &mut |p| {
+            if let Progress::State(s, t) = p {
+                println!("e2e-arm64: state {s:?} at {:.1} s", t.as_secs_f64());
+            }
+        })
+        .await;
+    let console = lab.console();
+    match res {
+        Ok(t) => println!(
+            "e2e-arm64: QEMU launch → Machine Available in {:.1} s",
+            t.as_secs_f64()
+        ),
+        Err(e) => panic!("{e:#}\nconsole:\n{}", e2e::tail(&console, 80)),
+    }
+    // the arm64 chain: GRUB ran bootd's configs and booted the arm64 pair
+    assert!(
+        console.contains("anneal: GRUB on ")
+            && console.contains(&format!("anneal: booting default/{MACHINE}")),
+        "{}",
+        e2e::tail(&console, 80)
+    );
+    let hw = lab.hardware().await.unwrap().expect("MachineHardware");
+    assert_eq!(
+        hw.spec.cpu.as_ref().and_then(|c| c.architecture),
+        Some(anneal_api::Architecture::Aarch64),
+        "{}",
+        e2e::summary(&hw)
+    );
+    let fw = hw
+        .spec
+        .firmware
+        .as_ref()
+        .expect("firmware in the inventory");
+    assert_eq!(
+        fw.mode,
+        anneal_api::FirmwareMode::Uefi,
+        "{}",
+        e2e::summary(&hw)
+    );
+    assert!(!fw.secure_boot, "{}", e2e::summary(&hw));
+    println!("e2e-arm64: {}", e2e::summary(&hw));
+}

@@ -1,4 +1,5 @@
-//! The Debian guest kernel (fetched and unpacked by `qemu/fetch-kernel.sh`)
+//! The Debian guest kernels (fetched and unpacked by `qemu/fetch-kernel.sh`,
+//! amd64 and arm64), the arm64 boot pieces `tests/setup.d/arm64.sh` fetches,
 //! and a tiny busybox initramfs for smoke boots.
 
 use std::path::{Path, PathBuf};
@@ -9,7 +10,8 @@ use crate::{cache_dir, run};
 /// An unpacked Debian linux-image package.
 #[derive(Debug, Clone)]
 pub struct DebianKernel {
-    /// The kernel image (bzImage with EFI stub).
+    /// The kernel image: a bzImage with EFI stub (amd64), an uncompressed
+    /// Image with EFI stub (arm64).
     pub vmlinuz: PathBuf,
     /// `lib/modules/<version>` with modules.dep and modules.alias.
     pub modules: PathBuf,
@@ -17,12 +19,22 @@ pub struct DebianKernel {
     pub version: String,
 }
 
-/// The cached Debian kernel, fetched first if it is missing.
+/// The cached Debian kernel (amd64), fetched first if it is missing.
 pub fn debian_kernel() -> anyhow::Result<DebianKernel> {
-    let dir = cache_dir().join("kernel").join("current");
+    cached_kernel("kernel", "amd64")
+}
+
+/// The cached Debian arm64 kernel (`linux-image-arm64:arm64`, in
+/// `$ANNEAL_CACHE/kernel-arm64`), fetched first if it is missing.
+pub fn debian_kernel_arm64() -> anyhow::Result<DebianKernel> {
+    cached_kernel("kernel-arm64", "arm64")
+}
+
+fn cached_kernel(cache: &str, arch: &str) -> anyhow::Result<DebianKernel> {
+    let dir = cache_dir().join(cache).join("current");
     if !dir.join("vmlinuz").is_file() {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../qemu/fetch-kernel.sh");
-        run(Command::new("bash").arg(script))?;
+        run(Command::new("bash").arg(script).arg(arch))?;
     }
     let version = std::fs::read_to_string(dir.join("version"))?
         .trim()
@@ -34,11 +46,53 @@ pub fn debian_kernel() -> anyhow::Result<DebianKernel> {
     })
 }
 
+/// The arm64 pieces of the boot matrix, from Debian's arm64 packages
+/// (`tests/setup.d/arm64.sh` fetches them into `$ANNEAL_CACHE/arm64`).
+#[derive(Debug, Clone)]
+pub struct Arm64Pieces {
+    /// busybox-static:arm64's `/bin/busybox`.
+    pub busybox: PathBuf,
+    /// Debian's signed shim (`shimaa64.efi`).
+    pub shim: PathBuf,
+    /// Debian's signed network GRUB, named `grubaa64.efi` (what shim loads
+    /// from its own directory).
+    pub grub: PathBuf,
+    /// e2fsprogs:arm64 and its libraries unpacked (`sbin/e2fsck`,
+    /// `sbin/resize2fs`): `anneal-initramfs --sysroot`.
+    pub sysroot: PathBuf,
+}
+
+/// The cached arm64 pieces; an error naming the set-up when one is missing.
+pub fn arm64_pieces() -> anyhow::Result<Arm64Pieces> {
+    let dir = cache_dir().join("arm64");
+    let p = Arm64Pieces {
+        busybox: dir.join("busybox"),
+        shim: dir.join("shimaa64.efi"),
+        grub: dir.join("grubaa64.efi"),
+        sysroot: dir.join("sysroot"),
+    };
+    for f in [&p.busybox, &p.shim, &p.grub, &p.sysroot.join(".complete")] {
+        if !f.is_file() {
+            anyhow::bail!(
+                "{} is missing: run `bash tests/setup.sh` (tests/setup.d/arm64.sh fetches the arm64 pieces)",
+                f.display()
+            );
+        }
+    }
+    Ok(p)
+}
+
 /// A newc initramfs with busybox (from `busybox-static`) whose `/init` runs
 /// `script` (a busybox `sh` script body) after mounting proc, sys and dev.
 pub fn smoke_initramfs(script: &str) -> anyhow::Result<Vec<u8>> {
-    let busybox = std::fs::read("/bin/busybox")
-        .map_err(|e| anyhow::anyhow!("/bin/busybox (package busybox-static): {e}"))?;
+    smoke_initramfs_with(Path::new("/bin/busybox"), script)
+}
+
+/// `smoke_initramfs` with another static busybox: the arm64 one of
+/// `arm64_pieces()` for an arm64 guest.
+pub fn smoke_initramfs_with(busybox: &Path, script: &str) -> anyhow::Result<Vec<u8>> {
+    let busybox = std::fs::read(busybox)
+        .map_err(|e| anyhow::anyhow!("{} (package busybox-static): {e}", busybox.display()))?;
     let mut a = anneal_cpio::Archive::new();
     a.file("bin/busybox", 0o755, busybox)?;
     a.symlink("bin/sh", "busybox")?;

@@ -17,7 +17,10 @@ mod tmux;
 mod vm;
 
 pub use controlplane::{ControlPlane, NODE_IP, NODE_NAME};
-pub use kernel::{DebianKernel, debian_kernel, smoke_initramfs};
+pub use kernel::{
+    Arm64Pieces, DebianKernel, arm64_pieces, debian_kernel, debian_kernel_arm64, smoke_initramfs,
+    smoke_initramfs_with,
+};
 pub use netns::{BRIDGE_IP, Netns, TcpForward, forward_host_tcp};
 pub use node::{CNI_BRIDGE, Leftovers, NODE_DIR, Node, PAUSE_IMAGE};
 pub use pki::{TestPki, test_pki};

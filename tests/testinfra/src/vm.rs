@@ -30,7 +30,18 @@ pub enum Firmware {
     /// db key (`OVMF_VARS_4M.snakeoil.fd`, key pair in
     /// `/usr/share/ovmf/PkKek-1-snakeoil.{key,pem}`): a site's own key.
     OvmfSecureBootSnakeoil,
+    /// An arm64 machine: QEMU's `virt` board (`qemu-system-aarch64`, a
+    /// Cortex-A72 under TCG) on AAVMF, EDK2's arm64 firmware (package
+    /// `qemu-efi-aarch64`), with a private copy of its VARS file. The
+    /// console is the PL011 UART (`ttyAMA0`); NICs get no option ROM (QEMU's
+    /// are x86 code).
+    Aavmf,
 }
+
+/// AAVMF firmware code (read-only pflash, 64 MiB).
+pub const AAVMF_CODE: &str = "/usr/share/AAVMF/AAVMF_CODE.fd";
+/// AAVMF variable store template, copied per VM.
+pub const AAVMF_VARS: &str = "/usr/share/AAVMF/AAVMF_VARS.fd";
 
 /// OVMF's Secure Boot code (needs SMM and a secure pflash).
 pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
@@ -55,8 +66,14 @@ impl Firmware {
             Firmware::Ovmf => Some((OVMF_CODE, OVMF_VARS)),
             Firmware::OvmfSecureBootMs => Some((OVMF_CODE_SECBOOT, OVMF_VARS_MS)),
             Firmware::OvmfSecureBootSnakeoil => Some((OVMF_CODE_SECBOOT, OVMF_VARS_SNAKEOIL)),
+            Firmware::Aavmf => Some((AAVMF_CODE, AAVMF_VARS)),
             Firmware::SeaBios => None,
         }
+    }
+
+    /// True for the arm64 firmware (`qemu-system-aarch64`).
+    pub fn is_arm64(self) -> bool {
+        self == Firmware::Aavmf
     }
 }
 
@@ -182,15 +199,19 @@ impl Vm {
             cfg.firmware,
             Firmware::OvmfSecureBootMs | Firmware::OvmfSecureBootSnakeoil
         );
+        let arm64 = cfg.firmware.is_arm64();
         let mut args: Vec<String> = vec![
             "-machine".into(),
-            if secure {
+            if arm64 {
+                "virt,accel=tcg".into()
+            } else if secure {
                 "q35,accel=tcg,smm=on".into()
             } else {
                 "q35,accel=tcg".into()
             },
             "-cpu".into(),
-            "max".into(),
+            // `max` on arm64 emulates pointer authentication's QARMA, slowly
+            if arm64 { "cortex-a72" } else { "max" }.into(),
             "-smp".into(),
             cfg.cpus.to_string(),
             "-m".into(),
@@ -221,8 +242,10 @@ impl Vm {
         }
         if let Some((code, vars_src)) = cfg.firmware.files() {
             let vars = dir.path().join("OVMF_VARS.fd");
-            std::fs::copy(vars_src, &vars)
-                .map_err(|e| anyhow::anyhow!("{vars_src} (package ovmf): {e}"))?;
+            std::fs::copy(vars_src, &vars).map_err(|e| {
+                let pkg = if arm64 { "qemu-efi-aarch64" } else { "ovmf" };
+                anyhow::anyhow!("{vars_src} (package {pkg}): {e}")
+            })?;
             if secure {
                 args.push("-global".into());
                 args.push("driver=cfi.pflash01,property=secure,value=on".into());
@@ -244,7 +267,7 @@ impl Vm {
                 nic.tap
             ));
             let mut dev = format!("{},netdev=net{i},mac={}", nic.model, nic.mac);
-            if !nic.option_rom {
+            if !nic.option_rom || arm64 {
                 dev.push_str(",romfile=");
             }
             if let Some(b) = nic.bootindex {
@@ -282,9 +305,14 @@ impl Vm {
         }
         args.extend(cfg.extra_args.iter().cloned());
 
+        let qemu = if arm64 {
+            "qemu-system-aarch64"
+        } else {
+            "qemu-system-x86_64"
+        };
         let mut cmd = match netns {
-            Some(ns) => ns.exec("qemu-system-x86_64"),
-            None => Command::new("qemu-system-x86_64"),
+            Some(ns) => ns.exec(qemu),
+            None => Command::new(qemu),
         };
         cmd.args(&args)
             .stdin(Stdio::null())
