@@ -101,7 +101,7 @@ fi
 # from this list runs after these; a name here that no longer exists is
 # reported.
 long=(
-  e2e_deploy_faults e2e_deploy node_install e2e_swarm bootd_renew bootd_vm agent_vm lifecycle_faults agent_tokens agent_initramfs
+  e2e_deploy_faults e2e_deploy node_install e2e_swarm e2e_arm64 bootd_renew bootd_vm agent_vm lifecycle_faults agent_tokens agent_initramfs
   images_import lifecycle_ipmi posthook_vm manager_leader e2e_inspect dhcpv6_ovmf
   redfish_conformance bootd_watch lifecycle_walk testos_boot manager_claims swarm_site
   controlplane vm_smoke lifecycle_power_gate cli_import cli_plugin cli_follow printer_columns swarm_tracker

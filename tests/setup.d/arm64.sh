@@ -7,6 +7,8 @@
 #   arm64/shimaa64.efi     shim-signed:arm64
 #   arm64/grubaa64.efi     grub-efi-arm64-signed:arm64's network GRUB, under
 #                          the name shim loads from its directory
+#   arm64/linuxaa64.efi.stub  systemd-boot-efi:arm64's UKI stub (the arm64
+#                          test OS's loader)
 #   arm64/sysroot/         e2fsprogs:arm64 and its libraries (e2fsck and
 #                          resize2fs for growLastPartition), packed into the
 #                          arm64 initramfs with `anneal-initramfs --sysroot`
@@ -34,11 +36,12 @@ fi
 
 arm64_dir="$ANNEAL_CACHE/arm64"
 if [ ! -s "$arm64_dir/busybox" ] || [ ! -s "$arm64_dir/shimaa64.efi" ] ||
-  [ ! -s "$arm64_dir/grubaa64.efi" ] || [ ! -e "$arm64_dir/sysroot/.complete" ]; then
+  [ ! -s "$arm64_dir/grubaa64.efi" ] || [ ! -s "$arm64_dir/linuxaa64.efi.stub" ] ||
+  [ ! -e "$arm64_dir/sysroot/.complete" ]; then
   arm64_work=$(mktemp -d)
   chmod 755 "$arm64_work"
   (cd "$arm64_work" && apt-get download -qq busybox-static:arm64 shim-signed:arm64 \
-    grub-efi-arm64-signed:arm64)
+    grub-efi-arm64-signed:arm64 systemd-boot-efi:arm64)
   mkdir -p "$arm64_work/sysroot-debs"
   # e2fsck's and resize2fs's DT_NEEDED closure (anneal-initramfs names
   # anything missing); libe2p is in libext2fs2 in bookworm.
@@ -55,12 +58,14 @@ if [ ! -s "$arm64_dir/busybox" ] || [ ! -s "$arm64_dir/shimaa64.efi" ] ||
   cp "$arm64_work/root/bin/busybox" "$arm64_dir/busybox.tmp"
   cp "$arm64_work/root/usr/lib/shim/shimaa64.efi.signed" "$arm64_dir/shimaa64.efi.tmp"
   cp "$arm64_work/root/usr/lib/grub/arm64-efi-signed/grubnetaa64.efi.signed" "$arm64_dir/grubaa64.efi.tmp"
+  cp "$arm64_work/root/usr/lib/systemd/boot/efi/linuxaa64.efi.stub" "$arm64_dir/linuxaa64.efi.stub.tmp"
+  mv "$arm64_dir/linuxaa64.efi.stub.tmp" "$arm64_dir/linuxaa64.efi.stub"
   mv "$arm64_dir/busybox.tmp" "$arm64_dir/busybox"
   mv "$arm64_dir/shimaa64.efi.tmp" "$arm64_dir/shimaa64.efi"
   mv "$arm64_dir/grubaa64.efi.tmp" "$arm64_dir/grubaa64.efi"
   rm -rf "$arm64_dir/sysroot"
   mv "$arm64_work/sysroot" "$arm64_dir/sysroot"
   rm -rf "$arm64_work"
-  log "arm64: busybox, signed shim and network GRUB, e2fsprogs sysroot in $arm64_dir"
+  log "arm64: busybox, signed shim and network GRUB, UKI stub, e2fsprogs sysroot in $arm64_dir"
 fi
 unset arm64_pkgs arm64_dir arm64_work p deb

@@ -32,7 +32,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anneal_initramfs::{Compression, Inputs, Selection};
-use anneal_testinfra::{cache_dir, debian_kernel, run};
+use anneal_testinfra::{DebianKernel, cache_dir, debian_kernel, debian_kernel_arm64, run};
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
@@ -62,6 +62,10 @@ const SECTOR: u64 = 512;
 const MIB: u64 = 1 << 20;
 /// Partition sizes in MiB: ESP, swap, root; the first starts at 1 MiB.
 const ESP_MIB: u64 = 64;
+/// The arm64 ESP: Debian's arm64 kernel is an uncompressed 33 MB Image, so
+/// its UKI (~36 MB) and the removable-media copy the deploy installs beside
+/// it need more than 64 MiB.
+const ESP_MIB_ARM64: u64 = 128;
 const SWAP_MIB: u64 = 64;
 const ROOT_MIB: u64 = 512;
 /// Pseudo-random data on the root: this many files of `DATA_FILE_MIB`.
@@ -138,6 +142,20 @@ pub struct TestOs {
 
 /// The partitions of the layout (fixed).
 pub fn partitions() -> [Partition; 3] {
+    partitions_for(Arch::X86_64)
+}
+
+fn esp_mib(arch: Arch) -> u64 {
+    match arch {
+        Arch::X86_64 => ESP_MIB,
+        Arch::Aarch64 => ESP_MIB_ARM64,
+    }
+}
+
+/// The partitions of `arch`'s test OS: the same but for the ESP's size
+/// (`ESP_MIB_ARM64` on arm64).
+pub fn partitions_for(arch: Arch) -> [Partition; 3] {
+    let esp_mib = esp_mib(arch);
     let lba = |mib: u64| mib * MIB / SECTOR;
     let part = |number, part_uuid: &str, type_guid: &str, start_mib, size_mib| Partition {
         number,
@@ -152,20 +170,20 @@ pub fn partitions() -> [Partition; 3] {
             "a2b3c4d5-0001-4e5f-8a00-7e5705000001",
             "c12a7328-f81f-11d2-ba4b-00a0c93ec93b",
             1,
-            ESP_MIB,
+            esp_mib,
         ),
         part(
             2,
             "a2b3c4d5-0002-4e5f-8a00-7e5705000002",
             "0657fd6d-a4ab-43c4-84e5-0933c84b4f4f",
-            1 + ESP_MIB,
+            1 + esp_mib,
             SWAP_MIB,
         ),
         part(
             3,
             "a2b3c4d5-0003-4e5f-8a00-7e5705000003",
             "4f68bce3-e8cd-4db1-96e7-fbcaf984b709",
-            1 + ESP_MIB + SWAP_MIB,
+            1 + esp_mib + SWAP_MIB,
             ROOT_MIB,
         ),
     ]
@@ -173,8 +191,8 @@ pub fn partitions() -> [Partition; 3] {
 
 /// Total image size: the partitions plus 1 MiB before and after (GPT and
 /// its backup).
-fn image_bytes() -> u64 {
-    (1 + ESP_MIB + SWAP_MIB + ROOT_MIB + 1) * MIB
+fn image_bytes(arch: Arch) -> u64 {
+    (1 + esp_mib(arch) + SWAP_MIB + ROOT_MIB + 1) * MIB
 }
 
 /// The content of `/anneal-marker` (4 KiB of text, deterministic).
@@ -193,7 +211,74 @@ pub fn marker_bytes() -> Vec<u8> {
 
 /// The kernel command line of the UKI.
 pub fn cmdline() -> String {
-    format!("console=ttyS0,115200 root=UUID={ROOT_FS_UUID} ro panic=-1 loglevel=4")
+    cmdline_for(Arch::X86_64)
+}
+
+/// The kernel command line of `arch`'s UKI (its serial console: the 16550
+/// of a PC, the PL011 of an arm64 board).
+pub fn cmdline_for(arch: Arch) -> String {
+    let console = match arch {
+        Arch::X86_64 => "ttyS0,115200",
+        Arch::Aarch64 => "ttyAMA0",
+    };
+    format!("console={console} root=UUID={ROOT_FS_UUID} ro panic=-1 loglevel=4")
+}
+
+/// The machine architecture a test OS boots on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// x86_64: Debian's amd64 kernel, systemd-boot-efi's `linuxx64.efi.stub`.
+    X86_64,
+    /// aarch64: Debian's arm64 kernel, busybox and `linuxaa64.efi.stub`
+    /// (tests/setup.d/arm64.sh), the UKI made by the cross binutils.
+    Aarch64,
+}
+
+/// What a test OS of one architecture is made of.
+struct Recipe {
+    arch: Arch,
+    kernel: DebianKernel,
+    stub: PathBuf,
+    busybox: PathBuf,
+    /// binutils that read and write the stub's PE format
+    objcopy: &'static str,
+    objdump: &'static str,
+}
+
+impl Recipe {
+    fn of(arch: Arch) -> anyhow::Result<Recipe> {
+        let r = match arch {
+            Arch::X86_64 => {
+                for (path, pkg) in [(UKI_STUB, "systemd-boot-efi"), (BUSYBOX, "busybox-static")] {
+                    if !Path::new(path).is_file() {
+                        anyhow::bail!(
+                            "{path} is missing: install the Debian package {pkg} (tests/setup.sh does)"
+                        );
+                    }
+                }
+                Recipe {
+                    arch,
+                    kernel: debian_kernel()?,
+                    stub: UKI_STUB.into(),
+                    busybox: BUSYBOX.into(),
+                    objcopy: "objcopy",
+                    objdump: "objdump",
+                }
+            }
+            Arch::Aarch64 => {
+                let pieces = anneal_testinfra::arm64_pieces()?;
+                Recipe {
+                    arch,
+                    kernel: debian_kernel_arm64()?,
+                    stub: pieces.uki_stub,
+                    busybox: pieces.busybox,
+                    objcopy: "aarch64-linux-gnu-objcopy",
+                    objdump: "aarch64-linux-gnu-objdump",
+                }
+            }
+        };
+        Ok(r)
+    }
 }
 
 /// The initramfs `/init` (busybox sh).
@@ -276,31 +361,33 @@ fn sha256_file(path: &Path) -> anyhow::Result<Vec<u8>> {
 /// temporary directory beside it and is renamed into place, so concurrent
 /// callers each get a complete image; the loser's copy is discarded).
 pub fn test_os() -> anyhow::Result<TestOs> {
-    for (path, pkg) in [(UKI_STUB, "systemd-boot-efi"), (BUSYBOX, "busybox-static")] {
-        if !Path::new(path).is_file() {
-            anyhow::bail!(
-                "{path} is missing: install the Debian package {pkg} (tests/setup.sh does)"
-            );
-        }
-    }
-    let kernel = debian_kernel()?;
+    test_os_for(Arch::X86_64)
+}
+
+/// [`test_os`] for `arch`: the same disk (layout, UUIDs, root and its
+/// marker), its UKI built from that architecture's kernel, stub and
+/// initramfs, its console on that architecture's serial port.
+pub fn test_os_for(arch: Arch) -> anyhow::Result<TestOs> {
+    let recipe = Recipe::of(arch)?;
+    let kernel = &recipe.kernel;
     let mut h = Sha256::new();
     h.update(RECIPE);
     h.update(kernel.version.as_bytes());
     for p in [
         kernel.vmlinuz.as_path(),
-        Path::new(UKI_STUB),
-        Path::new(BUSYBOX),
+        recipe.stub.as_path(),
+        recipe.busybox.as_path(),
     ] {
         h.update(sha256_file(p)?);
     }
     h.update(init_script());
-    h.update(cmdline());
+    h.update(cmdline_for(arch));
+    h.update(esp_mib(arch).to_le_bytes());
     h.update(MODULES.join(","));
     let key = hex::encode(&h.finalize()[..8]);
     let base = cache_dir().join("testos");
     let dir = base.join(&key);
-    let os = describe(&dir);
+    let os = describe(&dir, arch);
     if dir.join("testos.json").is_file() {
         return Ok(os);
     }
@@ -310,7 +397,7 @@ pub fn test_os() -> anyhow::Result<TestOs> {
         .prefix(&format!(".build-{key}-"))
         .tempdir_in(&base)?;
     let started = Instant::now();
-    build(tmp.path(), &kernel)
+    build(tmp.path(), &recipe)
         .with_context(|| format!("building the test OS in {}", tmp.path().display()))?;
     let manifest = serde_json::json!({
         "image": "disk.img",
@@ -321,7 +408,7 @@ pub fn test_os() -> anyhow::Result<TestOs> {
         "loader": os.loader,
         "cmdline": os.cmdline,
         "kernel": kernel.version,
-        "partitions": partitions().iter().map(|p| serde_json::json!({
+        "partitions": partitions_for(arch).iter().map(|p| serde_json::json!({
             "number": p.number, "part_uuid": p.part_uuid, "type": p.type_guid,
             "start_lba": p.start_lba, "size_lba": p.size_lba,
         })).collect::<Vec<_>>(),
@@ -365,11 +452,11 @@ fn remove_stale_builds(base: &Path) {
     }
 }
 
-fn describe(dir: &Path) -> TestOs {
-    let [esp, swap, root] = partitions();
+fn describe(dir: &Path, arch: Arch) -> TestOs {
+    let [esp, swap, root] = partitions_for(arch);
     TestOs {
         image: dir.join("disk.img"),
-        image_bytes: image_bytes(),
+        image_bytes: image_bytes(arch),
         marker_sha256: hex::encode(Sha256::digest(marker_bytes())),
         root_fs_uuid: ROOT_FS_UUID.to_string(),
         swap_uuid: SWAP_UUID.to_string(),
@@ -378,18 +465,18 @@ fn describe(dir: &Path) -> TestOs {
         root,
         loader: LOADER_PATH.to_string(),
         data_bytes: (DATA_FILES * DATA_FILE_MIB) as u64 * MIB,
-        cmdline: cmdline(),
+        cmdline: cmdline_for(arch),
     }
 }
 
 /// Builds everything into `dir` (ends with `dir/disk.img`).
-fn build(dir: &Path, kernel: &anneal_testinfra::DebianKernel) -> anyhow::Result<()> {
+fn build(dir: &Path, recipe: &Recipe) -> anyhow::Result<()> {
     let initrd = dir.join("initrd.img");
-    write_initramfs(dir, kernel, &initrd)?;
+    write_initramfs(dir, &recipe.kernel, &recipe.busybox, &initrd)?;
     let uki = dir.join("linux.efi");
-    build_uki(dir, &kernel.vmlinuz, &initrd, &uki)?;
+    build_uki(dir, recipe, &initrd, &uki)?;
 
-    let [esp, swap, root] = partitions();
+    let [esp, swap, root] = partitions_for(recipe.arch);
     let esp_img = dir.join("esp.img");
     build_esp(&esp_img, esp.len(), &uki)?;
     let swap_img = dir.join("swap.img");
@@ -401,7 +488,7 @@ fn build(dir: &Path, kernel: &anneal_testinfra::DebianKernel) -> anyhow::Result<
     build_root(dir, &root_img, root.len())?;
 
     let image = dir.join("disk.img");
-    fs::File::create(&image)?.set_len(image_bytes())?;
+    fs::File::create(&image)?.set_len(image_bytes(recipe.arch))?;
     let mut script = format!("label: gpt\nlabel-id: {DISK_GUID}\nunit: sectors\nfirst-lba: 2048\n");
     for (p, name) in [(&esp, "ESP"), (&swap, "swap"), (&root, "root")] {
         script.push_str(&format!(
@@ -477,7 +564,8 @@ fn copy_sparse(src: &Path, dst: &Path, offset: u64, max: u64) -> anyhow::Result<
 
 fn write_initramfs(
     dir: &Path,
-    kernel: &anneal_testinfra::DebianKernel,
+    kernel: &DebianKernel,
+    busybox: &Path,
     out: &Path,
 ) -> anyhow::Result<()> {
     let init = dir.join("init");
@@ -493,7 +581,7 @@ fn write_initramfs(
         },
         firmware_dir: None,
         firmware: Vec::new(),
-        busybox: Some(PathBuf::from(BUSYBOX)),
+        busybox: Some(busybox.to_path_buf()),
         binaries: Vec::new(),
         sysroot: None,
         compression: Compression::Zstd,
@@ -534,8 +622,8 @@ fn write_initramfs(
 
 /// Section layout of the stub: (end of the last section's VMA, section
 /// alignment), from `objdump -h` and `objdump -p`.
-fn stub_layout(stub: &Path) -> anyhow::Result<(u64, u64)> {
-    let hdr = run(Command::new("objdump").arg("-h").arg(stub))?;
+fn stub_layout(objdump: &str, stub: &Path) -> anyhow::Result<(u64, u64)> {
+    let hdr = run(Command::new(objdump).arg("-h").arg(stub))?;
     let mut end = 0u64;
     for line in hdr.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -545,7 +633,7 @@ fn stub_layout(stub: &Path) -> anyhow::Result<(u64, u64)> {
             end = end.max(vma + size);
         }
     }
-    let p = run(Command::new("objdump").arg("-p").arg(stub))?;
+    let p = run(Command::new(objdump).arg("-p").arg(stub))?;
     let align = p
         .lines()
         .find_map(|l| {
@@ -565,18 +653,19 @@ fn stub_layout(stub: &Path) -> anyhow::Result<(u64, u64)> {
 
 /// Builds the UKI with objcopy as the systemd documentation describes: each
 /// added section at the next aligned VMA after the previous one.
-fn build_uki(dir: &Path, vmlinuz: &Path, initrd: &Path, out: &Path) -> anyhow::Result<()> {
+fn build_uki(dir: &Path, recipe: &Recipe, initrd: &Path, out: &Path) -> anyhow::Result<()> {
+    let vmlinuz = recipe.kernel.vmlinuz.as_path();
     let osrel = dir.join("os-release");
     fs::write(
         &osrel,
         "NAME=\"anneal test OS\"\nID=anneal-testos\nVERSION_ID=1\nPRETTY_NAME=\"anneal test OS 1\"\n",
     )?;
     let cmdline_file = dir.join("cmdline");
-    fs::write(&cmdline_file, cmdline())?;
-    let (end, align) = stub_layout(Path::new(UKI_STUB))?;
+    fs::write(&cmdline_file, cmdline_for(recipe.arch))?;
+    let (end, align) = stub_layout(recipe.objdump, &recipe.stub)?;
     let up = |v: u64| v.div_ceil(align) * align;
     let mut vma = up(end);
-    let mut cmd = Command::new("objcopy");
+    let mut cmd = Command::new(recipe.objcopy);
     for (name, file) in [
         (".osrel", osrel.as_path()),
         (".cmdline", cmdline_file.as_path()),
@@ -589,8 +678,8 @@ fn build_uki(dir: &Path, vmlinuz: &Path, initrd: &Path, out: &Path) -> anyhow::R
             .arg(format!("{name}=0x{vma:x}"));
         vma = up(vma + fs::metadata(file)?.len());
     }
-    cmd.arg(UKI_STUB).arg(out);
-    run(&mut cmd).context("objcopy (package binutils) building the UKI")?;
+    cmd.arg(&recipe.stub).arg(out);
+    run(&mut cmd).with_context(|| format!("{} (binutils) building the UKI", recipe.objcopy))?;
     let mut pe = fs::read(out)?;
     pe_set_timestamp(&mut pe, u32::try_from(EPOCH)?)
         .with_context(|| format!("{} is not a PE image", out.display()))?;
@@ -764,10 +853,16 @@ mod tests {
     #[test]
     fn layout_is_aligned_and_within_the_image() {
         let [esp, swap, root] = partitions();
+        let [arm_esp, _, arm_root] = partitions_for(Arch::Aarch64);
+        assert_eq!(arm_esp.len(), 128 * MIB);
+        assert_eq!(
+            arm_root.offset() + arm_root.len() + MIB,
+            image_bytes(Arch::Aarch64)
+        );
         assert_eq!(esp.offset(), MIB);
         assert_eq!(swap.offset(), esp.offset() + esp.len());
         assert_eq!(root.offset(), swap.offset() + swap.len());
-        assert!(root.offset() + root.len() + MIB <= image_bytes());
+        assert!(root.offset() + root.len() + MIB <= image_bytes(Arch::X86_64));
         for p in [&esp, &swap, &root] {
             assert_eq!(p.offset() % MIB, 0);
             assert!(!p.is_empty());

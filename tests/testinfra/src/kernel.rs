@@ -57,6 +57,9 @@ pub struct Arm64Pieces {
     /// Debian's signed network GRUB, named `grubaa64.efi` (what shim loads
     /// from its own directory).
     pub grub: PathBuf,
+    /// systemd-boot-efi:arm64's UKI stub (`linuxaa64.efi.stub`): the
+    /// arm64 test OS's loader.
+    pub uki_stub: PathBuf,
     /// e2fsprogs:arm64 and its libraries unpacked (`sbin/e2fsck`,
     /// `sbin/resize2fs`): `anneal-initramfs --sysroot`.
     pub sysroot: PathBuf,
@@ -69,9 +72,16 @@ pub fn arm64_pieces() -> anyhow::Result<Arm64Pieces> {
         busybox: dir.join("busybox"),
         shim: dir.join("shimaa64.efi"),
         grub: dir.join("grubaa64.efi"),
+        uki_stub: dir.join("linuxaa64.efi.stub"),
         sysroot: dir.join("sysroot"),
     };
-    for f in [&p.busybox, &p.shim, &p.grub, &p.sysroot.join(".complete")] {
+    for f in [
+        &p.busybox,
+        &p.shim,
+        &p.grub,
+        &p.uki_stub,
+        &p.sysroot.join(".complete"),
+    ] {
         if !f.is_file() {
             anyhow::bail!(
                 "{} is missing: run `bash tests/setup.sh` (tests/setup.d/arm64.sh fetches the arm64 pieces)",

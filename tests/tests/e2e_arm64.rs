@@ -1,0 +1,137 @@
+//! Issue 16, the arm64 boot matrix end to end, under TCG: an arm64 machine
+//! (AAVMF on QEMU's `virt` board, a Cortex-A72) of `architecture: aarch64`
+//! PXE-boots Debian's arm64 shim and network GRUB from bootd (client
+//! architecture 11; no arm64 iPXE is available here), then the arm64 kernel
+//! and our initramfs with the aarch64 agent (bootd's `artifacts.aarch64`).
+//! The agent registers and inventories (MachineHardware: aarch64, UEFI), the
+//! Machine is Available; the arm64 test OS (tests/src/testos.rs
+//! `test_os_for(Aarch64)`: its UKI built from Debian's arm64 kernel and
+//! `linuxaa64.efi.stub`) is imported, the machine claimed and deployed: the
+//! agent writes the contents, runs the default hook (mkswap,
+//! install-removable-fallback, efibootmgr), and AAVMF boots the load option
+//! it wrote, `\EFI\BOOT\BOOTAA64.EFI`: the test OS prints its marker and the
+//! Machine's name.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, Progress};
+use anneal_tests::testos::{Arch, test_os_for};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arm64_machine_is_inspected_deployed_and_boots_its_os() {
+    let os = tokio::task::spawn_blocking(|| test_os_for(Arch::Aarch64));
+    let mut lab = Lab::start_with(
+        &|s| println!("e2e-arm64: {s}"),
+        LabOptions {
+            deploy: true,
+            aarch64: true,
+            ..LabOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let os = os.await.unwrap().unwrap();
+    let t = Instant::now();
+    let _server = lab
+        .serve_and_import(&[("testos", &os.image, true)], Duration::from_secs(900))
+        .await
+        .unwrap();
+    println!("e2e-arm64: imported in {:.1} s", t.elapsed().as_secs_f64());
+
+    lab.launch_vm().await.unwrap();
+    lab.enrol().await.unwrap();
+    let res = lab
+        .wait_available(Duration::from_secs(600), &mut |p| {
+            if let Progress::State(s, t) = p {
+                println!("e2e-arm64: state {s:?} at {:.1} s", t.as_secs_f64());
+            }
+        })
+        .await;
+    let console = lab.console();
+    match res {
+        Ok(t) => println!(
+            "e2e-arm64: QEMU launch → Machine Available in {:.1} s",
+            t.as_secs_f64()
+        ),
+        Err(e) => panic!("{e:#}\nconsole:\n{}", e2e::tail(&console, 80)),
+    }
+    // the arm64 chain: GRUB ran bootd's configs and booted the arm64 pair
+    assert!(
+        console.contains("anneal: GRUB on ")
+            && console.contains(&format!("anneal: booting default/{MACHINE}")),
+        "{}",
+        e2e::tail(&console, 80)
+    );
+    let hw = lab.hardware().await.unwrap().expect("MachineHardware");
+    println!("e2e-arm64: {}", e2e::summary(&hw));
+    let cpu = hw.spec.cpu.as_ref().expect("cpu in the inventory");
+    assert_eq!(
+        cpu.architecture,
+        Some(anneal_api::Architecture::Aarch64),
+        "{}",
+        e2e::summary(&hw)
+    );
+    assert_eq!(cpu.model.as_deref(), Some("ARM Cortex-A72"));
+    let fw = hw
+        .spec
+        .firmware
+        .as_ref()
+        .expect("firmware in the inventory");
+    assert_eq!(fw.mode, anneal_api::FirmwareMode::Uefi);
+    assert!(!fw.secure_boot);
+
+    // deployed, and the deployed OS boots from its disk
+    let claimed = Instant::now();
+    lab.claim(
+        "deploy",
+        "testos",
+        e2e::DEPLOY_DISKS[0].1,
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    lab.wait_state(
+        "Provisioned",
+        Duration::from_secs(900),
+        &mut e2e::print_states("e2e-arm64"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{}", e2e::tail(&lab.console(), 80)));
+    println!(
+        "e2e-arm64: claim → Provisioned in {:.1} s",
+        claimed.elapsed().as_secs_f64()
+    );
+    let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
+    lab.wait_console(&marker, 1, Duration::from_secs(600))
+        .await
+        .unwrap();
+    lab.wait_console(
+        &format!("ANNEAL-DEPLOYED {MACHINE}"),
+        1,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    println!(
+        "e2e-arm64: claim → the deployed OS's marker in {:.1} s",
+        claimed.elapsed().as_secs_f64()
+    );
+    // AAVMF booted the entry the agent wrote: the arm64 removable path
+    let vars = std::fs::read(lab.vm.as_ref().unwrap().vars_path()).unwrap();
+    let (entries, order) = anneal_tests::ovmf::boot_entries(&vars).unwrap();
+    let ours: Vec<_> = entries
+        .iter()
+        .filter(|e| e.description.starts_with("anneal"))
+        .collect();
+    assert_eq!(ours.len(), 1, "exactly one anneal entry: {entries:?}");
+    assert_eq!(order.first(), Some(&ours[0].number), "{order:?}");
+    assert_eq!(
+        ours[0]
+            .file
+            .as_deref()
+            .map(str::to_ascii_uppercase)
+            .as_deref(),
+        Some(r"\EFI\BOOT\BOOTAA64.EFI")
+    );
+}
