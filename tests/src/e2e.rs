@@ -971,6 +971,48 @@ impl Lab {
         self.dir.join(format!("{serial}.raw"))
     }
 
+    /// Waits until the deployed test OS (`marker_sha256`: its
+    /// `/anneal-marker`) has printed its marker and the Machine's name on
+    /// the console.
+    pub async fn wait_deployed_os(&self, marker_sha256: &str) -> anyhow::Result<()> {
+        self.wait_console(
+            &format!("ANNEAL-MARKER {marker_sha256}"),
+            1,
+            Duration::from_secs(600),
+        )
+        .await?;
+        self.wait_console(
+            &format!("ANNEAL-DEPLOYED {MACHINE}"),
+            1,
+            Duration::from_secs(60),
+        )
+        .await
+    }
+
+    /// The UEFI load option the agent wrote, read from the VM's variable
+    /// store: it must be the only anneal entry and first in BootOrder; its
+    /// file path, upper-cased (`\EFI\BOOT\BOOTX64.EFI`).
+    pub fn anneal_boot_entry(&self) -> anyhow::Result<String> {
+        let vm = self.vm.as_ref().context("no VM")?;
+        let vars = std::fs::read(vm.vars_path())?;
+        let (entries, order) = crate::ovmf::boot_entries(&vars)?;
+        let ours: Vec<_> = entries
+            .iter()
+            .filter(|e| e.description.starts_with("anneal"))
+            .collect();
+        anyhow::ensure!(ours.len() == 1, "exactly one anneal entry: {entries:?}");
+        anyhow::ensure!(
+            order.first() == Some(&ours[0].number),
+            "the anneal entry {:04X} is not first in BootOrder: {order:?}",
+            ours[0].number
+        );
+        ours[0]
+            .file
+            .as_deref()
+            .map(str::to_ascii_uppercase)
+            .with_context(|| format!("the anneal entry has no file path: {:?}", ours[0]))
+    }
+
     /// Waits until `text` occurs at least `count` times on the console (or
     /// `timeout`); the error carries the console's tail.
     pub async fn wait_console(

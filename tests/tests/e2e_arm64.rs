@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE, Progress};
+use anneal_tests::e2e::{self, Lab, LabOptions, MACHINE};
 use anneal_tests::testos::{Arch, test_os_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,23 +39,14 @@ async fn an_arm64_machine_is_inspected_deployed_and_boots_its_os() {
         .unwrap();
     println!("e2e-arm64: imported in {:.1} s", t.elapsed().as_secs_f64());
 
-    lab.launch_vm().await.unwrap();
-    lab.enrol().await.unwrap();
-    let res = lab
-        .wait_available(Duration::from_secs(600), &mut |p| {
-            if let Progress::State(s, t) = p {
-                println!("e2e-arm64: state {s:?} at {:.1} s", t.as_secs_f64());
-            }
-        })
-        .await;
+    lab.boot_until_available("e2e-arm64", Duration::from_secs(600))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    println!(
+        "e2e-arm64: QEMU launch → Machine Available in {:.1} s",
+        lab.since_launch().as_secs_f64()
+    );
     let console = lab.console();
-    match res {
-        Ok(t) => println!(
-            "e2e-arm64: QEMU launch → Machine Available in {:.1} s",
-            t.as_secs_f64()
-        ),
-        Err(e) => panic!("{e:#}\nconsole:\n{}", e2e::tail(&console, 80)),
-    }
     // the arm64 chain: GRUB ran bootd's configs and booted the arm64 pair
     assert!(
         console.contains("anneal: GRUB on ")
@@ -102,36 +93,11 @@ async fn an_arm64_machine_is_inspected_deployed_and_boots_its_os() {
         "e2e-arm64: claim → Provisioned in {:.1} s",
         claimed.elapsed().as_secs_f64()
     );
-    let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
-    lab.wait_console(&marker, 1, Duration::from_secs(600))
-        .await
-        .unwrap();
-    lab.wait_console(
-        &format!("ANNEAL-DEPLOYED {MACHINE}"),
-        1,
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
+    lab.wait_deployed_os(&os.marker_sha256).await.unwrap();
     println!(
         "e2e-arm64: claim → the deployed OS's marker in {:.1} s",
         claimed.elapsed().as_secs_f64()
     );
     // AAVMF booted the entry the agent wrote: the arm64 removable path
-    let vars = std::fs::read(lab.vm.as_ref().unwrap().vars_path()).unwrap();
-    let (entries, order) = anneal_tests::ovmf::boot_entries(&vars).unwrap();
-    let ours: Vec<_> = entries
-        .iter()
-        .filter(|e| e.description.starts_with("anneal"))
-        .collect();
-    assert_eq!(ours.len(), 1, "exactly one anneal entry: {entries:?}");
-    assert_eq!(order.first(), Some(&ours[0].number), "{order:?}");
-    assert_eq!(
-        ours[0]
-            .file
-            .as_deref()
-            .map(str::to_ascii_uppercase)
-            .as_deref(),
-        Some(r"\EFI\BOOT\BOOTAA64.EFI")
-    );
+    assert_eq!(lab.anneal_boot_entry().unwrap(), r"\EFI\BOOT\BOOTAA64.EFI");
 }

@@ -130,16 +130,7 @@ async fn two_vms_deploy_the_same_image_at_once_through_the_swarm() {
 
     // Both boot their deployed OS.
     let marker = format!("ANNEAL-MARKER {}", os.marker_sha256);
-    lab.wait_console(&marker, 1, Duration::from_secs(600))
-        .await
-        .unwrap();
-    lab.wait_console(
-        &format!("ANNEAL-DEPLOYED {MACHINE}"),
-        1,
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
+    lab.wait_deployed_os(&os.marker_sha256).await.unwrap();
     let peer_console = eventually(
         "the peer to boot its deployed OS",
         Duration::from_secs(600),
