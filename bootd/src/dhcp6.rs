@@ -178,7 +178,10 @@ pub async fn serve(
     http_port: u16,
     cancel: CancellationToken,
 ) {
-    let leases = Mutex::new(Leases6::default());
+    let leases = &shared.leases6;
+    let _ = shared
+        .http_base6
+        .set(format!("http://[{}]:{http_port}", opts.server_ip));
     let mut buf = vec![0u8; 65536];
     let mut collected_at = 0u64;
     loop {
@@ -207,7 +210,7 @@ pub async fn serve(
             src,
             link_mac: None,
         };
-        if let Some((bytes, to)) = handle(&shared, &table, &leases, &buf[..n], ingress, now)
+        if let Some((bytes, to)) = handle(&shared, &table, leases, &buf[..n], ingress, now)
             && let Err(e) = sock.send_to(&bytes, to).await
         {
             tracing::warn!(to = %to, error = %error_chain(&e), "dhcpv6 send failed");

@@ -230,16 +230,28 @@ pub fn gate(
     now: u64,
 ) -> Result<(), Refusal> {
     if snap.table.mode == Mode::Lease {
-        let leased = shared
-            .leases()
-            .get(&mac)
-            .filter(|l| l.expires > now)
-            .map(|l| l.address);
-        let from = match peer.to_canonical() {
-            IpAddr::V4(a) => Some(a),
-            IpAddr::V6(_) => None,
+        // the address leased to the MAC, of the peer's family (DHCPv6 for
+        // a machine that booted over IPv6)
+        let (leased, from): (Option<IpAddr>, IpAddr) = match peer.to_canonical() {
+            IpAddr::V4(a) => (
+                shared
+                    .leases()
+                    .get(&mac)
+                    .filter(|l| l.expires > now)
+                    .map(|l| IpAddr::V4(l.address)),
+                IpAddr::V4(a),
+            ),
+            IpAddr::V6(a) => (
+                shared
+                    .leases6
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .of(mac, now)
+                    .map(IpAddr::V6),
+                IpAddr::V6(a),
+            ),
         };
-        if leased.is_none() || leased != from {
+        if leased != Some(from) {
             return Err(Refusal {
                 status: StatusCode::FORBIDDEN,
                 why: match leased {
@@ -297,7 +309,13 @@ fn script_response(shared: &Shared, mac_str: &str, peer: IpAddr) -> (Resp, &'sta
     if let Err(r) = gate(shared, &snap, mac, m, peer, crate::unix_now()) {
         return (refused(&r, mac, &m.name, peer, "boot script"), "script");
     }
-    match script::boot_script(&shared.template, &snap, mac, m) {
+    // a script fetched over IPv6 names bootd's IPv6 address in its URLs
+    let v6_base = match peer.to_canonical() {
+        IpAddr::V6(_) => shared.http_base6.get().map(String::as_str),
+        IpAddr::V4(_) => None,
+    };
+    let base = v6_base.unwrap_or(&snap.table.http_base);
+    match script::boot_script_at(&shared.template, &snap, base, mac, m) {
         Ok(s) => {
             tracing::info!(%mac, machine = %m.name, %peer, "served boot script");
             (respond(StatusCode::OK, "text/plain", s), "script")

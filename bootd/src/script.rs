@@ -122,12 +122,24 @@ pub fn boot_script(
     mac: Mac,
     m: &MachineBoot,
 ) -> Result<String, ScriptError> {
+    boot_script_at(template, snap, &snap.table.http_base, mac, m)
+}
+
+/// [`boot_script`] with its URLs under `http_base` (bootd's IPv6 address
+/// for a machine that fetched it over IPv6).
+pub fn boot_script_at(
+    template: &str,
+    snap: &Snapshot,
+    http_base: &str,
+    mac: Mac,
+    m: &MachineBoot,
+) -> Result<String, ScriptError> {
     let art = snap.artifacts.as_ref().ok_or(ScriptError::NoArtifacts)?;
     if art.for_arch(m.architecture).is_none() {
         return Err(ScriptError::NoArtifactsFor(arch_name(m.architecture)));
     }
     let boot = boot_prefix(m.architecture);
-    let base = snap.table.http_base.trim_end_matches('/');
+    let base = http_base.trim_end_matches('/');
     let server = snap.table.server_ip.to_string();
     let prelude = if m.chain_undionly {
         let mut v = BTreeMap::new();

@@ -95,6 +95,12 @@ pub struct Shared {
     pub template: String,
     /// The lease file, when there is one (see [`Shared::commit_leases`]).
     pub lease_log: Option<LeaseLog>,
+    /// DHCPv6 leases (in memory): the boot script gate accepts the IPv6
+    /// address leased to a MAC as it accepts the IPv4 one.
+    pub leases6: Mutex<anneal_dhcp::v6::Leases6>,
+    /// bootd's HTTP base on its IPv6 address (`http://[addr]:port`), once
+    /// DHCPv6 serves: the URLs of a script fetched over IPv6.
+    pub http_base6: std::sync::OnceLock<String>,
 }
 
 impl Shared {
@@ -108,6 +114,8 @@ impl Shared {
             live_revision: watch::Sender::new(rev),
             template,
             lease_log: None,
+            leases6: Mutex::new(anneal_dhcp::v6::Leases6::default()),
+            http_base6: std::sync::OnceLock::new(),
         }
     }
 

@@ -57,12 +57,16 @@ impl Drop for Server {
 }
 
 async fn start(mode: &str, leases: Leases) -> Server {
+    start_on(mode, leases, "127.0.0.1:0").await
+}
+
+async fn start_on(mode: &str, leases: Leases, bind: &str) -> Server {
     let snap = StaticConfig::from_yaml(&yaml(mode))
         .unwrap()
         .snapshot(8080, "r1".into())
         .unwrap();
     let shared = Arc::new(Shared::new(snap, leases, BOOT_TEMPLATE.to_string()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let cancel = CancellationToken::new();
     tokio::spawn(serve(
@@ -80,7 +84,11 @@ async fn start(mode: &str, leases: Leases) -> Server {
 
 /// One GET from source address `from`: status and body.
 async fn get(server: &Server, from: IpAddr, path: &str) -> (u16, Vec<u8>) {
-    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    let s = if from.is_ipv6() {
+        tokio::net::TcpSocket::new_v6().unwrap()
+    } else {
+        tokio::net::TcpSocket::new_v4().unwrap()
+    };
     s.bind(SocketAddr::new(from, 0)).unwrap();
     let mut c = s.connect(server.addr).await.unwrap();
     c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
@@ -191,6 +199,60 @@ async fn lease_mode_serves_script_and_token_only_to_the_leased_address_and_only_
         m.contains("kind=\"script\",code=\"403\"") && m.contains("kind=\"token\",code=\"410\""),
         "{m}"
     );
+}
+
+/// Issue 16, IPv6: a machine that booted over IPv6 (its DHCPv6 lease)
+/// gets its script and token from that address, with bootd's IPv6 address
+/// in the script's URLs; any other IPv6 address gets 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_serves_the_script_to_the_dhcpv6_address_of_the_mac() {
+    use anneal_dhcp::v6::LeaseEffect6;
+    let server = start_on("lease", Leases::default(), "[::1]:0").await;
+    server
+        .shared
+        .http_base6
+        .set("http://[fd77::1]:8080".into())
+        .unwrap();
+    let here: std::net::Ipv6Addr = "::1".parse().unwrap();
+    let lease6 = |addr| {
+        server
+            .shared
+            .leases6
+            .lock()
+            .unwrap()
+            .apply(LeaseEffect6::Bind {
+                mac: M1,
+                addr,
+                expires: anneal_bootd::unix_now() + 600,
+            });
+    };
+    let script = "/ipxe/52-54-00-15-00-01";
+    let token = "/token/52-54-00-15-00-01";
+    // leased elsewhere: ::1 is refused, nothing secret
+    lease6("fd77::50".parse().unwrap());
+    for path in [script, token] {
+        let (code, body) = get(&server, IpAddr::V6(here), path).await;
+        assert_eq!(code, 403, "{path}: {}", text(&body));
+        assert!(!contains(&body, TOKEN), "{path}: the token leaked");
+        assert!(text(&body).contains("fd77::50"), "{}", text(&body));
+    }
+    // leased to ::1: the script, its URLs on bootd's IPv6 address
+    lease6(here);
+    let (code, body) = get(&server, IpAddr::V6(here), script).await;
+    let s = text(&body);
+    assert_eq!(code, 200, "{s}");
+    for want in [
+        "initrd --name initrd.img http://[fd77::1]:8080/boot/initrd",
+        "initrd --name anneal-token.cpio http://[fd77::1]:8080/token/52-54-00-15-00-01",
+        "kernel http://[fd77::1]:8080/boot/kernel ",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in\n{s}");
+    }
+    let (code, cpio) = get(&server, IpAddr::V6(here), token).await;
+    assert_eq!(code, 200);
+    assert!(contains(&cpio, TOKEN));
+    // no IPv4 lease was involved: an IPv4 client still needs its own
+    assert!(server.shared.leases().get(&M1).is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -175,7 +175,14 @@ fn config(
 async fn run_case(case: Case) -> anyhow::Result<f64> {
     let kernel = debian_kernel()?;
     let mut ns = Netns::create("bv")?;
-    ns.start_router_advertisements()?;
+    // IPv6 HTTP boot: an IPv6-only segment (no DHCPv4 answers for the
+    // machine), where iPXE too takes its address and script from DHCPv6
+    let v6_only = case.ipv6 && case.http_boot;
+    if v6_only {
+        ns.start_managed_router_advertisements()?;
+    } else {
+        ns.start_router_advertisements()?;
+    }
     let dir = ns.dir();
     let marker = format!("ANNEAL-BOOTD-MARKER-{}", case.name);
     // the kernel logs whether the firmware enforced Secure Boot
@@ -223,6 +230,11 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
             ServerOptions {
                 interface: Some("br0".into()),
                 lease_file: Some(dir.join("leases.json")),
+                // no DHCPv4 on the segment: OVMF's HTTPv4 boot option
+                // times out and its HTTPv6 one runs (with IPv4 switched
+                // off in the firmware, `opt/org.tianocore/IPv4Support=n`,
+                // this OVMF's HTTPv6 boot fails without sending a packet)
+                dhcp_port: if v6_only { 0 } else { 67 },
                 dhcp6: case.ipv6.then(|| anneal_bootd::dhcp6::Dhcp6Options {
                     server_ip: "fd77::1".parse().unwrap(),
                     prefix: "fd77::/64".parse().unwrap(),
@@ -316,7 +328,7 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
             extra.push(format!("name=opt/org.tianocore/{v},string=n"));
         }
     }
-    if case.ipv6 {
+    if case.ipv6 && !case.http_boot {
         extra.push("-fw_cfg".to_string());
         extra.push("name=opt/org.tianocore/IPv4PXESupport,string=n".to_string());
     }
@@ -443,6 +455,13 @@ async fn run_case(case: Case) -> anyhow::Result<f64> {
                 "no proxy offers to firmware and iPXE, {ctx}"
             );
         }
+        Topology::Lease | Topology::Relayed if v6_only => {
+            // iPXE too took its address and its script over DHCPv6
+            anyhow::ensure!(
+                metric(&metrics, "msg_type=\"v6_request\",outcome=\"reply\"") >= 2,
+                "iPXE did not take its address from DHCPv6, {ctx}"
+            );
+        }
         Topology::Lease | Topology::Relayed => {
             anyhow::ensure!(
                 metric(&metrics, "msg_type=\"request\",outcome=\"ack\"") >= 1,
@@ -508,6 +527,17 @@ const UEFI_PXE6: Case = Case {
     ipv6: true,
     ..case("uefi-pxe6", Firmware::Ovmf, "52:54:00:b0:00:08")
 };
+/// UEFI HTTP boot over IPv6 on an IPv6-only segment: DHCPv6 with vendor
+/// class `HTTPClient` (architecture 16) gets option 59
+/// `http://[fd77::1]:8080/files/snponly.efi`; iPXE then takes its address
+/// and script URL from DHCPv6 and fetches the script, kernel and initramfs
+/// over IPv6.
+const UEFI_HTTP6: Case = Case {
+    option_rom: false,
+    http_boot: true,
+    ipv6: true,
+    ..case("uefi-http6", Firmware::Ovmf, "52:54:00:b0:00:0c")
+};
 const SECURE_MS_SHIM: Case = Case {
     option_rom: false,
     secure: Secure::MicrosoftShim,
@@ -549,6 +579,7 @@ async fn firmware_matrix() {
         UEFI_PXE_PROXY,
         SEABIOS_RELAYED,
         UEFI_PXE6,
+        UEFI_HTTP6,
         SECURE_MS_SHIM,
         SECURE_SITE_KEY,
         AARCH64_UEFI,

@@ -53,10 +53,23 @@ impl Netns {
 
     /// Starts radvd on `br0` so iPXE and the kernel get an IPv6 prefix at once.
     pub fn start_router_advertisements(&mut self) -> anyhow::Result<()> {
+        self.radvd_with("", "on")
+    }
+
+    /// radvd on `br0` for an IPv6-only provisioning segment: the managed
+    /// flag set and no SLAAC on the prefix, so clients (iPXE too) take
+    /// their address, and their boot URL, from DHCPv6.
+    pub fn start_managed_router_advertisements(&mut self) -> anyhow::Result<()> {
+        self.radvd_with("  AdvManagedFlag on;\n", "off")
+    }
+
+    fn radvd_with(&mut self, flags: &str, autonomous: &str) -> anyhow::Result<()> {
         let conf = self.dir.path().join("radvd.conf");
         std::fs::write(
             &conf,
-            "interface br0 {\n  AdvSendAdvert on;\n  MinRtrAdvInterval 3;\n  MaxRtrAdvInterval 10;\n  prefix fd77::/64 { AdvOnLink on; AdvAutonomous on; };\n};\n",
+            format!(
+                "interface br0 {{\n  AdvSendAdvert on;\n  MinRtrAdvInterval 3;\n  MaxRtrAdvInterval 10;\n{flags}  prefix fd77::/64 {{ AdvOnLink on; AdvAutonomous {autonomous}; }};\n}};\n"
+            ),
         )?;
         run(self
             .exec("sysctl")
