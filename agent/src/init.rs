@@ -402,7 +402,12 @@ pub fn worker() -> ! {
             "that the machine was booted by bootd (anneal.api, anneal.ca and anneal.token)",
         ),
     };
-    let netcfg = match net::bring_up(params.bootif, params.ip, net::Timeouts::default()) {
+    // an agent API at an IPv6 address: the boot network is IPv6 (DHCPv6)
+    let family = match reg.api.host {
+        crate::cmdline::Host::Ipv6(_) => net::Family::V6,
+        _ => net::Family::V4,
+    };
+    let netcfg = match net::bring_up(params.bootif, params.ip, family, net::Timeouts::default()) {
         Ok(c) => c,
         Err(e) => fail(
             "network",

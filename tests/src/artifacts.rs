@@ -71,10 +71,19 @@ pub fn agent_musl() -> PathBuf {
 /// The static musl agent for aarch64 (the arm64 boot matrix), built if
 /// needed with Debian's cross toolchain (`.cargo/config.toml`;
 /// `tests/setup.d/arm64.sh` installs it): the command of `agent_musl` with
-/// the other target. `tests/run.sh` does not start it early (yet): the
-/// first test that boots it should add it beside the x86_64 build there.
+/// the other target, in a target directory of its own,
+/// [`AARCH64_TARGET_SUBDIR`] under the main one. A cross build locks the
+/// host directory of its profile (`target/agent`, its build scripts and
+/// proc macros) as well as its target's, so in the shared directory it
+/// would hold up every x86_64 agent build while it runs: `tests/run.sh`
+/// starts this exact command in the background while the tests run, and
+/// only the tests that boot the arm64 agent wait for it (on cargo's lock).
 pub fn agent_musl_aarch64() -> PathBuf {
+    let dir = target_dir().join(AARCH64_TARGET_SUBDIR);
+    let dir_s = dir.to_string_lossy().into_owned();
     cargo(&[
+        "--target-dir",
+        &dir_s,
         "--profile",
         "agent",
         "--target",
@@ -84,8 +93,11 @@ pub fn agent_musl_aarch64() -> PathBuf {
         "--bin",
         "anneal-agent",
     ]);
-    target_dir().join("aarch64-unknown-linux-musl/agent/anneal-agent")
+    dir.join("aarch64-unknown-linux-musl/agent/anneal-agent")
 }
+
+/// Where [`agent_musl_aarch64`] builds, under the main target directory.
+pub const AARCH64_TARGET_SUBDIR: &str = "cross-aarch64";
 
 /// The manager (debug build): what the node tests run in their manager
 /// pods (packed with its shared libraries by `node::manager_image`).

@@ -168,3 +168,124 @@ async fn agent_boots_registers_and_reports() {
     let events = std::fs::read_to_string(out.join("events.log")).unwrap();
     assert!(events.starts_with("POST /v1/agent/register -> 200\nPUT /v1/agent/hardware -> 204\n"));
 }
+
+/// Issue 16, "the agent registers over IPv6": with `anneal.api` at an IPv6
+/// literal the agent brings its boot network up over DHCPv6 (here
+/// dnsmasq's, a reference peer; router advertisements from radvd with the
+/// managed flag and no SLAAC, so DHCPv6 is the only way to an address),
+/// adds the address once duplicate address detection passed and registers
+/// over HTTPS at `[fd77::1]:8443`, the certificate's IPv6 SAN checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_registers_over_ipv6() {
+    const MAC6: &str = "52:54:00:a6:00:06";
+    let kernel = debian_kernel().unwrap();
+    let agent = artifacts::agent_musl();
+    let tool = artifacts::initramfs_tool();
+    let fake = artifacts::fake_manager();
+
+    let mut ns = Netns::create("agv6").unwrap();
+    ns.start_managed_router_advertisements().unwrap();
+    let dir = ns.dir();
+    let initrd = dir.join("agent.cpio.zst");
+    artifacts::build_initramfs(&tool, &agent, &kernel.modules, &initrd);
+
+    // DHCPv6 only: no DHCPv4 range, so an agent falling back to IPv4 gets
+    // nothing
+    let _dnsmasq = ChildGroup::spawn(
+        "dnsmasq",
+        ns.exec("dnsmasq")
+            .args([
+                "--no-daemon",
+                "--conf-file=/dev/null",
+                "--port=0",
+                "--interface=br0",
+                "--bind-interfaces",
+                "--dhcp-range=fd77::100,fd77::1ff,64,10m",
+                "--log-dhcp",
+            ])
+            .arg(format!(
+                "--dhcp-leasefile={}",
+                dir.join("dnsmasq.leases").display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("dnsmasq.log")).unwrap()),
+    )
+    .unwrap();
+
+    let out = dir.join("manager");
+    let _manager = ChildGroup::spawn(
+        "fake_manager",
+        ns.exec(fake.to_str().unwrap())
+            .args(["[fd77::1]:8443", TOKEN, "default/vm-agent6"])
+            .arg(&out)
+            .arg("poweroff")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("manager.log")).unwrap()),
+    )
+    .unwrap();
+    let pin_path = out.join("ca.sha256");
+    anneal_tests::eventually(
+        "the fake manager writing its CA pin",
+        Duration::from_secs(60),
+        || async { pin_path.exists() },
+    )
+    .await;
+    let pin = std::fs::read_to_string(&pin_path).expect("fake manager started");
+
+    let mut vm = agent_vm::launch_agent_vm(
+        &ns,
+        &kernel.vmlinuz,
+        &initrd,
+        MAC6,
+        1,
+        768,
+        format!(
+            "console=ttyS0 panic=-1 quiet anneal.api=https://[fd77::1]:8443 anneal.ca={pin} \
+             anneal.token={TOKEN} anneal.machine=default/vm-agent6 BOOTIF={}",
+            agent_vm::bootif(MAC6)
+        ),
+    );
+    let res = vm
+        .wait_for_line(
+            r"anneal: hardware sent|anneal: FAILED: ",
+            Duration::from_secs(240),
+        )
+        .await;
+    let console = vm.serial_text();
+    vm.kill();
+    let line = res.unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{console}"));
+    assert!(
+        line.contains("hardware sent"),
+        "{line}\nconsole:\n{console}"
+    );
+    println!("{console}");
+    for want in [
+        "anneal: DHCPv6 on ",
+        "anneal: DHCPv6 address fd77::1",
+        "anneal: network configured: fd77::1",
+        "anneal: registering with https://[fd77::1]:8443",
+        "anneal: registered as default/vm-agent6",
+    ] {
+        assert!(console.contains(want), "console lacks {want:?}:\n{console}");
+    }
+    assert!(
+        !console.contains("anneal: DHCP lease"),
+        "the agent took an IPv4 lease"
+    );
+    // dnsmasq saw our DUID-LL (the boot MAC) and bound the address
+    let log = std::fs::read_to_string(dir.join("dnsmasq.log")).unwrap();
+    assert!(
+        log.contains("DHCPREPLY(br0) fd77::1"),
+        "dnsmasq bound no address:\n{log}"
+    );
+    assert!(
+        log.contains("00:03:00:01:52:54:00:a6:00:06"),
+        "not a DUID-LL of the boot MAC:\n{log}"
+    );
+    let hw: HardwareReport =
+        serde_json::from_slice(&std::fs::read(out.join("hardware.json")).unwrap()).unwrap();
+    assert_eq!(hw.nics.len(), 1);
+    assert_eq!(hw.nics[0].mac, MAC6);
+    let events = std::fs::read_to_string(out.join("events.log")).unwrap();
+    assert!(events.starts_with("POST /v1/agent/register -> 200\nPUT /v1/agent/hardware -> 204\n"));
+}

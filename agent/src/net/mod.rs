@@ -1,12 +1,14 @@
 //! Bringing the boot network up: pick the NIC (`BOOTIF`, else race every
-//! link with carrier), wait for carrier, DHCP or the static `anneal.ip`,
-//! address and default route over netlink, `/etc/resolv.conf`.
+//! link with carrier), wait for carrier, DHCP or the static `anneal.ip`
+//! (DHCPv6 instead when the agent API is an IPv6 address), address and
+//! default route over netlink, `/etc/resolv.conf`.
 
 pub mod dhcp;
+pub mod dhcp6;
 pub mod netlink;
 
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -31,6 +33,9 @@ pub enum NetError {
     /// DHCP failed on every candidate.
     #[error("DHCP failed on every link with carrier: {0}")]
     Dhcp(String),
+    /// DHCPv6 failed on every candidate.
+    #[error("DHCPv6 failed on every link with carrier: {0}")]
+    Dhcp6(String),
     /// Netlink configuration failed.
     #[error("configuring {ifname}")]
     Configure {
@@ -96,8 +101,8 @@ fn has_carrier(name: &str) -> bool {
 pub struct Configured {
     /// The interface.
     pub iface: Interface,
-    /// Address and prefix.
-    pub address: Ipv4Addr,
+    /// Address.
+    pub address: IpAddr,
     /// Prefix length.
     pub prefix: u8,
     /// Gateway.
@@ -115,6 +120,16 @@ pub struct Timeouts {
     pub dhcp: Duration,
 }
 
+/// Which address family the boot network is brought up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// DHCPv4 (or `anneal.ip`).
+    V4,
+    /// DHCPv6 for one address; the on-link prefix and the router come
+    /// from router advertisements.
+    V6,
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
@@ -128,6 +143,7 @@ impl Default for Timeouts {
 pub fn bring_up(
     bootif: Option<Mac>,
     static_ip: Option<StaticIp>,
+    family: Family,
     timeouts: Timeouts,
 ) -> Result<Configured, NetError> {
     let mut nl = netlink::Netlink::open().map_err(|source| NetError::Configure {
@@ -188,6 +204,9 @@ pub fn bring_up(
             started.elapsed().as_secs_f64()
         );
     }
+    if family == Family::V6 && static_ip.is_none() {
+        return bring_up6(&mut nl, &up, timeouts);
+    }
     let (iface, address, prefix, gateway) = match static_ip {
         Some(s) => {
             let iface = up[0].clone();
@@ -211,7 +230,7 @@ pub fn bring_up(
                 lease.router.map_or("none".to_string(), |g| g.to_string()),
                 lease.lease_secs.unwrap_or(0)
             );
-            write_resolv_conf(&lease.dns);
+            write_resolv_conf(&lease.dns.iter().map(|d| IpAddr::V4(*d)).collect::<Vec<_>>());
             keep_lease(iface.clone(), lease.clone());
             (iface, lease.address, lease.prefix, lease.router)
         }
@@ -233,11 +252,196 @@ pub fn bring_up(
     );
     Ok(Configured {
         iface,
-        address,
+        address: IpAddr::V4(address),
         prefix,
         gateway,
         at: Instant::now(),
     })
+}
+
+/// DHCPv6 on the links with carrier (raced when there are several), the
+/// address added as a /128 with its lifetimes once duplicate address
+/// detection passed, the lease kept.
+fn bring_up6(
+    nl: &mut netlink::Netlink,
+    up: &[Interface],
+    timeouts: Timeouts,
+) -> Result<Configured, NetError> {
+    let (tx, rx) = mpsc::channel();
+    let names: Vec<&str> = up.iter().map(|i| i.name.as_str()).collect();
+    say!("DHCPv6 on {}", names.join(", "));
+    for i in up.iter().cloned() {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name(format!("dhcp6-{}", i.name))
+            .spawn(move || {
+                let r = wait_link_local(&i, Duration::from_secs(10))
+                    .and_then(|()| dhcp6::acquire(&i.name, i.index, i.mac, timeouts.dhcp))
+                    .map_err(|e| error_chain(&e));
+                let _ = tx.send((i, r));
+            })
+            .map_err(|e| NetError::Dhcp6(e.to_string()))?;
+    }
+    drop(tx);
+    let mut errors = Vec::new();
+    let (iface, lease) = loop {
+        match rx.recv() {
+            Ok((i, Ok(l))) => break (i, l),
+            Ok((_, Err(e))) => errors.push(e),
+            Err(_) => return Err(NetError::Dhcp6(errors.join("; "))),
+        }
+    };
+    say!(
+        "DHCPv6 address {} on {}, preferred {} s, valid {} s",
+        lease.address,
+        iface.name,
+        lease.preferred,
+        lease.valid
+    );
+    write_resolv_conf(&lease.dns.iter().map(|d| IpAddr::V6(*d)).collect::<Vec<_>>());
+    nl.add_address6(
+        iface.index,
+        lease.address,
+        128,
+        lease.preferred,
+        lease.valid,
+    )
+    .map_err(|source| NetError::Configure {
+        ifname: iface.name.clone(),
+        source,
+    })?;
+    wait_dad(&iface, lease.address, Duration::from_secs(5))?;
+    keep_lease6(iface.clone(), lease.clone());
+    say!(
+        "network configured: {}/128 on {}",
+        lease.address,
+        iface.name
+    );
+    Ok(Configured {
+        iface,
+        address: IpAddr::V6(lease.address),
+        prefix: 128,
+        gateway: None,
+        at: Instant::now(),
+    })
+}
+
+fn if_inet6() -> String {
+    fs::read_to_string("/proc/net/if_inet6").unwrap_or_default()
+}
+
+/// Waits for the link-local address DHCPv6 sends from.
+fn wait_link_local(i: &Interface, wait: Duration) -> Result<(), dhcp6::Dhcp6Error> {
+    let start = Instant::now();
+    while !dhcp6::link_local_ready(&if_inet6(), i.index) {
+        if start.elapsed() >= wait {
+            return Err(dhcp6::Dhcp6Error::Socket {
+                ifname: i.name.clone(),
+                source: std::io::Error::other(format!(
+                    "no usable IPv6 link-local address within {} s (is IPv6 disabled on the kernel command line?)",
+                    wait.as_secs()
+                )),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Waits until duplicate address detection of `addr` is over.
+fn wait_dad(i: &Interface, addr: Ipv6Addr, wait: Duration) -> Result<(), NetError> {
+    let start = Instant::now();
+    loop {
+        let flags = dhcp6::address_flags(&if_inet6(), i.index, addr);
+        match flags {
+            Some(f) if f & dhcp6::IFA_F_DADFAILED != 0 => {
+                return Err(NetError::Dhcp6(format!(
+                    "{addr} is already in use on {}'s link (duplicate address detection failed): the DHCPv6 server handed out a taken address",
+                    i.name
+                )));
+            }
+            Some(f) if f & dhcp6::IFA_F_TENTATIVE == 0 => return Ok(()),
+            _ if start.elapsed() >= wait => {
+                return Err(NetError::Dhcp6(format!(
+                    "{addr} on {} still tentative after {} s",
+                    i.name,
+                    wait.as_secs()
+                )));
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Keeps the DHCPv6 address: Renew at T1; when renewal fails until the
+/// address is no longer valid, Solicit again and add what it gets.
+fn keep_lease6(iface: Interface, lease: dhcp6::Lease6) {
+    let spawned = std::thread::Builder::new()
+        .name("dhcp6-lease".into())
+        .spawn(move || {
+            let mut lease = lease;
+            loop {
+                let granted = Instant::now();
+                let valid = Duration::from_secs(u64::from(lease.valid));
+                std::thread::sleep(lease.renew_after());
+                let mut renewed = None;
+                while granted.elapsed() < valid {
+                    match dhcp6::renew(
+                        &iface.name,
+                        iface.index,
+                        iface.mac,
+                        &lease,
+                        Duration::from_secs(10),
+                    ) {
+                        Ok(l) => {
+                            renewed = Some(l);
+                            break;
+                        }
+                        Err(e) => {
+                            say!("DHCPv6 renewal on {} failed: {e}; retrying", iface.name);
+                            std::thread::sleep(Duration::from_secs(20));
+                        }
+                    }
+                }
+                let next = match renewed {
+                    Some(l) => {
+                        say!(
+                            "DHCPv6 address {} on {} renewed, valid {} s",
+                            l.address,
+                            iface.name,
+                            l.valid
+                        );
+                        l
+                    }
+                    None => {
+                        say!("DHCPv6 address on {} expired; asking again", iface.name);
+                        match dhcp6::acquire(
+                            &iface.name,
+                            iface.index,
+                            iface.mac,
+                            Duration::from_secs(60),
+                        ) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                say!("DHCPv6 on {} failed: {e}", iface.name);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                // re-added every time: the kernel takes the new lifetimes
+                let applied = netlink::Netlink::open().and_then(|mut nl| {
+                    nl.add_address6(iface.index, next.address, 128, next.preferred, next.valid)
+                });
+                if let Err(e) = applied {
+                    say!("applying the DHCPv6 address failed: {}", error_chain(&e));
+                }
+                lease = next;
+            }
+        });
+    if let Err(e) = spawned {
+        say!("warning: cannot start the DHCPv6 lease keeper: {e}");
+    }
 }
 
 fn wait_for_interfaces(bootif: Option<Mac>, wait: Duration) -> Vec<Interface> {
@@ -287,7 +491,7 @@ fn race_dhcp(up: &[Interface], timeout: Duration) -> Result<(Interface, dhcp::Le
     Err(NetError::Dhcp(errors.join("; ")))
 }
 
-fn write_resolv_conf(dns: &[Ipv4Addr]) {
+fn write_resolv_conf(dns: &[IpAddr]) {
     if dns.is_empty() {
         return;
     }

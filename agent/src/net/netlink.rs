@@ -1,9 +1,9 @@
-//! rtnetlink, just the three requests the agent needs: set a link up, add an
-//! IPv4 address, add a default route. Message building and ack parsing are
+//! rtnetlink, just the requests the agent needs: set a link up, add an
+//! IPv4 or IPv6 address, add a default route. Message building and ack parsing are
 //! pure; [`Netlink`] is the socket.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::sys::socket::{
@@ -40,6 +40,8 @@ const NLM_F_ACK: u16 = 0x4;
 const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_CREATE: u16 = 0x400;
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const IFA_CACHEINFO: u16 = 6;
 const AF_UNSPEC: u8 = 0;
 const IFF_UP: u32 = 0x1;
 const IFA_ADDRESS: u16 = 1;
@@ -111,6 +113,38 @@ pub fn addr_add_msg(seq: u32, ifindex: u32, addr: Ipv4Addr, prefix: u8) -> Vec<u
         let brd = Ipv4Addr::from(u32::from(addr) | !mask);
         attr(&mut b, IFA_BROADCAST, &brd.octets());
     }
+    finish(b)
+}
+
+/// `RTM_NEWADDR` for an IPv6 `addr/prefix` on a link with its preferred and
+/// valid lifetimes (IFA_CACHEINFO), so the kernel drops the address when
+/// it is not renewed. Duplicate address detection runs as usual.
+pub fn addr6_add_msg(
+    seq: u32,
+    ifindex: u32,
+    addr: Ipv6Addr,
+    prefix: u8,
+    preferred: u32,
+    valid: u32,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(80);
+    header(
+        &mut b,
+        RTM_NEWADDR,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        seq,
+    );
+    b.push(AF_INET6);
+    b.push(prefix);
+    b.push(0); // flags
+    b.push(RT_SCOPE_UNIVERSE);
+    b.extend_from_slice(&ifindex.to_ne_bytes());
+    attr(&mut b, IFA_ADDRESS, &addr.octets());
+    let mut cache = Vec::with_capacity(16);
+    cache.extend_from_slice(&preferred.to_ne_bytes());
+    cache.extend_from_slice(&valid.to_ne_bytes());
+    cache.extend_from_slice(&[0u8; 8]); // cstamp, tstamp: the kernel's
+    attr(&mut b, IFA_CACHEINFO, &cache);
     finish(b)
 }
 
@@ -244,6 +278,22 @@ impl Netlink {
         self.request("address", addr_add_msg(seq, ifindex, addr, prefix))
     }
 
+    /// Adds an IPv6 address with its lifetimes.
+    pub fn add_address6(
+        &mut self,
+        ifindex: u32,
+        addr: Ipv6Addr,
+        prefix: u8,
+        preferred: u32,
+        valid: u32,
+    ) -> Result<(), NetlinkError> {
+        let seq = self.next_seq();
+        self.request(
+            "IPv6 address",
+            addr6_add_msg(seq, ifindex, addr, prefix, preferred, valid),
+        )
+    }
+
     /// Adds the default route.
     pub fn add_default_route(
         &mut self,
@@ -277,6 +327,21 @@ mod tests {
         // IFA_LOCAL, IFA_ADDRESS, IFA_BROADCAST
         assert_eq!(&m[24..32], &[8, 0, 2, 0, 10, 77, 0, 50]);
         assert_eq!(&m[40..48], &[8, 0, 4, 0, 10, 77, 0, 255]);
+    }
+
+    #[test]
+    fn addr6_message_layout() {
+        let a: Ipv6Addr = "fd77::150".parse().unwrap();
+        let m = addr6_add_msg(8, 2, a, 128, 600, 900);
+        assert_eq!(m.len(), 16 + 8 + 20 + 20);
+        assert_eq!(&m[16..20], &[AF_INET6, 128, 0, 0]);
+        assert_eq!(u32::from_ne_bytes(m[20..24].try_into().unwrap()), 2);
+        // IFA_ADDRESS, then IFA_CACHEINFO {preferred, valid, 0, 0}
+        assert_eq!(&m[24..28], &[20, 0, 1, 0]);
+        assert_eq!(&m[28..44], &a.octets());
+        assert_eq!(&m[44..48], &[20, 0, 6, 0]);
+        assert_eq!(u32::from_ne_bytes(m[48..52].try_into().unwrap()), 600);
+        assert_eq!(u32::from_ne_bytes(m[52..56].try_into().unwrap()), 900);
     }
 
     #[test]
