@@ -7,7 +7,11 @@ runs as `cargo test` would run it: from its package's directory, with the
 environment cargo sets (CARGO, CARGO_MANIFEST_DIR, CARGO_PKG_*, ...) and
 `--test-threads`. The binaries named with --first start first, in that order
 (the known-long ones, longest first), then the others in cargo's order, then
-the doctests (`cargo test --workspace --doc`). Each binary writes its own log;
+the doctests (`cargo test --workspace --doc`). With --tail-lanes N (more
+than --lanes), N - lanes more lanes open once the --tail-after binary has
+started (default: once every --first one has): the rest are short binaries
+bound by start-up latency (a control plane, a namespace, a process) rather
+than by the cores, which two lanes left half idle. Each binary writes its own log;
 a log is printed whole when its binary ends, never interleaved with another.
 At the end: every binary's time, then every failed test and binary with the
 command that reruns it and the path of its log. Exit status 1 if anything
@@ -54,6 +58,7 @@ class Job:
         self.rc = None
         self.seconds = 0.0
         self.lane = None
+        self.opens_tail = False   # its start opens the tail lanes
 
 
 def package_env(pkg, target_name, cargo, extra_ld):
@@ -167,6 +172,12 @@ def main():
                     help="cargo test --no-run --message-format=json output")
     ap.add_argument("--root", required=True, help="the workspace root")
     ap.add_argument("--lanes", type=int, default=2)
+    ap.add_argument("--tail-lanes", type=int, default=0,
+                    help="lanes once the --tail-after binary has started "
+                         "(default: --lanes)")
+    ap.add_argument("--tail-after", default=None,
+                    help="the test target whose start opens the tail lanes "
+                         "(default: the first binary not named by --first)")
     ap.add_argument("--test-threads", type=int, default=4)
     ap.add_argument("--log-dir", required=True)
     ap.add_argument("--first", action="append", default=[],
@@ -198,20 +209,43 @@ def main():
     done = queue.Queue()
     started = time.monotonic()
 
+    # the tail opens when a lane starts the --tail-after binary (else the
+    # first one not named by --first)
+    tail = threading.Event()
+    after = args.tail_after
+    if after is None:
+        after = next((j.target for j in jobs if j.target not in args.first), None)
+    mark = next((j for j in jobs if j.target == after), None)
+    if mark is None:
+        if args.tail_after:
+            print(f"lanes: --tail-after {args.tail_after}: no such test binary", flush=True)
+        tail.set()
+    else:
+        mark.opens_tail = True
+
     def lane(n):
+        if n > args.lanes:
+            tail.wait()
         while True:
             try:
                 job = todo.get_nowait()
             except queue.Empty:
+                tail.set()  # nothing left: let the tail lanes end
                 return
+            if job.opens_tail:
+                tail.set()
             job.lane = n
             done.put(("start", job))
             run_job(job)
             done.put(("end", job))
 
+    args.lanes = max(1, args.lanes)
+    n_lanes = max(args.lanes, args.tail_lanes)
     threads = [threading.Thread(target=lane, args=(n,), daemon=True)
-               for n in range(1, max(1, args.lanes) + 1)]
-    print(f"lanes: {len(jobs)} test binaries in {len(threads)} lanes, "
+               for n in range(1, n_lanes + 1)]
+    tail_note = (f" ({n_lanes} once {after} has started)"
+                 if n_lanes > args.lanes else "")
+    print(f"lanes: {len(jobs)} test binaries in {args.lanes} lanes{tail_note}, "
           f"--test-threads={args.test_threads}, logs in {args.log_dir}", flush=True)
     for t in threads:
         t.start()

@@ -24,6 +24,12 @@
 //!
 //! then powers off. The DMI serial is what QEMU's `-smbios type=1,serial=NAME`
 //! sets. See docs/testos.md.
+//!
+//! [`test_os_secure_boot`] is the same disk booting the way a Debian
+//! install does under Secure Boot: its ESP holds Debian's signed shim and
+//! signed GRUB in `\EFI\debian\` with a `grub.cfg` there, and Debian's
+//! signed kernel with the same initramfs beside them; no UKI (systemd's
+//! stub is not signed by anyone a firmware trusts).
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -48,6 +54,8 @@ pub const BUSYBOX: &str = "/bin/busybox";
 pub const LOADER_PATH: &str = r"\EFI\anneal\linux.efi";
 /// The OS loader inside the ESP, as mtools spells it.
 pub const LOADER_MTOOLS: &str = "::/EFI/anneal/linux.efi";
+/// The Secure Boot test OS's loader: Debian's signed shim.
+pub const SHIM_LOADER_PATH: &str = r"\EFI\debian\shimx64.efi";
 
 /// GPT disk GUID.
 pub const DISK_GUID: &str = "a2b3c4d5-0000-4a11-9e00-7e570500d15c";
@@ -368,7 +376,41 @@ pub fn test_os() -> anyhow::Result<TestOs> {
 /// marker), its UKI built from that architecture's kernel, stub and
 /// initramfs, its console on that architecture's serial port.
 pub fn test_os_for(arch: Arch) -> anyhow::Result<TestOs> {
-    let recipe = Recipe::of(arch)?;
+    cached_build(Recipe::of(arch)?, Loader::Uki)
+}
+
+/// The x86_64 test OS booting through Debian's signed shim and GRUB and
+/// Debian's signed kernel (a Secure Boot firmware with the Microsoft keys
+/// runs it): the same layout, root and marker as [`test_os`]; its ESP
+/// holds `\EFI\debian\{shimx64.efi, grubx64.efi, mmx64.efi?, grub.cfg}`,
+/// `\vmlinuz` and `\initrd.img`. Debian's monolithic signed GRUB reads
+/// `grub.cfg` from its prefix, `/EFI/debian`, also when shim runs it from
+/// `\EFI\BOOT\` (the removable path the deploy installs).
+pub fn test_os_secure_boot() -> anyhow::Result<TestOs> {
+    let sb = cache_dir().join("secureboot");
+    let shim = sb.join("shimx64.efi");
+    let grub = sb.join("grubx64-disk.efi");
+    for p in [&shim, &grub] {
+        anyhow::ensure!(
+            p.is_file(),
+            "{} is missing: tests/setup.d/secureboot.sh fetches Debian's signed shim and GRUB",
+            p.display()
+        );
+    }
+    cached_build(Recipe::of(Arch::X86_64)?, Loader::Shim { shim, grub })
+}
+
+/// How the test OS boots from its ESP.
+#[derive(Debug, Clone)]
+enum Loader {
+    /// `\EFI\anneal\linux.efi`, a UKI.
+    Uki,
+    /// `\EFI\debian\shimx64.efi` → `grubx64.efi` → `\vmlinuz`.
+    Shim { shim: PathBuf, grub: PathBuf },
+}
+
+fn cached_build(recipe: Recipe, loader: Loader) -> anyhow::Result<TestOs> {
+    let arch = recipe.arch;
     let kernel = &recipe.kernel;
     let mut h = Sha256::new();
     h.update(RECIPE);
@@ -384,10 +426,19 @@ pub fn test_os_for(arch: Arch) -> anyhow::Result<TestOs> {
     h.update(cmdline_for(arch));
     h.update(esp_mib(arch).to_le_bytes());
     h.update(MODULES.join(","));
+    if let Loader::Shim { shim, grub } = &loader {
+        h.update(b"shim");
+        h.update(sha256_file(shim)?);
+        h.update(sha256_file(grub)?);
+        h.update(shim_grub_cfg(arch));
+    }
     let key = hex::encode(&h.finalize()[..8]);
     let base = cache_dir().join("testos");
     let dir = base.join(&key);
-    let os = describe(&dir, arch);
+    let mut os = describe(&dir, arch);
+    if matches!(loader, Loader::Shim { .. }) {
+        os.loader = SHIM_LOADER_PATH.to_string();
+    }
     if dir.join("testos.json").is_file() {
         return Ok(os);
     }
@@ -397,7 +448,7 @@ pub fn test_os_for(arch: Arch) -> anyhow::Result<TestOs> {
         .prefix(&format!(".build-{key}-"))
         .tempdir_in(&base)?;
     let started = Instant::now();
-    build(tmp.path(), &recipe)
+    build(tmp.path(), &recipe, &loader)
         .with_context(|| format!("building the test OS in {}", tmp.path().display()))?;
     let manifest = serde_json::json!({
         "image": "disk.img",
@@ -470,15 +521,21 @@ fn describe(dir: &Path, arch: Arch) -> TestOs {
 }
 
 /// Builds everything into `dir` (ends with `dir/disk.img`).
-fn build(dir: &Path, recipe: &Recipe) -> anyhow::Result<()> {
+fn build(dir: &Path, recipe: &Recipe, loader: &Loader) -> anyhow::Result<()> {
     let initrd = dir.join("initrd.img");
     write_initramfs(dir, &recipe.kernel, &recipe.busybox, &initrd)?;
-    let uki = dir.join("linux.efi");
-    build_uki(dir, recipe, &initrd, &uki)?;
-
     let [esp, swap, root] = partitions_for(recipe.arch);
     let esp_img = dir.join("esp.img");
-    build_esp(&esp_img, esp.len(), &uki)?;
+    match loader {
+        Loader::Uki => {
+            let uki = dir.join("linux.efi");
+            build_uki(dir, recipe, &initrd, &uki)?;
+            build_esp(&esp_img, esp.len(), &uki)?;
+        }
+        Loader::Shim { shim, grub } => {
+            build_esp_shim(dir, &esp_img, esp.len(), recipe, shim, grub, &initrd)?;
+        }
+    }
     let swap_img = dir.join("swap.img");
     fs::File::create(&swap_img)?.set_len(swap.len())?;
     run(Command::new("mkswap")
@@ -732,6 +789,28 @@ fn mtools(args: &[&str], image: &str) -> anyhow::Result<String> {
 }
 
 fn build_esp(esp: &Path, len: u64, uki: &Path) -> anyhow::Result<()> {
+    mkfs_esp(esp, len)?;
+    let img = esp.display().to_string();
+    mtools(&["mmd", "::/EFI", "::/EFI/anneal"], &img)?;
+    set_mtime(uki)?;
+    let uki_s = uki.display().to_string();
+    mtools(&["mcopy", "-m", &uki_s, LOADER_MTOOLS], &img)?;
+    fs::remove_file(uki)?;
+    Ok(())
+}
+
+/// The `grub.cfg` of the Secure Boot test OS: the kernel and initramfs
+/// from the ESP GRUB was started from, the test OS's command line with
+/// `loglevel=6` last, so the kernel's Secure Boot and lockdown messages
+/// reach the console.
+fn shim_grub_cfg(arch: Arch) -> String {
+    format!(
+        "set timeout=0\necho 'anneal test OS: GRUB under shim'\nlinux /vmlinuz {} loglevel=6\ninitrd /initrd.img\nboot\n",
+        cmdline_for(arch)
+    )
+}
+
+fn mkfs_esp(esp: &Path, len: u64) -> anyhow::Result<()> {
     run(Command::new("mkfs.vfat")
         .args([
             "-F",
@@ -746,12 +825,43 @@ fn build_esp(esp: &Path, len: u64, uki: &Path) -> anyhow::Result<()> {
         .arg(esp)
         .arg((len / 1024).to_string()))
     .context("mkfs.vfat (package dosfstools)")?;
+    Ok(())
+}
+
+/// The ESP of [`test_os_secure_boot`]: shim, GRUB and `grub.cfg` under
+/// `\EFI\debian\`, the signed kernel and the initramfs at the root.
+fn build_esp_shim(
+    dir: &Path,
+    esp: &Path,
+    len: u64,
+    recipe: &Recipe,
+    shim: &Path,
+    grub: &Path,
+    initrd: &Path,
+) -> anyhow::Result<()> {
+    mkfs_esp(esp, len)?;
     let img = esp.display().to_string();
-    mtools(&["mmd", "::/EFI", "::/EFI/anneal"], &img)?;
-    set_mtime(uki)?;
-    let uki_s = uki.display().to_string();
-    mtools(&["mcopy", "-m", &uki_s, LOADER_MTOOLS], &img)?;
-    fs::remove_file(uki)?;
+    mtools(&["mmd", "::/EFI", "::/EFI/debian"], &img)?;
+    let cfg = dir.join("grub.cfg");
+    fs::write(&cfg, shim_grub_cfg(recipe.arch))?;
+    let staged: Vec<(PathBuf, &str)> = vec![
+        (shim.to_path_buf(), "::/EFI/debian/shimx64.efi"),
+        (grub.to_path_buf(), "::/EFI/debian/grubx64.efi"),
+        (cfg.clone(), "::/EFI/debian/grub.cfg"),
+        (recipe.kernel.vmlinuz.clone(), "::/vmlinuz"),
+        (initrd.to_path_buf(), "::/initrd.img"),
+    ];
+    for (src, dest) in &staged {
+        // mcopy -m keeps the source's mtime: copy to the build dir first so
+        // the epoch can be set without touching the cache's files
+        let tmp = dir.join("esp-file");
+        fs::copy(src, &tmp)?;
+        set_mtime(&tmp)?;
+        let tmp_s = tmp.display().to_string();
+        mtools(&["mcopy", "-m", &tmp_s, dest], &img)?;
+        fs::remove_file(&tmp)?;
+    }
+    fs::remove_file(&cfg)?;
     Ok(())
 }
 

@@ -234,18 +234,30 @@ async fn replayed_fetches_get_nothing(lab: &Lab) {
 /// Issue 16: a machine whose firmware enforces Secure Boot with the
 /// Microsoft keys boots the agent through Debian's signed shim, signed
 /// network GRUB and signed kernel (`bootLoader: shim`), with our initramfs,
-/// and the agent reports Secure Boot on.
+/// and the agent reports Secure Boot on. Then the Secure Boot test OS
+/// (`testos::test_os_secure_boot`: Debian's signed shim, GRUB and kernel on
+/// its ESP) is deployed: install-removable-fallback puts shim first, as
+/// `\EFI\BOOT\BOOTX64.EFI` with GRUB beside it, the efibootmgr entry
+/// points there, and the firmware, still enforcing, boots the deployed OS
+/// through its own shim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_secure_boot_machine_boots_through_shim_and_is_inspected() {
+async fn a_secure_boot_machine_boots_through_shim_is_inspected_and_deployed() {
+    let os = tokio::task::spawn_blocking(anneal_tests::testos::test_os_secure_boot);
     let mut lab = Lab::start_with(
         &|s| println!("e2e-sb: {s}"),
         e2e::LabOptions {
             secure_boot: true,
+            deploy: true,
             ..Default::default()
         },
     )
     .await
     .unwrap();
+    let os = os.await.unwrap().unwrap();
+    let _server = lab
+        .serve_and_import(&[("testos-sb", &os.image, true)], Duration::from_secs(900))
+        .await
+        .unwrap();
     lab.launch_vm().await.unwrap();
     lab.enrol().await.unwrap();
     let res = lab
@@ -288,4 +300,52 @@ async fn a_secure_boot_machine_boots_through_shim_and_is_inspected() {
         .expect("firmware in the inventory");
     assert!(fw.secure_boot, "{}", e2e::summary(&hw));
     println!("e2e-sb: {}", e2e::summary(&hw));
+
+    // deployed; the firmware, still enforcing, boots it through its shim
+    let claimed = std::time::Instant::now();
+    lab.claim(
+        "deploy",
+        "testos-sb",
+        e2e::DEPLOY_DISKS[0].1,
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    lab.wait_state(
+        "Provisioned",
+        Duration::from_secs(900),
+        &mut e2e::print_states("e2e-sb"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{}", e2e::tail(&lab.console(), 80)));
+    lab.wait_deployed_os(&os.marker_sha256).await.unwrap();
+    println!(
+        "e2e-sb: claim → the deployed OS's marker in {:.1} s",
+        claimed.elapsed().as_secs_f64()
+    );
+    let console = lab.console();
+    let deployed = console
+        .rsplit_once("install-removable-fallback")
+        .map_or("", |(_, after)| after);
+    for want in [
+        // the deployed ESP's own chain, not bootd's network GRUB
+        "anneal test OS: GRUB under shim",
+        // the firmware still enforcing: the kernel's EFI stub and lockdown
+        "EFI stub: UEFI Secure Boot is enabled.",
+        "Kernel is locked down from EFI Secure Boot",
+    ] {
+        assert!(
+            deployed.contains(want),
+            "after the deploy the console lacks {want:?}:\n{}",
+            e2e::tail(&console, 80)
+        );
+    }
+    assert!(
+        console.contains(
+            r"install-removable-fallback: \EFI\debian\shimx64.efi -> \EFI\BOOT\BOOTX64.EFI"
+        ),
+        "shim is not the removable loader:\n{}",
+        e2e::tail(&console, 120)
+    );
+    assert_eq!(lab.anneal_boot_entry().unwrap(), r"\EFI\BOOT\BOOTX64.EFI");
 }
