@@ -294,6 +294,17 @@ impl ChunkTracker {
             .unwrap_or(false)
     }
 
+    /// anneal: the chunk has been received (and written) for a piece not
+    /// yet verified; a piece taken over from another peer asks only for the
+    /// chunks it lacks.
+    pub fn is_chunk_downloaded(&self, chunk: &ChunkInfo) -> bool {
+        let range = self.lengths.chunk_range(chunk.piece_index);
+        self.chunk_status
+            .get(range)
+            .and_then(|s| s.get(chunk.chunk_index as usize).map(|b| *b))
+            .unwrap_or(false)
+    }
+
     pub fn get_remaining_bytes(&self) -> u64 {
         self.hns.needed_bytes
     }
@@ -670,6 +681,43 @@ mod tests {
         assert!(ct.queue_pieces[0]);
         assert!(ct.queue_pieces[1]);
         assert!(ct.queue_pieces[2]);
+    }
+
+    // anneal: a piece taken over from another peer asks only for the chunks
+    // not yet received; a failed hash check forgets them.
+    #[test]
+    fn anneal_received_chunks_are_known_until_the_hash_fails() {
+        let piece_len = CHUNK_SIZE * 2;
+        let l = Lengths::new(piece_len as u64 * 2, piece_len).unwrap();
+        let files = vec![FileInfo {
+            relative_filename: "0".into(),
+            offset_in_torrent: 0,
+            piece_range: 0..2,
+            len: piece_len as u64 * 2,
+            attrs: Default::default(),
+        }];
+        let bf_len = l.piece_bitfield_bytes();
+        let have = BF::from_boxed_slice(vec![0u8; bf_len].into_boxed_slice());
+        let mut selected = BF::from_boxed_slice(vec![0u8; bf_len].into_boxed_slice());
+        selected.get_mut(0..2).unwrap().fill(true);
+        let mut ct = ChunkTracker::new(have.into_dyn(), selected, l, &files).unwrap();
+        let p1 = l.validate_piece_index(1).unwrap();
+        let chunks: Vec<_> = l.iter_chunk_infos(p1).collect();
+        assert_eq!(chunks.len(), 2);
+        assert!(!ct.is_chunk_downloaded(&chunks[0]));
+        let data = vec![7u8; CHUNK_SIZE as usize];
+        let piece = peer_binary_protocol::Piece::from_data(1, chunks[1].offset, &data);
+        assert!(matches!(
+            ct.mark_chunk_downloaded(&piece),
+            Some(super::ChunkMarkingResult::NotCompleted)
+        ));
+        assert!(!ct.is_chunk_downloaded(&chunks[0]));
+        assert!(ct.is_chunk_downloaded(&chunks[1]));
+        // the other piece's chunks are untouched
+        let p0 = l.validate_piece_index(0).unwrap();
+        assert!(l.iter_chunk_infos(p0).all(|c| !ct.is_chunk_downloaded(&c)));
+        ct.mark_piece_broken_if_not_have(p1);
+        assert!(!ct.is_chunk_downloaded(&chunks[1]));
     }
 
     // Between its last chunk arriving and its hash passing, a piece is neither queued,

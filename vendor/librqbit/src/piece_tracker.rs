@@ -179,8 +179,15 @@ impl PieceTracker {
         P: Fn(ValidPieceIndex) -> bool,
         S: Fn(ValidPieceIndex) -> bool,
     {
-        // 1. Try steal with 10x threshold (very slow peer)
-        if let Some(result) = self.try_steal(&req, 10.0) {
+        // 1. Try steal with 10x threshold (very slow peer). anneal: not
+        // with rarest-first, where a piece is stolen only when this peer
+        // has nothing to reserve (step 3): in a swarm whose links are full,
+        // every uploader serves several peers at once and a piece takes
+        // many times a fast peer's average, so the early steal fired all
+        // the time, and each steal re-fetched chunks already on their way.
+        if self.availability.is_none()
+            && let Some(result) = self.try_steal(&req, 10.0)
+        {
             return result;
         }
 
@@ -927,6 +934,56 @@ mod tests {
         let mut rest: Vec<_> = (0..4).map(|_| ask(&mut tracker).unwrap()).collect();
         rest.sort();
         assert_eq!(rest, [0, 2, 3, 5]);
+    }
+
+    // anneal: with rarest-first, a piece in flight from a slow peer is not
+    // stolen while the asking peer can reserve a queued piece; once nothing
+    // is left to reserve, it is (the 3x rule). The stock tracker steals at
+    // once (the 10x rule).
+    #[test]
+    fn anneal_rarest_first_steals_only_when_nothing_is_queued() {
+        let file_infos = make_test_file_infos(2);
+        let file_priorities = make_default_file_priorities(&file_infos);
+        let ask = |tracker: &mut PieceTracker, who: PeerHandle, avg: Option<Duration>| {
+            tracker.acquire_piece(AcquireRequest {
+                peer: who,
+                peer_avg_time: avg,
+                priority_pieces: std::iter::empty(),
+                file_priorities: &file_priorities,
+                file_infos: &file_infos,
+                peer_has_piece: |_| true,
+                can_steal: |_| true,
+                peer_is_seeder: false,
+                live_seeders: 0,
+                stripe: None,
+            })
+        };
+        let fast = Some(Duration::from_micros(100));
+        for rarest in [true, false] {
+            let mut tracker =
+                PieceTracker::new(make_test_chunk_tracker(2)).with_rarest_first(rarest);
+            tracker.on_peer_pieces([], [0, 1]);
+            let slow = match ask(&mut tracker, peer(1), None) {
+                AcquireResult::Reserved(p) => p,
+                r => panic!("expected Reserved, got {r:?}"),
+            };
+            // the slow peer's piece has been in flight for more than 10x
+            // the fast peer's average
+            std::thread::sleep(Duration::from_millis(5));
+            match (rarest, ask(&mut tracker, peer(2), fast)) {
+                (true, AcquireResult::Reserved(p)) => {
+                    assert_ne!(p, slow);
+                    match ask(&mut tracker, peer(2), fast) {
+                        AcquireResult::Stolen { piece, from_peer } => {
+                            assert_eq!((piece, from_peer), (slow, peer(1)));
+                        }
+                        r => panic!("nothing queued: expected Stolen, got {r:?}"),
+                    }
+                }
+                (false, AcquireResult::Stolen { piece, .. }) => assert_eq!(piece, slow),
+                (_, r) => panic!("rarest-first {rarest}: unexpected {r:?}"),
+            }
+        }
     }
 
     #[test]

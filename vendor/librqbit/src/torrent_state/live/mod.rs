@@ -1787,6 +1787,17 @@ impl PeerHandler {
             };
 
             for chunk in self.state.lengths.iter_chunk_infos(next) {
+                // anneal: with rarest-first, a chunk already received (a
+                // piece taken over from a slower peer) is not asked again.
+                if self.state.shared.options.rarest_first
+                    && self
+                        .state
+                        .lock_read("is_chunk_downloaded")
+                        .get_chunks()
+                        .is_ok_and(|c| c.is_chunk_downloaded(&chunk))
+                {
+                    continue;
+                }
                 let request = Request {
                     index: next.get(),
                     begin: chunk.offset,
