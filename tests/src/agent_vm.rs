@@ -65,3 +65,35 @@ pub fn launch_agent_vm(
     };
     anneal_testinfra::Vm::launch(&cfg, Some(ns)).unwrap()
 }
+
+/// The agent-protocol test server (`fake_manager` at `bin`) in `ns`: it
+/// listens on `listen`, takes `token` for `machine` ("namespace/name"),
+/// records what the agent sends under `out` (`dir/manager`) and answers
+/// its `next` with poweroff; its log is `dir/manager.log`. Returned once it
+/// has written its CA's SHA-256 pin, with the pin (for `anneal.ca=`).
+pub async fn fake_manager(
+    ns: &anneal_testinfra::Netns,
+    bin: &Path,
+    (listen, token, machine): (&str, &str, &str),
+    dir: &Path,
+) -> anyhow::Result<(anneal_testinfra::ChildGroup, std::path::PathBuf, String)> {
+    let out = dir.join("manager");
+    let server = anneal_testinfra::ChildGroup::spawn(
+        "fake_manager",
+        ns.exec(&bin.to_string_lossy())
+            .args([listen, token, machine])
+            .arg(&out)
+            .arg("poweroff")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("manager.log"))?),
+    )?;
+    let pin_path = out.join("ca.sha256");
+    crate::eventually(
+        "the fake manager writing its CA pin",
+        std::time::Duration::from_secs(60),
+        || async { pin_path.exists() },
+    )
+    .await;
+    let pin = std::fs::read_to_string(&pin_path)?;
+    Ok((server, out, pin.trim().to_owned()))
+}

@@ -875,6 +875,33 @@ impl Lab {
         self.claim_for(MACHINE, name, image, serial, extra).await
     }
 
+    /// Claims the lab's Machine for `image` on the first deploy disk
+    /// (claim `deploy`), waits for Provisioned (its states printed under
+    /// `tag`; a failure panics with the console's tail) and for the deployed
+    /// OS's marker (`marker_sha256`). Prints and returns the seconds from
+    /// the claim to each.
+    pub async fn deploy_and_boot(&self, image: &str, tag: &str, marker_sha256: &str) -> (f64, f64) {
+        let claimed = std::time::Instant::now();
+        self.claim("deploy", image, DEPLOY_DISKS[0].1, serde_json::json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        self.wait_state(
+            "Provisioned",
+            Duration::from_secs(900),
+            &mut print_states(tag),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{}", tail(&self.console(), 80)));
+        let provisioned = claimed.elapsed().as_secs_f64();
+        println!("{tag}: claim → Provisioned in {provisioned:.1} s");
+        self.wait_deployed_os(marker_sha256)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let booted = claimed.elapsed().as_secs_f64();
+        println!("{tag}: claim → the deployed OS's marker in {booted:.1} s");
+        (provisioned, booted)
+    }
+
     /// [`Lab::claim`] for Machine `machine`.
     pub async fn claim_for(
         &self,

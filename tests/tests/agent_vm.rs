@@ -35,25 +35,14 @@ async fn agent_boots_registers_and_reports() {
     let _dnsmasq = agent_vm::dnsmasq(&ns);
 
     // The agent API stand-in, inside the namespace on the bridge address.
-    let out = dir.join("manager");
-    let _manager = ChildGroup::spawn(
-        "fake_manager",
-        ns.exec(fake.to_str().unwrap())
-            .args(["10.77.0.1:8443", TOKEN, "default/vm-agent"])
-            .arg(&out)
-            .arg("poweroff")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("manager.log")).unwrap()),
+    let (_manager, out, pin) = agent_vm::fake_manager(
+        &ns,
+        &fake,
+        ("10.77.0.1:8443", TOKEN, "default/vm-agent"),
+        &dir,
     )
+    .await
     .unwrap();
-    let pin_path = out.join("ca.sha256");
-    anneal_tests::eventually(
-        "the fake manager writing its CA pin",
-        Duration::from_secs(60),
-        || async { pin_path.exists() },
-    )
-    .await;
-    let pin = std::fs::read_to_string(&pin_path).expect("fake manager started");
 
     let mut disks = Vec::new();
     for (bus, serial, mib) in [
@@ -212,25 +201,14 @@ async fn agent_registers_over_ipv6() {
     )
     .unwrap();
 
-    let out = dir.join("manager");
-    let _manager = ChildGroup::spawn(
-        "fake_manager",
-        ns.exec(fake.to_str().unwrap())
-            .args(["[fd77::1]:8443", TOKEN, "default/vm-agent6"])
-            .arg(&out)
-            .arg("poweroff")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("manager.log")).unwrap()),
+    let (_manager, out, pin) = agent_vm::fake_manager(
+        &ns,
+        &fake,
+        ("[fd77::1]:8443", TOKEN, "default/vm-agent6"),
+        &dir,
     )
+    .await
     .unwrap();
-    let pin_path = out.join("ca.sha256");
-    anneal_tests::eventually(
-        "the fake manager writing its CA pin",
-        Duration::from_secs(60),
-        || async { pin_path.exists() },
-    )
-    .await;
-    let pin = std::fs::read_to_string(&pin_path).expect("fake manager started");
 
     let mut vm = agent_vm::launch_agent_vm(
         &ns,

@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anneal_api::agent::{FirmwareMode, HardwareReport};
@@ -17,8 +16,8 @@ use anneal_tests::artifacts;
 
 use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig};
 use anneal_testinfra::{
-    ChildGroup, Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel, debian_kernel_arm64,
-    smoke_initramfs, smoke_initramfs_with,
+    Firmware, Netns, NicConfig, Vm, VmConfig, debian_kernel, debian_kernel_arm64, smoke_initramfs,
+    smoke_initramfs_with,
 };
 
 /// Issue 3's lease renewal across a bootd restart, with real VMs
@@ -262,25 +261,15 @@ async fn run_case(case: Case, agent: Option<AgentBits>) -> anyhow::Result<f64> {
         } else {
             ("10.77.0.1:8443", "https://10.77.0.1:8443")
         };
-        let out = dir.join("manager");
-        let server = ChildGroup::spawn(
-            "fake_manager",
-            ns.exec(&bits.fake_manager.to_string_lossy())
-                .args([listen, TOKEN, &format!("lab/{}", case.name)])
-                .arg(&out)
-                .arg("poweroff")
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(dir.join("manager.log"))?),
-        )?;
-        let pin_path = out.join("ca.sha256");
-        anneal_tests::eventually(
-            "the fake manager writing its CA pin",
-            Duration::from_secs(60),
-            || async { pin_path.exists() },
+        let machine = format!("lab/{}", case.name);
+        let (server, out, pin) = anneal_tests::agent_vm::fake_manager(
+            &ns,
+            &bits.fake_manager,
+            (listen, TOKEN, &machine),
+            &dir,
         )
-        .await;
-        let pin = std::fs::read_to_string(&pin_path)?;
-        agent_run = Some((server, out, url, pin.trim().to_string()));
+        .await?;
+        agent_run = Some((server, out, url, pin));
     }
     let initrd = match (&agent_run, &agent) {
         (Some(_), Some(bits)) => bits.initrd.clone(),

@@ -73,31 +73,8 @@ async fn an_arm64_machine_is_inspected_deployed_and_boots_its_os() {
     assert!(!fw.secure_boot);
 
     // deployed, and the deployed OS boots from its disk
-    let claimed = Instant::now();
-    lab.claim(
-        "deploy",
-        "testos",
-        e2e::DEPLOY_DISKS[0].1,
-        serde_json::json!({}),
-    )
-    .await
-    .unwrap();
-    lab.wait_state(
-        "Provisioned",
-        Duration::from_secs(900),
-        &mut e2e::print_states("e2e-arm64"),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{}", e2e::tail(&lab.console(), 80)));
-    println!(
-        "e2e-arm64: claim → Provisioned in {:.1} s",
-        claimed.elapsed().as_secs_f64()
-    );
-    lab.wait_deployed_os(&os.marker_sha256).await.unwrap();
-    println!(
-        "e2e-arm64: claim → the deployed OS's marker in {:.1} s",
-        claimed.elapsed().as_secs_f64()
-    );
+    lab.deploy_and_boot("testos", "e2e-arm64", &os.marker_sha256)
+        .await;
     // AAVMF booted the entry the agent wrote: the arm64 removable path
     assert_eq!(lab.anneal_boot_entry().unwrap(), r"\EFI\BOOT\BOOTAA64.EFI");
 }

@@ -302,27 +302,8 @@ async fn a_secure_boot_machine_boots_through_shim_is_inspected_and_deployed() {
     println!("e2e-sb: {}", e2e::summary(&hw));
 
     // deployed; the firmware, still enforcing, boots it through its shim
-    let claimed = std::time::Instant::now();
-    lab.claim(
-        "deploy",
-        "testos-sb",
-        e2e::DEPLOY_DISKS[0].1,
-        serde_json::json!({}),
-    )
-    .await
-    .unwrap();
-    lab.wait_state(
-        "Provisioned",
-        Duration::from_secs(900),
-        &mut e2e::print_states("e2e-sb"),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{}", e2e::tail(&lab.console(), 80)));
-    lab.wait_deployed_os(&os.marker_sha256).await.unwrap();
-    println!(
-        "e2e-sb: claim → the deployed OS's marker in {:.1} s",
-        claimed.elapsed().as_secs_f64()
-    );
+    lab.deploy_and_boot("testos-sb", "e2e-sb", &os.marker_sha256)
+        .await;
     let console = lab.console();
     let deployed = console
         .rsplit_once("install-removable-fallback")
