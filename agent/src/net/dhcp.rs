@@ -6,18 +6,16 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use dhcproto::v4::{
     self, CLIENT_PORT, DhcpOption, Flags, Message, MessageType, Opcode, OptionCode, SERVER_PORT,
 };
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};
-use nix::sys::socket::{
-    AddressFamily, SockFlag, SockType, SockaddrIn, bind, setsockopt, socket, sockopt,
-};
 
 use anneal_api::Mac;
+
+use super::udp::left;
 
 /// A DHCP failure.
 #[derive(Debug, thiserror::Error)]
@@ -243,28 +241,11 @@ pub fn parse_reply(buf: &[u8], xid: u32, mac: Mac) -> Option<Reply> {
 }
 
 fn socket_for(ifname: &str) -> Result<UdpSocket, DhcpError> {
-    let err = |e: nix::Error| DhcpError::Socket {
+    let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, CLIENT_PORT);
+    super::udp::device_socket(ifname, addr.into()).map_err(|e| DhcpError::Socket {
         ifname: ifname.to_string(),
         source: e.into(),
-    };
-    let fd = socket(
-        AddressFamily::Inet,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(err)?;
-    setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(err)?;
-    setsockopt(&fd, sockopt::Broadcast, &true).map_err(err)?;
-    setsockopt(
-        &fd,
-        sockopt::BindToDevice,
-        &std::ffi::OsString::from(ifname),
-    )
-    .map_err(err)?;
-    let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, CLIENT_PORT));
-    bind(fd.as_raw_fd(), &addr).map_err(err)?;
-    Ok(UdpSocket::from(fd))
+    })
 }
 
 /// Runs DISCOVER/OFFER/REQUEST/ACK on `ifname` until a lease or `timeout`.
@@ -331,10 +312,6 @@ pub fn acquire(ifname: &str, mac: Mac, timeout: Duration) -> Result<Lease, DhcpE
     })
 }
 
-fn left(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
-}
-
 fn wait_for(
     sock: &UdpSocket,
     buf: &mut [u8],
@@ -343,42 +320,13 @@ fn wait_for(
     wait: Duration,
     want: impl Fn(&Reply) -> bool,
 ) -> Result<Option<Reply>, DhcpError> {
-    let until = Instant::now() + wait;
-    loop {
-        let remaining = left(until);
-        if remaining.is_zero() {
-            return Ok(None);
-        }
-        sock.set_read_timeout(Some(remaining.max(Duration::from_millis(1))))
-            .map_err(|source| DhcpError::Socket {
-                ifname: String::new(),
-                source,
-            })?;
-        match sock.recv_from(buf) {
-            Ok((n, _)) => {
-                if let Some(r) = parse_reply(&buf[..n], xid, mac)
-                    && want(&r)
-                {
-                    return Ok(Some(r));
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                return Err(DhcpError::Socket {
-                    ifname: String::new(),
-                    source,
-                });
-            }
-        }
-    }
+    super::udp::receive_until(sock, buf, wait, |p| {
+        parse_reply(p, xid, mac).filter(|r| want(r))
+    })
+    .map_err(|source| DhcpError::Socket {
+        ifname: String::new(),
+        source,
+    })
 }
 
 /// Builds a reply as a server would (tests and the fuzz corpus use it).

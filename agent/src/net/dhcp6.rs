@@ -15,15 +15,13 @@
 
 use std::io;
 use std::net::{Ipv6Addr, SocketAddrV6, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anneal_dhcp::v6::{Duid, Message6, MsgType, Options, Packet6, opt, status};
-use nix::sys::socket::{
-    AddressFamily, SockFlag, SockType, SockaddrIn6, bind, setsockopt, socket, sockopt,
-};
 
 use anneal_api::Mac;
+
+use super::udp::left;
 
 /// The DHCPv6 client port.
 pub const CLIENT_PORT6: u16 = 546;
@@ -293,32 +291,11 @@ pub fn parse_reply(buf: &[u8], xid: [u8; 3], mac: Mac) -> Option<Reply6> {
 }
 
 fn socket_for(ifname: &str) -> Result<UdpSocket, Dhcp6Error> {
-    let err = |e: nix::Error| Dhcp6Error::Socket {
+    let addr = SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, CLIENT_PORT6, 0, 0);
+    super::udp::device_socket(ifname, addr.into()).map_err(|e| Dhcp6Error::Socket {
         ifname: ifname.to_string(),
         source: e.into(),
-    };
-    let fd = socket(
-        AddressFamily::Inet6,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(err)?;
-    setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(err)?;
-    setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(err)?;
-    setsockopt(
-        &fd,
-        sockopt::BindToDevice,
-        &std::ffi::OsString::from(ifname),
-    )
-    .map_err(err)?;
-    let addr = SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, CLIENT_PORT6, 0, 0));
-    bind(fd.as_raw_fd(), &addr).map_err(err)?;
-    Ok(UdpSocket::from(fd))
-}
-
-fn left(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
+    })
 }
 
 /// Waits up to `wait` for a message `want` accepts; returns it, or the
@@ -332,41 +309,19 @@ fn wait_for(
     refused: &mut Option<String>,
     want: impl Fn(&Reply6) -> bool,
 ) -> Result<Option<Reply6>, Dhcp6Error> {
-    let until = Instant::now() + wait;
     let mut buf = vec![0u8; 2048];
-    loop {
-        let remaining = left(until);
-        if remaining.is_zero() {
-            return Ok(None);
+    super::udp::receive_until(sock, &mut buf, wait, |p| match parse_reply(p, xid, mac) {
+        Some(Reply6::Refused(r)) => {
+            *refused = Some(r);
+            None
         }
-        sock.set_read_timeout(Some(remaining.max(Duration::from_millis(1))))
-            .map_err(|source| Dhcp6Error::Socket {
-                ifname: ifname.to_string(),
-                source,
-            })?;
-        match sock.recv_from(&mut buf) {
-            Ok((n, _)) => match parse_reply(&buf[..n], xid, mac) {
-                Some(Reply6::Refused(r)) => *refused = Some(r),
-                Some(r) if want(&r) => return Ok(Some(r)),
-                _ => {}
-            },
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                return Err(Dhcp6Error::Socket {
-                    ifname: ifname.to_string(),
-                    source,
-                });
-            }
-        }
-    }
+        Some(r) if want(&r) => Some(r),
+        _ => None,
+    })
+    .map_err(|source| Dhcp6Error::Socket {
+        ifname: ifname.to_string(),
+        source,
+    })
 }
 
 fn xid() -> [u8; 3] {

@@ -6,6 +6,7 @@
 pub mod dhcp;
 pub mod dhcp6;
 pub mod netlink;
+mod udp;
 
 use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
