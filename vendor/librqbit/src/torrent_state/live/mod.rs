@@ -1786,15 +1786,24 @@ impl PeerHandler {
                 }
             };
 
+            // anneal: with rarest-first, the chunks already received (a
+            // piece taken over from a slower peer) are not asked again;
+            // read once per piece, under one lock.
+            let received: Vec<bool> = if self.state.shared.options.rarest_first {
+                let g = self.state.lock_read("is_chunk_downloaded");
+                self.state
+                    .lengths
+                    .iter_chunk_infos(next)
+                    .map(|c| g.get_chunks().is_ok_and(|t| t.is_chunk_downloaded(&c)))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             for chunk in self.state.lengths.iter_chunk_infos(next) {
-                // anneal: with rarest-first, a chunk already received (a
-                // piece taken over from a slower peer) is not asked again.
-                if self.state.shared.options.rarest_first
-                    && self
-                        .state
-                        .lock_read("is_chunk_downloaded")
-                        .get_chunks()
-                        .is_ok_and(|c| c.is_chunk_downloaded(&chunk))
+                if received
+                    .get(chunk.chunk_index as usize)
+                    .copied()
+                    .unwrap_or(false)
                 {
                     continue;
                 }
