@@ -29,7 +29,7 @@ PKGS=(
   systemd-boot-efi binutils efibootmgr
   aria2 tmux
   skopeo
-  containerd runc containernetworking-plugins iptables
+  containerd runc containernetworking-plugins iptables nftables
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -82,7 +82,7 @@ build_go() { # module-dir output package
     return 0
   fi
   log "building $out from Go modules (cached in $ANNEAL_CACHE/bin)"
-  (cd "$dir" && go build -mod=readonly -trimpath -o "$ANNEAL_CACHE/bin/$out.tmp" "$pkg")
+  (cd "$dir" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$ANNEAL_CACHE/bin/$out.tmp" "$pkg")
   mv "$ANNEAL_CACHE/bin/$out.tmp" "$ANNEAL_CACHE/bin/$out"
   echo "$sum" > "$stamp"
 }

@@ -740,7 +740,12 @@ pub fn fetch_file_to_slot(
         })?;
     }
     seeding.seconds = start.elapsed().as_secs_f64();
+    let verify = Instant::now();
     verify_stream(&shared)?;
+    tracing::info!(
+        seconds = verify.elapsed().as_secs_f64(),
+        "the stream's SHA-256 verified"
+    );
     let mut stats = seeding.stats();
     stats.fallback_reason = reason;
     Ok(Leeched { stats, seeding })

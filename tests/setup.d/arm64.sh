@@ -14,7 +14,7 @@
 #                          arm64 initramfs with `anneal-initramfs --sysroot`
 # Sourced by tests/setup.sh as root; a re-run on a ready machine is instant.
 arm64_pkgs=""
-for p in gcc-aarch64-linux-gnu qemu-system-arm qemu-efi-aarch64; do
+for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-system-arm qemu-efi-aarch64; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || arm64_pkgs="$arm64_pkgs $p"
 done
 if [ -n "$arm64_pkgs" ]; then

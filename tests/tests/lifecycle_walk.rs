@@ -415,7 +415,24 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     annotate("walk-a", "anneal.dev/operation", Some("unpark")).await;
     state_is("walk-a", "Available").await;
     // paused: nothing happens, not even a consumed annotation
+    let paused_lines = || {
+        logs.text()
+            .lines()
+            .filter(|l| l.contains("machine=walk-a") && l.contains("paused: not reconciled"))
+            .count()
+    };
+    let paused_before = paused_lines();
     annotate("walk-a", "anneal.dev/paused", Some("")).await;
+    // A reconcile that began before the pause may still call the BMC until
+    // it ends; the manager has seen the pause once a reconcile says so
+    // (reconciles of one Machine never overlap), and from then on nothing
+    // may be called.
+    eventually(
+        "the manager sees the pause",
+        Duration::from_secs(30),
+        || async { (paused_lines() > paused_before).then_some(()) },
+    )
+    .await;
     let calls = bmcvm.requests().len();
     annotate("walk-a", "anneal.dev/reboot", Some(r#"{"mode":"hard"}"#)).await;
     let m = machine_json(&machines, "walk-a").await;

@@ -480,6 +480,9 @@ impl ReconcileError for Error {
 #[tracing::instrument(skip_all, fields(machine = %m.name_any()))]
 async fn reconcile(m: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
     if handlers::paused(&m) {
+        // Reconciles of one Machine never overlap: once this is logged, no
+        // reconcile of it runs until the annotation changes.
+        tracing::info!("paused: not reconciled until the anneal.dev/paused annotation is removed");
         return Ok(Action::await_change());
     }
     let ns = m.namespace().ok_or(Error::NoNamespace)?;

@@ -150,6 +150,44 @@ fn iptables_chains() -> BTreeSet<String> {
     out
 }
 
+/// Deletes the iptables tables that had no chain before the node started
+/// and hold no rule now: on the nf_tables backend, the node's first
+/// `iptables -t <table>` created them (their built-in chains, policy
+/// ACCEPT), and removing the node's own chains leaves them behind. Through
+/// `nft` (the backend's own tool); a table with any rule is left alone.
+fn remove_new_empty_tables(before: &BTreeSet<String>) {
+    let now = iptables_chains();
+    let mut tables = BTreeSet::new();
+    for c in &now {
+        let mut parts = c.split(' ');
+        if let (Some(family), Some(table)) = (parts.next(), parts.next()) {
+            tables.insert((family.to_string(), table.to_string()));
+        }
+    }
+    for (family, table) in tables {
+        let prefix = format!("{family} {table} ");
+        if before.iter().any(|c| c.starts_with(&prefix)) {
+            continue;
+        }
+        let (save, nft_family) = if family == "v4" {
+            ("iptables-save", "ip")
+        } else {
+            ("ip6tables-save", "ip6")
+        };
+        let Ok(rules) = Command::new(save).args(["-t", &table]).output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&rules.stdout);
+        if text.lines().any(|l| l.starts_with("-A ")) {
+            continue;
+        }
+        let _ = Command::new("nft")
+            .args(["delete", "table", nft_family, &table])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 fn ip_forward() -> String {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
         .unwrap_or_default()
@@ -866,6 +904,7 @@ fn cleanup_host(before: &Before) {
         let _ = Command::new(bin).args(["-t", table, "-F", name]).status();
         let _ = Command::new(bin).args(["-t", table, "-X", name]).status();
     }
+    remove_new_empty_tables(&before.chains);
     if !before.ip_forward.is_empty() && ip_forward() != before.ip_forward {
         let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", &before.ip_forward);
     }
