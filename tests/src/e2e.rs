@@ -76,6 +76,8 @@ const FILES: &str = "{snponly.efi: /usr/lib/ipxe/snponly.efi, ipxe.efi: /usr/lib
 /// first, the namespace and the control plane last.
 #[derive(Debug)]
 pub struct Lab {
+    /// Stops the manager's workload processes (dropped first of the fields).
+    _workloads: Option<WorkloadsGuard>,
     pub vm: Option<Vm>,
     bmc: Option<RunningBmc>,
     /// When QEMU was launched (paused, i.e. powered off).
@@ -162,6 +164,41 @@ impl Drop for Lab {
         }
         if let Some(mut p) = self.peer.take() {
             p.vm.kill();
+        }
+    }
+}
+
+/// Kills, on drop, the process group of every workload the manager's
+/// process executor started under a content store (`.workloads/<ns>/<name>/
+/// pid` without an `exit` beside it: still running). The manager stops them
+/// itself when its scope is cancelled and it gets to run again; a lab that
+/// fails to start, or whose runtime is dropped first, does not give it that
+/// chance (the content server of a failed e2e_arm64 outlived its test).
+#[derive(Debug)]
+struct WorkloadsGuard(PathBuf);
+
+impl Drop for WorkloadsGuard {
+    fn drop(&mut self) {
+        let Ok(namespaces) = std::fs::read_dir(self.0.join(".workloads")) else {
+            return;
+        };
+        for ns in namespaces.flatten() {
+            let Ok(names) = std::fs::read_dir(ns.path()) else {
+                continue;
+            };
+            for w in names.flatten() {
+                let dir = w.path();
+                if dir.join("exit").exists() {
+                    continue;
+                }
+                // the executor starts each as the leader of its own group
+                if let Some(pid) = std::fs::read_to_string(dir.join("pid"))
+                    .ok()
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+                {
+                    anneal_testinfra::kill_process_group(pid);
+                }
+            }
         }
     }
 }
@@ -346,9 +383,11 @@ impl Lab {
         // reservations) as `manager run` does, the lifecycle half aside.
         let mut store = None;
         let mut content_forward = None;
+        let mut workloads = None;
         if opts.deploy {
             let dir_store = dir.join("store");
             std::fs::create_dir_all(&dir_store)?;
+            workloads = Some(WorkloadsGuard(dir_store.clone()));
             let mut bin_dir = crate::artifacts::agent_host()
                 .parent()
                 .map(std::path::Path::to_path_buf)
@@ -481,6 +520,7 @@ impl Lab {
             bootd.http_addr
         ));
         Ok(Lab {
+            _workloads: workloads,
             vm: None,
             bmc: None,
             vm_launched: None,
@@ -1213,5 +1253,51 @@ impl Lab {
         let vars = std::fs::read(vm.vars_path())
             .with_context(|| format!("read the VM's VARS store {}", vm.vars_path().display()))?;
         crate::ovmf::boot_entries(&vars)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::process::CommandExt as _;
+
+    use super::WorkloadsGuard;
+
+    /// A running workload (no `exit` file) is killed with its group when
+    /// the guard drops; a finished one's PID is left alone.
+    #[test]
+    fn the_guard_kills_running_workloads_by_their_group() {
+        let store = tempfile::tempdir().unwrap();
+        let running = store.path().join(".workloads/default/content-server");
+        let finished = store.path().join(".workloads/default/ingest");
+        std::fs::create_dir_all(&running).unwrap();
+        std::fs::create_dir_all(&finished).unwrap();
+        let mut server = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::fs::write(running.join("pid"), format!("{}\n", server.id())).unwrap();
+        std::fs::write(finished.join("pid"), format!("{}\n", other.id())).unwrap();
+        std::fs::write(finished.join("exit"), "0\n").unwrap();
+        drop(WorkloadsGuard(store.path().to_path_buf()));
+        // wait() returns once the process is gone: no sleep, no poll
+        let status = server.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "the running workload is killed"
+        );
+        assert!(
+            other.try_wait().unwrap().is_none(),
+            "a workload with an exit file is not signalled"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
     }
 }

@@ -24,7 +24,7 @@ pub use kernel::{
 pub use netns::{BRIDGE_IP, Netns, TcpForward, forward_host_tcp};
 pub use node::{CNI_BRIDGE, Leftovers, NODE_DIR, Node, PAUSE_IMAGE};
 pub use pki::{TestPki, test_pki};
-pub use procs::{ChildGroup, accept_failure_span, process_alive};
+pub use procs::{ChildGroup, accept_failure_span, kill_process_group, process_alive};
 pub use table::{get_table, table_row, table_row_named};
 pub use tmux::Tmux;
 pub use vm::{DiskBus, DiskConfig, Firmware, NicConfig, SNAKEOIL_CERT, SNAKEOIL_KEY, Vm, VmConfig};

@@ -73,6 +73,14 @@ impl Drop for ChildGroup {
     }
 }
 
+/// Sends SIGKILL to process group `pgid` (a process started as the leader
+/// of its own group, by PID); a group that is gone is no error.
+pub fn kill_process_group(pgid: u32) {
+    if pgid > 1 {
+        let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
+    }
+}
+
 /// True while a process with this PID exists (and is not a zombie).
 pub fn process_alive(pid: u32) -> bool {
     if kill(Pid::from_raw(pid as i32), None).is_err() {
