@@ -26,7 +26,8 @@
 //! [`TftpLimits::per_source`] (default [`PER_SOURCE_TRANSFERS`]) from one
 //! source address (beyond that: ERROR 0 naming the limit); a transfer that
 //! has not ended within [`TftpLimits::deadline`] (default
-//! [`TRANSFER_DEADLINE`]) ends with ERROR 0 naming the deadline. Both `octet` and `netascii`
+//! [`TRANSFER_DEADLINE`]; longer for a file that takes longer at
+//! [`MIN_TRANSFER_RATE`]) ends with ERROR 0 naming the deadline. Both `octet` and `netascii`
 //! modes send the file's bytes unchanged (the files are binaries).
 
 use std::collections::{HashMap, HashSet};
@@ -89,6 +90,19 @@ fn max_spinning() -> usize {
 pub const MAX_TRANSFERS: usize = 256;
 /// Default total time one transfer may take ([`TftpLimits::deadline`]).
 pub const TRANSFER_DEADLINE: Duration = Duration::from_secs(120);
+/// The slowest rate a transfer's deadline allows for: a file that takes
+/// longer than [`TftpLimits::deadline`] at this rate gets that longer time
+/// ([`transfer_deadline`]). Firmware fetching a large kernel in lockstep
+/// 512 or 1024-byte blocks (network GRUB on an arm64 machine: 33 MB) can
+/// need more than the fixed default and is still a live client.
+pub const MIN_TRANSFER_RATE: u64 = 64 << 10;
+
+/// The total time a transfer of `size` bytes may take: `limit`, or the
+/// time `size` takes at [`MIN_TRANSFER_RATE`] when that is longer.
+pub fn transfer_deadline(limit: Duration, size: u64) -> Duration {
+    limit.max(Duration::from_secs(size.div_ceil(MIN_TRANSFER_RATE)))
+}
+
 /// Default transfers running at once from one source address
 /// ([`TftpLimits::per_source`]).
 pub const PER_SOURCE_TRANSFERS: usize = 8;
@@ -649,6 +663,9 @@ fn transfer(
     drop(snap);
     count(shared, "served");
     tracing::info!(client = %peer, file = %name, bytes = data.len(), "tftp read");
+    // a large file gets the time it takes at the slowest rate allowed
+    let grown = transfer_deadline(deadline, data.len() as u64);
+    let (deadline, end) = (grown, end + grown.saturating_sub(deadline));
     let params = negotiate(req, data.len() as u64);
     let mut t = Transfer {
         sock,
@@ -1338,6 +1355,28 @@ mod tests {
         assert!(blocks < 41, "{blocks} blocks: the whole file was sent");
         assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
         assert_eq!(metric(&srv, "deadline"), 1);
+    }
+
+    /// The deadline grows with the file past what the limit allows at the
+    /// slowest rate: the arm64 kernel (33 MB) gets 503 s, a first stage
+    /// the limit.
+    #[test]
+    fn a_large_file_gets_the_time_it_takes_at_the_slowest_rate() {
+        let limit = TRANSFER_DEADLINE;
+        assert_eq!(transfer_deadline(limit, 1 << 20), limit);
+        assert_eq!(transfer_deadline(limit, 120 * MIN_TRANSFER_RATE), limit);
+        assert_eq!(
+            transfer_deadline(limit, 120 * MIN_TRANSFER_RATE + 1),
+            Duration::from_secs(121)
+        );
+        assert_eq!(
+            transfer_deadline(limit, 32_956_352),
+            Duration::from_secs(503)
+        );
+        assert_eq!(
+            transfer_deadline(Duration::from_secs(2), 512 * 40),
+            Duration::from_secs(2)
+        );
     }
 
     /// At most `per_source` transfers run from one address: the next
