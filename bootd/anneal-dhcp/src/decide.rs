@@ -467,20 +467,42 @@ fn address_for(
     {
         return Ok(a);
     }
-    let (s, e) = (u32::from(start), u32::from(end));
+    // the pool, inside the subnet
+    let (s, e) = (
+        u32::from(start).max(u32::from(table.cidr.addr) & u32::from(table.cidr.mask())),
+        u32::from(end).min(u32::from(table.cidr.broadcast())),
+    );
     if e < s {
         return Err(DropReason::PoolExhausted);
     }
     let size = u64::from(e - s) + 1;
-    let first = mac_hash(mac) % size;
-    for i in 0..size {
-        let off = (first + i) % size;
-        let a = Ipv4Addr::from(s + off as u32);
-        if usable(a) {
-            return Ok(a);
+    // An address no lease was ever on, from the MAC's place in the pool
+    // round to it: O(log n) per candidate however full the pool is (the
+    // candidates that fail are the few infrastructure, declined and
+    // reserved addresses).
+    let first = s + (mac_hash(mac) % size) as u32;
+    let mut ranges = vec![(first, e)];
+    if first > s {
+        ranges.push((s, first - 1));
+    }
+    for (lo, hi) in ranges {
+        let mut c = lo;
+        while let Some(a) = leases.next_unheld(Ipv4Addr::from(c), Ipv4Addr::from(hi)) {
+            if usable(a) {
+                return Ok(a);
+            }
+            match u32::from(a).checked_add(1) {
+                Some(n) if n <= hi => c = n,
+                _ => break,
+            }
         }
     }
-    Err(DropReason::PoolExhausted)
+    // then one whose lease expired, the longest expired first
+    leases
+        .expired(now)
+        .map(|l| l.address)
+        .find(|&a| (s..=e).contains(&u32::from(a)) && usable(a))
+        .ok_or(DropReason::PoolExhausted)
 }
 
 fn lease(req: &Request, table: &BootTable, leases: &Leases, now: u64) -> Decision {

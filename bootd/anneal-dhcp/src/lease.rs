@@ -38,6 +38,10 @@ pub struct Leases {
     /// Index of `by_mac` by expiry, so that `collect_expired` removes the
     /// expired leases in O(expired · log n), never a scan of all.
     by_expiry: BTreeSet<(u64, Mac)>,
+    /// The keys of `by_addr` as maximal runs of consecutive addresses
+    /// (first → last, inclusive), so that the next address nobody holds
+    /// is found in O(log n) however full the pool is.
+    runs: BTreeMap<u32, u32>,
     declined: BTreeMap<Ipv4Addr, u64>,
     /// MACs whose lease was set or removed since the last `take_changes`,
     /// while change tracking is on (`None`: off), so that a persister
@@ -68,7 +72,12 @@ impl Leases {
         if let Some(old) = self.by_mac.insert(l.mac, l) {
             self.unindex(&old);
         }
-        self.by_addr.entry(l.address).or_default().insert(l.mac);
+        let macs = self.by_addr.entry(l.address).or_default();
+        let new = macs.is_empty();
+        macs.insert(l.mac);
+        if new {
+            self.run_add(u32::from(l.address));
+        }
         self.by_expiry.insert((l.expires, l.mac));
         self.mark(l.mac);
     }
@@ -103,8 +112,64 @@ impl Leases {
             macs.remove(&l.mac);
             if macs.is_empty() {
                 self.by_addr.remove(&l.address);
+                self.run_remove(u32::from(l.address));
             }
         }
+    }
+
+    /// `a` became held: joins the runs ending just below and starting
+    /// just above it.
+    fn run_add(&mut self, a: u32) {
+        let mut first = a;
+        if let Some((&s, &e)) = self.runs.range(..a).next_back()
+            && e.checked_add(1) == Some(a)
+        {
+            first = s;
+        }
+        let mut last = a;
+        if let Some(next) = a.checked_add(1)
+            && let Some(e) = self.runs.remove(&next)
+        {
+            last = e;
+        }
+        self.runs.insert(first, last);
+    }
+
+    /// `a` is no longer held: splits the run holding it.
+    fn run_remove(&mut self, a: u32) {
+        let Some((&s, &e)) = self.runs.range(..=a).next_back() else {
+            return;
+        };
+        if e < a {
+            return;
+        }
+        self.runs.remove(&s);
+        if s < a {
+            self.runs.insert(s, a - 1);
+        }
+        if a < e {
+            self.runs.insert(a + 1, e);
+        }
+    }
+
+    /// The first address in `from..=to` that no lease is on, expired or
+    /// not. O(log n).
+    pub fn next_unheld(&self, from: Ipv4Addr, to: Ipv4Addr) -> Option<Ipv4Addr> {
+        let f = u32::from(from);
+        let c = match self.runs.range(..=f).next_back() {
+            Some((_, &e)) if e >= f => e.checked_add(1)?,
+            _ => f,
+        };
+        (c <= u32::from(to)).then(|| Ipv4Addr::from(c))
+    }
+
+    /// The leases expired at `now` (`expires <= now`) and not yet
+    /// collected, the longest expired first.
+    pub fn expired(&self, now: u64) -> impl Iterator<Item = &Lease> {
+        self.by_expiry
+            .iter()
+            .take_while(move |(e, _)| *e <= now)
+            .filter_map(|(_, m)| self.by_mac.get(m))
     }
 
     fn remove_mac(&mut self, mac: &Mac) -> Option<Lease> {
@@ -356,7 +421,55 @@ mod tests {
             }
             let indexed: usize = l.by_addr.values().map(BTreeSet::len).sum();
             assert_eq!(indexed, l.by_mac.len(), "step {step}");
+            // the runs index finds what a scan of the held addresses finds
+            for from in 0..9 {
+                for to in from..9 {
+                    let want = (from..=to)
+                        .map(ip)
+                        .find(|a| !l.by_mac.values().any(|x| x.address == *a));
+                    assert_eq!(
+                        l.next_unheld(ip(from), ip(to)),
+                        want,
+                        "step {step}: {from}..={to}"
+                    );
+                }
+            }
         }
+    }
+
+    /// The runs index at the ends of the address space, and merging and
+    /// splitting runs.
+    #[test]
+    fn runs_merge_split_and_end_at_the_last_address() {
+        let at = |a: u32, i: u8| Lease {
+            mac: Mac([2, 0, 0, 0, 1, i]),
+            address: Ipv4Addr::from(a),
+            expires: 100,
+        };
+        let mut l =
+            Leases::from_leases([at(u32::MAX, 1), at(u32::MAX - 2, 2), at(u32::MAX - 1, 3)]);
+        assert_eq!(l.runs.len(), 1);
+        assert_eq!(
+            l.next_unheld(Ipv4Addr::from(u32::MAX - 2), Ipv4Addr::BROADCAST),
+            None
+        );
+        l.remove(&Mac([2, 0, 0, 0, 1, 3]));
+        assert_eq!(l.runs.len(), 2);
+        assert_eq!(
+            l.next_unheld(Ipv4Addr::from(u32::MAX - 2), Ipv4Addr::BROADCAST),
+            Some(Ipv4Addr::from(u32::MAX - 1))
+        );
+        let mut z = Leases::from_leases([at(0, 4)]);
+        assert_eq!(
+            z.next_unheld(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED),
+            None
+        );
+        assert_eq!(
+            z.next_unheld(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from(1)),
+            Some(Ipv4Addr::from(1))
+        );
+        z.remove(&Mac([2, 0, 0, 0, 1, 4]));
+        assert!(z.runs.is_empty());
     }
 
     /// Expired leases are collected (and recorded as removed), unexpired

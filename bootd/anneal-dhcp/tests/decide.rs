@@ -422,6 +422,91 @@ fn dynamic_pool_avoids_held_addresses_and_exhausts() {
     ));
 }
 
+/// A pool held but for a few addresses offers exactly those (never the
+/// router, a declined address or a machine's reservation), then, once
+/// every address is held, one whose lease expired.
+#[test]
+fn a_nearly_full_pool_offers_what_is_free_and_then_what_expired() {
+    let mut t = table(Mode::Lease);
+    t.answer_all = true;
+    t.cidr = "10.77.0.0/16".parse().unwrap();
+    t.lease_range = Some((Ipv4Addr::new(10, 77, 0, 0), Ipv4Addr::new(10, 77, 255, 255)));
+    t.machines.clear();
+    t.machines.insert(
+        M1,
+        MachineEntry {
+            name: "lab/m1".into(),
+            address: Some(Ipv4Addr::new(10, 77, 40, 1)),
+            loader: Loader::Ipxe,
+        },
+    );
+    let free = [
+        Ipv4Addr::new(10, 77, 0, 1),     // the router
+        Ipv4Addr::new(10, 77, 0, 2),     // bootd
+        Ipv4Addr::new(10, 77, 40, 1),    // m1's reservation
+        Ipv4Addr::new(10, 77, 99, 7),    // declined below
+        Ipv4Addr::new(10, 77, 200, 3),   // free
+        Ipv4Addr::new(10, 77, 255, 254), // free
+    ];
+    let mut leases = Leases::default();
+    let lease = |i: u32, expires: u64| anneal_dhcp::Lease {
+        mac: Mac([2, 9, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8]),
+        address: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 77, 0, 0)) + i),
+        expires,
+    };
+    for i in 0..65536u32 {
+        let l = lease(i, NOW + 100 + u64::from(i % 7));
+        if !free.contains(&l.address) {
+            leases.apply(LeaseEffect::Bind(l), NOW);
+        }
+    }
+    let declined = lease(
+        u32::from(free[3]) - u32::from(Ipv4Addr::new(10, 77, 0, 0)),
+        NOW + 100,
+    );
+    leases.apply(LeaseEffect::Bind(declined), NOW);
+    leases.apply(
+        LeaseEffect::Decline {
+            mac: declined.mac,
+            address: declined.address,
+        },
+        NOW,
+    );
+    let mut offered = Vec::new();
+    for k in 0..2u8 {
+        let mac = Mac([2, 0, 0, 0, 2, k]);
+        let p = Pkt {
+            mac: Some(mac),
+            ..Default::default()
+        };
+        let a = yiaddr(&reply(decide(&p.req67(), &t, &leases, NOW)));
+        assert!(free[4..].contains(&a), "offered {a}");
+        assert!(!offered.contains(&a));
+        offered.push(a);
+        leases.apply(
+            LeaseEffect::Bind(anneal_dhcp::Lease {
+                mac,
+                address: a,
+                expires: NOW + 1000,
+            }),
+            NOW,
+        );
+    }
+    let p = Pkt {
+        mac: Some(Mac([2, 0, 0, 0, 3, 0])),
+        ..Default::default()
+    };
+    assert_eq!(
+        dropped(decide(&p.req67(), &t, &leases, NOW)),
+        DropReason::PoolExhausted
+    );
+    // the leases of i % 7 == 0 expire first: one of them is offered
+    let a = yiaddr(&reply(decide(&p.req67(), &t, &leases, NOW + 100)));
+    let i = u32::from(a) - u32::from(Ipv4Addr::new(10, 77, 0, 0));
+    assert_eq!(i % 7, 0, "offered {a}, whose lease expires later");
+    assert!(!free[..4].contains(&a), "offered {a}");
+}
+
 #[test]
 fn arch_selects_first_stage() {
     let t = table(Mode::Lease);
