@@ -8,7 +8,11 @@
 //! The journal (`PATH.journal`) holds the changes since the snapshot: a
 //! header line naming the snapshot's generation, then one compact JSON line
 //! per change (`{"set":LEASE}` or `{"del":"MAC"}`), appended in batches with
-//! one fsync each, so a write costs O(changes), not O(leases). It is folded
+//! one fsync each, so a write costs O(changes), not O(leases). The file is
+//! kept zero-filled ahead of its records ([`PREALLOC`] at a time, the zeros
+//! written, not fallocated), so a batch overwrites blocks the filesystem has
+//! already allocated and its `fdatasync` flushes data only, not the inode's
+//! size and extents; the records end at the first NUL byte. It is folded
 //! into a new snapshot (compaction) at start-up and whenever it outgrows the
 //! snapshot (and [`COMPACT_MIN`]). Loading is the snapshot, then the
 //! journal's records in order; a journal of another generation (a crash
@@ -18,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anneal_dhcp::{Lease, Mac};
@@ -25,6 +30,9 @@ use anneal_dhcp::{Lease, Mac};
 /// The journal is compacted once it is larger than the snapshot and than
 /// this many bytes.
 pub const COMPACT_MIN: u64 = 4 << 20;
+
+/// The journal grows by this many zero bytes at a time.
+pub const PREALLOC: u64 = 1 << 20;
 
 /// Errors of reading or writing the lease file.
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +155,9 @@ fn replay(
             });
         }
     };
+    // the records end where the zeros kept ahead of them begin
+    let used = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let bytes = &bytes[..used];
     let hl = bytes
         .iter()
         .position(|&b| b == b'\n')
@@ -195,10 +206,13 @@ pub struct LeaseStore {
     path: PathBuf,
     journal_path: PathBuf,
     generation: u64,
-    /// Open for appending; `None` after a failed write (the next write is
+    /// Open for writing; `None` after a failed write (the next write is
     /// then a compaction, which supersedes whatever got half-written).
     journal: Option<File>,
+    /// Bytes of header and records: where the next batch is written.
     journal_len: u64,
+    /// The file's size: records, then zeros up to here.
+    journal_cap: u64,
     snapshot_len: u64,
 }
 
@@ -229,6 +243,7 @@ impl LeaseStore {
             generation: snap.generation,
             journal: None,
             journal_len,
+            journal_cap: 0,
             snapshot_len,
         };
         Ok((store, table.into_values().collect()))
@@ -267,13 +282,17 @@ impl LeaseStore {
         })
         .map_err(|e| err(&self.journal_path)(std::io::Error::other(e)))?;
         header.push(b'\n');
+        let header_len = header.len() as u64;
+        let cap = header_len.max(PREALLOC);
+        header.resize(usize::try_from(cap).unwrap_or(usize::MAX), 0);
         replace(&self.journal_path, &header).map_err(err(&self.journal_path))?;
         let f = OpenOptions::new()
-            .append(true)
+            .write(true)
             .open(&self.journal_path)
             .map_err(err(&self.journal_path))?;
         self.journal = Some(f);
-        self.journal_len = header.len() as u64;
+        self.journal_len = header_len;
+        self.journal_cap = cap;
         Ok(())
     }
 
@@ -301,12 +320,26 @@ impl LeaseStore {
                 "journal not open (compaction pending)",
             )));
         };
-        let r = f.write_all(&buf).and_then(|()| f.sync_data());
+        let end = self.journal_len + buf.len() as u64;
+        let mut cap = self.journal_cap;
+        if end > cap {
+            // the batch and the next PREALLOC of zeros, in one write and
+            // the same fdatasync (which then carries the new size)
+            cap = end + PREALLOC;
+            buf.resize(
+                usize::try_from(cap - self.journal_len).unwrap_or(usize::MAX),
+                0,
+            );
+        }
+        let r = f
+            .write_all_at(&buf, self.journal_len)
+            .and_then(|()| f.sync_data());
         if let Err(e) = r {
             self.journal = None;
             return Err(err(e));
         }
-        self.journal_len += buf.len() as u64;
+        self.journal_len = end;
+        self.journal_cap = cap;
         Ok(())
     }
 
@@ -316,7 +349,7 @@ impl LeaseStore {
         self.journal = None;
     }
 
-    /// Bytes in the journal (header included).
+    /// Bytes of the journal's header and records (not the zeros after).
     pub fn journal_len(&self) -> u64 {
         self.journal_len
     }
@@ -338,6 +371,7 @@ pub fn store(path: &Path, leases: &[Lease]) -> Result<(), LeaseFileError> {
         generation: 0,
         journal: None,
         journal_len: 0,
+        journal_cap: 0,
         snapshot_len: 0,
     }
     .compact(leases)
@@ -483,8 +517,11 @@ mod tests {
         s.append(&[(lease(2, 0).mac, Some(lease(2, 20)))]).unwrap();
         s.append(&[(lease(1, 0).mac, None)]).unwrap();
         let good = std::fs::read(&j).unwrap();
+        let good = good[..usize::try_from(s.journal_len()).unwrap()].to_vec();
         s.append(&[(lease(3, 0).mac, Some(lease(3, 30)))]).unwrap();
         let full = std::fs::read(&j).unwrap();
+        assert_eq!(full.len() as u64, PREALLOC, "the records go into the zeros");
+        let full = full[..usize::try_from(s.journal_len()).unwrap()].to_vec();
         for cut in good.len()..full.len() {
             std::fs::write(&j, &full[..cut]).unwrap();
             assert_eq!(load(&p).unwrap(), vec![lease(2, 20)], "cut at {cut}");
@@ -503,6 +540,44 @@ mod tests {
         // a journal without a complete header is skipped
         std::fs::write(&j, &full[..5]).unwrap();
         assert_eq!(load(&p).unwrap(), vec![lease(1, 10)]);
+    }
+
+    /// The journal is zero-filled ahead of its records and grows by
+    /// PREALLOC when a batch passes the end; every record written before
+    /// and after a growth replays.
+    #[test]
+    fn the_journal_grows_in_zeroed_steps_and_replays_across_them() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("leases.json");
+        let j = journal_path(&p);
+        let (mut s, _) = LeaseStore::open(&p).unwrap();
+        s.compact(&[]).unwrap();
+        assert_eq!(std::fs::metadata(&j).unwrap().len(), PREALLOC);
+        let mut want = BTreeMap::new();
+        let mut i: u32 = 0;
+        while s.journal_len() < 2 * PREALLOC + 100 {
+            let batch: Vec<_> = (0..50)
+                .map(|k| {
+                    i += 1;
+                    let l = Lease {
+                        mac: Mac([2, 1, (i >> 16) as u8, (i >> 8) as u8, i as u8, k]),
+                        address: std::net::Ipv4Addr::from(0x0a00_0000 + i),
+                        expires: u64::from(i),
+                    };
+                    want.insert(l.mac, l);
+                    (l.mac, Some(l))
+                })
+                .collect();
+            s.append(&batch).unwrap();
+            let len = std::fs::metadata(&j).unwrap().len();
+            assert!(len > s.journal_len(), "zeros stay ahead of the records");
+            assert!(len <= s.journal_len() + PREALLOC + 50 * 120);
+        }
+        let got = load(&p).unwrap();
+        assert_eq!(got, want.into_values().collect::<Vec<_>>());
+        // reopening finds where the records end
+        let (s2, _) = LeaseStore::open(&p).unwrap();
+        assert_eq!(s2.journal_len(), s.journal_len());
     }
 
     /// Compaction keeps the content: the journal folds into the snapshot
@@ -531,7 +606,11 @@ mod tests {
         table.take_changes();
         s.compact(&all(&table)).unwrap();
         assert_eq!(s.journal_len(), header_len);
-        assert_eq!(std::fs::metadata(&j).unwrap().len(), header_len);
+        // the header, then nothing but zeros
+        let fresh = std::fs::read(&j).unwrap();
+        assert_eq!(fresh.len() as u64, PREALLOC);
+        let header_len = usize::try_from(header_len).unwrap();
+        assert!(fresh[header_len - 1] == b'\n' && fresh[header_len..].iter().all(|&b| b == 0));
         assert_eq!(load(&p).unwrap(), all(&table));
         std::fs::write(&j, &stale).unwrap();
         assert_eq!(load(&p).unwrap(), all(&table));
