@@ -110,6 +110,15 @@ setsid nice -n 10 cargo build --quiet --locked --target-dir "$target_dir/cross-a
 arm_pid=$!
 trap 'kill -- "-$arm_pid" 2>/dev/null || true' EXIT
 
+# cargo-deny (tests/deny.sh): built once into ~/.cargo/bin, at nice 19 while
+# the tests run (on a machine that has it, this is a version check); the
+# checks run after the tests.
+step "cargo-deny: installing in the background if missing, niced"
+deny_log="$logdir/cargo-deny-install.log"
+setsid nice -n 19 bash "$here/deny.sh" install >"$deny_log" 2>&1 &
+deny_pid=$!
+trap 'kill -- "-$arm_pid" 2>/dev/null || true; kill -- "-$deny_pid" 2>/dev/null || true' EXIT
+
 # Longest first (measured cold in CI; docs/testing.md): with 2 lanes the
 # longest binaries overlap and the short ones fill in at the end. A binary
 # missing from this list runs after these; a name here that no longer exists
@@ -136,12 +145,21 @@ python3 "$here/lanes.py" --messages "$messages" --root "$repo" --log-dir "$logdi
   --test-threads "${ANNEAL_TEST_THREADS:-4}" \
   "${first[@]}" || rc=$?
 wait "$arm_pid" || arm_rc=$?
+deny_rc=0
+wait "$deny_pid" || deny_rc=$?
 trap - EXIT
 if [ "$arm_rc" != 0 ]; then
   cat "$arm_log"
   echo "the aarch64 agent did not build (exit $arm_rc)"
 fi
-if [ "$rc" != 0 ] || [ "$musl_rc" != 0 ] || [ "$arm_rc" != 0 ]; then
+step "cargo deny check (deny.toml: licences, duplicate versions, sources, advisories)"
+if [ "$deny_rc" != 0 ]; then
+  cat "$deny_log"
+  echo "cargo-deny did not install (exit $deny_rc)"
+else
+  bash "$here/deny.sh" || deny_rc=$?
+fi
+if [ "$rc" != 0 ] || [ "$musl_rc" != 0 ] || [ "$arm_rc" != 0 ] || [ "$deny_rc" != 0 ]; then
   step "FAILED (the summary above; every log in $logdir)"
   exit 1
 fi
