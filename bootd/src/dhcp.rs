@@ -210,6 +210,40 @@ async fn send(shared: &Shared, sock: &UdpSocket, iface: Option<&str>, a: &Answer
     }
 }
 
+/// [`serve`] on a thread of its own, with its own single-threaded runtime:
+/// the loop commits its batch's leases (a write and an `fdatasync`) on that
+/// thread, so no other task waits behind the disk and no hand-off to a
+/// blocking pool sits between a REQUEST and its ACK. For
+/// `JoinSet::spawn_blocking` (the thread ends when `cancel` fires).
+pub fn serve_thread(
+    shared: Arc<Shared>,
+    sock: std::net::UdpSocket,
+    port: ServerPort,
+    iface: Option<String>,
+    cancel: CancellationToken,
+) -> impl FnOnce() + Send + 'static {
+    move || {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(?port, error = %error_chain(&e), "cannot start the dhcp thread's runtime: not serving");
+                return;
+            }
+        };
+        rt.block_on(async move {
+            match UdpSocket::from_std(sock) {
+                Ok(sock) => serve(shared, sock, port, iface, cancel).await,
+                Err(e) => {
+                    tracing::error!(?port, error = %error_chain(&e), "cannot register the dhcp socket: not serving");
+                }
+            }
+        });
+    }
+}
+
 /// Serves one socket until cancelled. Group commit: the datagrams waiting
 /// on the socket (up to [`BATCH`]) are read and decided, replies without a
 /// lease change (OFFERs, NAKs, proxy answers) sent at once, then the
@@ -260,14 +294,18 @@ pub async fn serve(
         if waiting.is_empty() {
             continue;
         }
-        let s = shared.clone();
-        let commit = match tokio::task::spawn_blocking(move || s.commit_leases()).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %error_chain(&e), "lease writer panicked");
-                Commit::Failed
-            }
-        };
+        // inline: this loop has its thread to itself (see `serve_thread`),
+        // and waits for the commit before it reads on anyway; the datagrams
+        // that arrive meanwhile are the next batch
+        let commit =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shared.commit_leases()))
+            {
+                Ok(c) => c,
+                Err(_) => {
+                    tracing::error!("lease writer panicked");
+                    Commit::Failed
+                }
+            };
         for a in release(&shared, std::mem::take(&mut waiting), commit) {
             send(&shared, &sock, iface, &a).await;
         }

@@ -215,10 +215,8 @@ impl Server {
         let iface = opts.interface.as_deref();
 
         let dhcp_addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.dhcp_port);
-        let s = dhcp::udp_socket(dhcp_addr, iface)
-            .and_then(tokio::net::UdpSocket::from_std)
-            .map_err(bind_err("dhcp", dhcp_addr.into()))?;
-        tasks.spawn(dhcp::serve(
+        let s = dhcp::udp_socket(dhcp_addr, iface).map_err(bind_err("dhcp", dhcp_addr.into()))?;
+        tasks.spawn_blocking(dhcp::serve_thread(
             shared.clone(),
             s,
             ServerPort::Dhcp,
@@ -227,10 +225,8 @@ impl Server {
         ));
         if opts.pxe_port != 0 {
             let a = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.pxe_port);
-            let s = dhcp::udp_socket(a, iface)
-                .and_then(tokio::net::UdpSocket::from_std)
-                .map_err(bind_err("pxe", a.into()))?;
-            tasks.spawn(dhcp::serve(
+            let s = dhcp::udp_socket(a, iface).map_err(bind_err("pxe", a.into()))?;
+            tasks.spawn_blocking(dhcp::serve_thread(
                 shared.clone(),
                 s,
                 ServerPort::PxeBoot,
