@@ -317,6 +317,13 @@ impl Lab {
             tracker_interval_secs: 5,
             // the lab's two machines finish within seconds of each other
             seed_idle_secs: 5,
+            // Under TCG on a loaded two-core machine (this lab's two VMs
+            // and another lane's), an agent whose stripe is complete can go
+            // 30 s (the default) without a piece while the other VM, which
+            // holds the pieces it needs, is starved of CPU: one CI run fell
+            // back to HTTP after 15 of 59 pieces that way. A swarm that
+            // stops still falls back (and e2e_swarm fails on the reason).
+            swarm_stall_timeout_secs: 120,
             ..anneal_manager::swarm::SwarmConfig::default()
         });
         if let Some(sw) = &swarm {
