@@ -369,9 +369,14 @@ fn main() -> Result<()> {
     let agent = anneal_bench::agent_bin()?;
     let max_n = hosts.iter().copied().max().unwrap_or(1);
 
-    let work = tempfile::Builder::new()
+    let mut work = tempfile::Builder::new()
         .prefix("swarm-bench-")
         .tempdir_in("/var/tmp")?;
+    if anneal_bench::flag("--keep-work") {
+        // Every round's logs stay for a look afterwards.
+        work.disable_cleanup(true);
+        eprintln!("work directory kept: {}", work.path().display());
+    }
     // The content: noise captured as a raw partition (every byte used).
     let raw = work.path().join("part.raw");
     let size = mib << 20;

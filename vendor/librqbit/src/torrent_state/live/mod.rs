@@ -1768,14 +1768,28 @@ impl PeerHandler {
 
             // Acquire a piece using the strategy: try steal (10x) → reserve → steal (3x).
             let new_piece_notify = self.state.new_pieces_notify.notified();
+            // anneal: with rarest-first, a HAVE (or BITFIELD) from this peer
+            // wakes this requester too: the peer may now hold a piece we
+            // need. Registered before acquiring, so none is missed.
+            let peer_has_new_notify = self.on_bitfield_notify.notified();
             let next = match self.acquire_next_piece()? {
                 Some(next) => next,
                 None => {
                     debug!("no pieces to request");
+                    let woken = async {
+                        if self.state.shared.options.rarest_first {
+                            tokio::select! {
+                                _ = new_piece_notify => {}
+                                _ = peer_has_new_notify => {}
+                            }
+                        } else {
+                            new_piece_notify.await
+                        }
+                    };
                     match aframe!(tokio::time::timeout(
                         // Half of default rw timeout not to race with it.
                         Duration::from_secs(5),
-                        new_piece_notify
+                        woken
                     ))
                     .await
                     {
