@@ -25,7 +25,9 @@
 //! `--methods anneal,anneal-nostripe,anneal-stock,aria2c,http`, `--rate 100mbit`,
 //! `--piece-kib K` (default 4096, the content format's default),
 //! `--piece-cache-mib M` (each anneal leecher's piece cache; default: the
-//! agent's, sized from memory),
+//! agent's, sized from memory), `--max-connections N` (each anneal
+//! leecher's peer connections; default: the agent's),
+//! `--keep-work` (keep the work directory and every round's logs),
 //! `--agent PATH`.
 
 use std::collections::BTreeMap;
@@ -198,6 +200,9 @@ fn round_agent(
         cmd.args(extra);
         if let Some(m) = anneal_bench::option("--piece-cache-mib") {
             cmd.args(["--piece-cache-mib", &m]);
+        }
+        if let Some(m) = anneal_bench::option("--max-connections") {
+            cmd.args(["--max-connections", &m]);
         }
         procs.push(ChildGroup::spawn_logged("swarm-fetch", &mut cmd, &log)?);
         logs.push(log);
