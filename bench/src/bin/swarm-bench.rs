@@ -412,8 +412,13 @@ fn main() -> Result<()> {
         &torrent,
         Metainfo::from_index(&index, NAME, Some(&tracker_url)).to_bytes(),
     )?;
+    // The lab's namespaces inherit this host's TCP congestion control, and
+    // the swarm's times depend on it (docs/bench/distribution.md).
+    let congestion = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
     println!(
-        "content: {} MiB stream, {} pieces of {} KiB; links {rate}; hosts {hosts:?}",
+        "content: {} MiB stream, {} pieces of {} KiB; links {rate}; TCP congestion control {congestion}; hosts {hosts:?}",
         index.header.used_bytes >> 20,
         index.piece_count(),
         piece_kib
@@ -518,7 +523,7 @@ fn main() -> Result<()> {
     let get = |m: &str, n: usize| table.get(&(m.to_string(), n)).map(|(t, _)| *t);
     let mut json = serde_json::json!({
         "mib": mib, "pieceKiB": piece_kib, "rate": rate, "hosts": hosts,
-        "load": anneal_bench::load_average(),
+        "load": anneal_bench::load_average(), "tcpCongestionControl": congestion,
         "results": table.iter().map(|((m, n), (t, s))| serde_json::json!({"method": m, "hosts": n, "slowestSeconds": t, "seederShare": s})).collect::<Vec<_>>(),
     });
     if let (Some(one), Some(big)) = (get("anneal", 1), get("anneal", max_n)) {
