@@ -121,7 +121,20 @@ pub struct SwarmConfig {
     /// Most peers uploaded to at once (upload slots; 0: none; None: every
     /// peer that asks).
     pub max_uploads: Option<usize>,
+    /// Chunk requests (16 KiB) kept outstanding per peer (None:
+    /// [`REQUEST_WINDOW`]).
+    pub request_window: Option<usize>,
 }
+
+/// Chunk requests (16 KiB each) a leecher keeps outstanding per peer: 256
+/// KiB, where stock librqbit keeps 128 (2 MiB). An uploader serves its
+/// requesters' queues side by side, so with 2 MiB asked of each of 15 busy
+/// peers a piece stayed reserved (asked of no other peer) for seconds while
+/// it waited its turn; the 16-leecher round of swarm-bench went from 41.6 s
+/// to 37-38 s (docs/bench/distribution.md, "2026-12-06, 14:00 UTC"). 256
+/// KiB in flight still fills 100 Mbit/s at a 20 ms round trip, and 10
+/// Gbit/s at 0.2 ms.
+pub const REQUEST_WINDOW: usize = 16;
 
 /// What a swarm fetch did.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -643,15 +656,56 @@ pub fn fetch_to_slot(
     slot: u64,
     cfg: &SwarmConfig,
 ) -> Result<Leeched, SwarmError> {
-    let file = OpenOptions::new()
+    fetch_file_to_slot(torrent, index, open_target(target)?, slot, cfg, &mut |_| {
+        true
+    })
+}
+
+fn open_target(target: &Path) -> Result<File, SwarmError> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .open(target)
         .map_err(|source| SwarmError::Target {
             path: target.to_path_buf(),
             source,
-        })?;
-    fetch_file_to_slot(torrent, index, file, slot, cfg, &mut |_| true)
+        })
+}
+
+/// [`fetch_to_slot`], printing `{"event":"progress","ms":…,"stats":…}`
+/// every `every` (none: never) while it fetches.
+fn fetch_to_slot_reporting(
+    torrent: &[u8],
+    index: &ContentIndex,
+    target: &Path,
+    slot: u64,
+    cfg: &SwarmConfig,
+    every: Option<Duration>,
+) -> Result<Leeched, SwarmError> {
+    let Some(every) = every else {
+        return fetch_to_slot(torrent, index, target, slot, cfg);
+    };
+    let start = Instant::now();
+    let mut next = every;
+    fetch_file_to_slot(
+        torrent,
+        index,
+        open_target(target)?,
+        slot,
+        cfg,
+        &mut |stats| {
+            let at = start.elapsed();
+            if at >= next {
+                next = at + every;
+                print_json(&serde_json::json!({
+                    "event": "progress",
+                    "ms": u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+                    "stats": stats,
+                }));
+            }
+            true
+        },
+    )
 }
 
 /// Refuses a torrent whose pieces are not the index's: librqbit checks each
@@ -864,6 +918,10 @@ async fn leech(
                 seeder_stripes: cfg.seeder_stripes,
                 peer_limit: cfg.peer_limit,
                 max_uploads: cfg.max_uploads,
+                peer_opts: Some(librqbit::PeerConnectionOptions {
+                    max_request_window: Some(cfg.request_window.unwrap_or(REQUEST_WINDOW).max(1)),
+                    ..Default::default()
+                }),
                 storage_factory: Some(SlotFactory(shared.clone()).boxed()),
                 ..Default::default()
             }),
@@ -1143,6 +1201,13 @@ pub struct FetchArgs {
     /// asks).
     #[arg(long)]
     pub max_uploads: Option<usize>,
+    /// Chunk requests (16 KiB) kept outstanding per peer (default 16).
+    #[arg(long)]
+    pub request_window: Option<usize>,
+    /// Print `{"event":"progress",…}` with the figures every this many
+    /// milliseconds while fetching (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub report_ms: u64,
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -1217,8 +1282,10 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         piece_cache: a.piece_cache_mib.map(|m| m << 20),
         peer_limit: a.max_connections,
         max_uploads: a.max_uploads,
+        request_window: a.request_window,
     };
-    let leeched = fetch_to_slot(&torrent, &index, &a.target, a.offset, &cfg)?;
+    let every = (a.report_ms > 0).then(|| Duration::from_millis(a.report_ms));
+    let leeched = fetch_to_slot_reporting(&torrent, &index, &a.target, a.offset, &cfg, every)?;
     print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));
     if a.seed_after > 0 {
         std::thread::sleep(Duration::from_secs(a.seed_after));

@@ -123,6 +123,7 @@ fn config(peers: Vec<SocketAddr>, seeders: Vec<SocketAddr>, listen_port: u16) ->
         piece_cache: None,
         peer_limit: None,
         max_uploads: None,
+        request_window: None,
     }
 }
 

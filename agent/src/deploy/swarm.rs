@@ -91,6 +91,7 @@ impl Swarms {
             piece_cache: sw.cache_size_mb.map(|m| u64::from(m) << 20),
             peer_limit: sw.max_connections.and_then(|n| usize::try_from(n).ok()),
             max_uploads: sw.max_uploads.and_then(|n| usize::try_from(n).ok()),
+            request_window: None,
         };
         let (file, slot) = at;
         let target = file.try_clone().map_err(|e| {

@@ -26,8 +26,12 @@
 //! `--piece-kib K` (default 4096, the content format's default),
 //! `--piece-cache-mib M` (each anneal leecher's piece cache; default: the
 //! agent's, sized from memory), `--max-connections N` (each anneal
-//! leecher's peer connections; default: the agent's),
-//! `--keep-work` (keep the work directory and every round's logs),
+//! leecher's peer connections; default: the agent's), `--request-window N`
+//! (each anneal leecher's chunk requests outstanding per peer; default: the
+//! agent's),
+//! `--keep-work` (keep the work directory and every round's logs, and
+//! print each anneal round second by second: bytes received and uploaded
+//! by all hosts, pieces written),
 //! `--agent PATH`.
 
 use std::collections::BTreeMap;
@@ -204,6 +208,13 @@ fn round_agent(
         if let Some(m) = anneal_bench::option("--max-connections") {
             cmd.args(["--max-connections", &m]);
         }
+        if let Some(m) = anneal_bench::option("--request-window") {
+            cmd.args(["--request-window", &m]);
+        }
+        if anneal_bench::flag("--keep-work") {
+            // The kept logs tell how each host's fetch went, second by second.
+            cmd.args(["--report-ms", "500"]);
+        }
         procs.push(ChildGroup::spawn_logged("swarm-fetch", &mut cmd, &log)?);
         logs.push(log);
     }
@@ -225,6 +236,9 @@ fn round_agent(
         Ok(false)
     })?;
     let share = seeder_share(work, before, n, size)?;
+    if anneal_bench::flag("--keep-work") {
+        print_timeline(&logs);
+    }
     drop(procs);
     for i in 0..n {
         let _ = std::fs::remove_file(work.join(format!("target{i}")));
@@ -233,6 +247,74 @@ fn round_agent(
         slowest: slowest(&times),
         seeder_share: Some(share),
     })
+}
+
+/// One host's figures at a moment of its fetch (`--report-ms`).
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    ms: u64,
+    received: u64,
+    uploaded: u64,
+    pieces: u64,
+}
+
+/// The `progress` and `written` lines of a swarm-fetch log.
+fn samples(log: &Path) -> Vec<Sample> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut out: Vec<Sample> = Vec::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let s = &v["stats"];
+        let n = |k: &str| s[k].as_u64().unwrap_or(0);
+        let ms = match v["event"].as_str() {
+            Some("progress") => v["ms"].as_u64().unwrap_or(0),
+            Some("written") => (s["seconds"].as_f64().unwrap_or(0.0) * 1000.0) as u64,
+            _ => continue,
+        };
+        out.push(Sample {
+            ms,
+            received: n("bytesFromSeeders") + n("bytesFromPeers") + n("bytesOverHttp"),
+            uploaded: n("bytesUploaded"),
+            pieces: n("pieces"),
+        });
+    }
+    out
+}
+
+/// With `--keep-work`: the round second by second, all hosts together
+/// (bytes received and uploaded, pieces written), from each host's
+/// `--report-ms` lines. Where the swarm waits shows here.
+fn print_timeline(logs: &[std::path::PathBuf]) {
+    let hosts: Vec<Vec<Sample>> = logs.iter().map(|l| samples(l)).collect();
+    let end = hosts
+        .iter()
+        .filter_map(|h| h.last().map(|s| s.ms))
+        .max()
+        .unwrap_or(0);
+    let at = |h: &[Sample], ms: u64| -> Sample {
+        h.iter()
+            .take_while(|s| s.ms <= ms)
+            .last()
+            .copied()
+            .unwrap_or_default()
+    };
+    println!("      second  received MB/s  uploaded MB/s  pieces written (all hosts)");
+    let mut prev = (0u64, 0u64);
+    for sec in 1..=end.div_ceil(1000) {
+        let now = hosts.iter().fold((0, 0, 0), |(r, u, p), h| {
+            let s = at(h, sec * 1000);
+            (r + s.received, u + s.uploaded, p + s.pieces)
+        });
+        println!(
+            "      {sec:>6}  {:>13.1}  {:>13.1}  {:>5}",
+            now.0.saturating_sub(prev.0) as f64 / 1e6,
+            now.1.saturating_sub(prev.1) as f64 / 1e6,
+            now.2
+        );
+        prev = (now.0, now.1);
+    }
 }
 
 fn round_aria2c(lab: &Lab, n: usize, torrent: &Path, work: &Path, size: u64) -> Result<Round> {
