@@ -131,7 +131,7 @@ pub struct SwarmConfig {
 /// requesters' queues side by side, so with 2 MiB asked of each of 15 busy
 /// peers a piece stayed reserved (asked of no other peer) for seconds while
 /// it waited its turn; the 16-leecher round of swarm-bench went from 41.6 s
-/// to 37-38 s (docs/bench/distribution.md, "2026-12-06, 14:00 UTC"). 256
+/// to 37-38 s (docs/bench/distribution.md, "2026-12-06, 13:30 UTC"). 256
 /// KiB in flight still fills 100 Mbit/s at a 20 ms round trip, and 10
 /// Gbit/s at 0.2 ms.
 pub const REQUEST_WINDOW: usize = 16;
