@@ -23,7 +23,7 @@
 //! Needs root (namespaces, tc), aria2c, nginx and curl (bench/setup.sh).
 //! Options: `--mib N` (content size, default 256), `--hosts 1,4,8,16`,
 //! `--methods anneal,anneal-nostripe,anneal-stock,aria2c,http`, `--rate 100mbit`,
-//! `--piece-kib K` (default 4096, the content format's default),
+//! `--piece-kib K` (default: the content format's, 1024),
 //! `--piece-cache-mib M` (each anneal leecher's piece cache; default: the
 //! agent's, sized from memory), `--max-connections N` (each anneal
 //! leecher's peer connections; default: the agent's), `--request-window N`
@@ -441,7 +441,10 @@ fn wait_log(log: &Path, needle: &str, secs: u64) -> Result<String> {
 
 fn main() -> Result<()> {
     let mib: u64 = anneal_bench::option_or("--mib", 256)?;
-    let piece_kib: u32 = anneal_bench::option_or("--piece-kib", 4096)?;
+    let piece_kib: u32 = anneal_bench::option_or(
+        "--piece-kib",
+        anneal_image::format::DEFAULT_PIECE_LENGTH >> 10,
+    )?;
     let rate = anneal_bench::option("--rate").unwrap_or_else(|| "100mbit".into());
     let hosts: Vec<usize> = anneal_bench::option("--hosts")
         .unwrap_or_else(|| "1,4,8,16".into())
