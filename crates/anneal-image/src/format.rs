@@ -15,7 +15,7 @@ pub const HEADER_LEN: usize = 256;
 /// Default piece length (1 MiB). The pieces are the swarm's pieces
 /// (docs/distribution.md): a piece is passed on only once whole, so a rack
 /// deploying at once waits a piece's time at each hop. 16 hosts on 100
-/// Mbit/s links took 37-41 s for 256 MiB in 4 MiB pieces and 32-35 s in 1
+/// Mbit/s links took 37-41 s for 256 MiB in 4 MiB pieces and 32-38 s in 1
 /// MiB pieces (swarm-bench, docs/bench/distribution.md); 256 and 512 KiB
 /// were no faster. A 64 GiB partition is 65536 pieces (1.25 MiB of hashes).
 pub const DEFAULT_PIECE_LENGTH: u32 = 1 << 20;
