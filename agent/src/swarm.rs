@@ -682,30 +682,23 @@ fn fetch_to_slot_reporting(
     cfg: &SwarmConfig,
     every: Option<Duration>,
 ) -> Result<Leeched, SwarmError> {
-    let Some(every) = every else {
-        return fetch_to_slot(torrent, index, target, slot, cfg);
-    };
     let start = Instant::now();
-    let mut next = every;
-    fetch_file_to_slot(
-        torrent,
-        index,
-        open_target(target)?,
-        slot,
-        cfg,
-        &mut |stats| {
-            let at = start.elapsed();
-            if at >= next {
-                next = at + every;
-                print_json(&serde_json::json!({
-                    "event": "progress",
-                    "ms": u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
-                    "stats": stats,
-                }));
-            }
-            true
-        },
-    )
+    let mut next = Duration::ZERO;
+    let mut report = |stats: &SwarmStats| {
+        let at = start.elapsed();
+        if let Some(every) = every
+            && at >= next
+        {
+            next = at + every;
+            print_json(&serde_json::json!({
+                "event": "progress",
+                "ms": u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+                "stats": stats,
+            }));
+        }
+        true
+    };
+    fetch_file_to_slot(torrent, index, open_target(target)?, slot, cfg, &mut report)
 }
 
 /// Refuses a torrent whose pieces are not the index's: librqbit checks each
