@@ -15,8 +15,9 @@
 //! cache): a corrupt chunk from a peer is never written (the peer is dropped
 //! by librqbit and the piece fetched again). Verified pieces serve other
 //! peers from a piece cache sized from the machine's memory, or else read
-//! back from the target. At the end the whole stream is read back in order
-//! from the target and its SHA-256 compared with the index's.
+//! back from the target. At the end the whole stream is hashed in order
+//! (each piece from the cache, else read back from the target) and its
+//! SHA-256 compared with the index's.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -75,12 +76,12 @@ pub enum SwarmError {
     /// The caller's progress callback asked to stop.
     #[error("stopped on request")]
     Aborted,
-    /// The stream read back does not hash to the index's SHA-256.
+    /// The stream written does not hash to the index's SHA-256.
     #[error("the stream written has SHA-256 {got}, the index says {want}")]
     StreamHash {
         /// from the index
         want: String,
-        /// read back
+        /// of the pieces written
         got: String,
     },
 }
@@ -985,20 +986,27 @@ fn peer_stats(snap: &PeerStatsSnapshot, seeders: &[SocketAddr]) -> SwarmStats {
     s
 }
 
-/// Reads the stream back from the target in order and compares its SHA-256
-/// with the index's.
+/// Hashes the stream in order, each piece from the piece cache when it is
+/// still there (the very bytes that were checked and written), else read
+/// back from the target, and compares its SHA-256 with the index's. At the
+/// end of a fetch most pieces are cached: at 16 machines on one host,
+/// reading every stream back from the disk took 2-3 s of a 32 s run.
 fn verify_stream(shared: &Slot) -> Result<(), SwarmError> {
     let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 4 << 20];
-    let used = shared.index.header.used_bytes;
-    let mut off = 0u64;
-    while off < used {
-        let n = (used - off).min(buf.len() as u64) as usize;
-        shared
-            .read_back(off, &mut buf[..n])
-            .map_err(|e| SwarmError::Io(format!("reading the stream back at {off}: {e}")))?;
-        sha2::Digest::update(&mut h, &buf[..n]);
-        off += n as u64;
+    let pl = u64::from(shared.index.header.piece_length);
+    let mut buf = vec![0u8; pl as usize];
+    for i in 0..shared.index.piece_count() {
+        let n = shared.index.piece_len(i) as usize;
+        let piece = &mut buf[..n];
+        let cached = shared
+            .read_cached(i, 0, piece)
+            .map_err(|e| SwarmError::Io(format!("piece {i} from the cache: {e}")))?;
+        if !cached {
+            shared.read_back(i * pl, piece).map_err(|e| {
+                SwarmError::Io(format!("reading piece {i} back from the target: {e}"))
+            })?;
+        }
+        sha2::Digest::update(&mut h, &*piece);
     }
     let got = hex::encode(sha2::Digest::finalize(h));
     let want = hex::encode(shared.index.header.stream_sha256);

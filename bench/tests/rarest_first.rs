@@ -1,7 +1,7 @@
 //! The rarest-first bookkeeping and choice added to the vendored librqbit
 //! (vendor/librqbit/NOTICE.anneal), through its public API.
 
-use librqbit::piece_selection::{Availability, Stripe, choose_rarest, stripe_allows};
+use librqbit::piece_selection::{Availability, Stripe, choose_from_seeder, choose_rarest};
 
 fn counts(a: &Availability) -> Vec<u32> {
     (0..a.len()).map(|p| a.get(p)).collect()
@@ -129,10 +129,35 @@ fn seeder_stripes_give_each_piece_to_one_leecher() {
             "piece {p}"
         );
     }
-    // Off-stripe pieces only once the stripe is complete and starved.
-    let s = Some(stripes[0]);
-    let off = (0..64).find(|p| !stripes[0].contains(*p)).unwrap();
-    assert!(!stripe_allows(s, off, true, false));
-    assert!(!stripe_allows(s, off, false, true));
-    assert!(stripe_allows(s, off, true, true));
+    // From a seeder: the own stripe in order; off it only once the stripe
+    // is complete, and then not the lowest pieces left in another stripe.
+    // The leecher of rank 3 helps with the 4th piece of every stripe.
+    let s = *stripes.iter().find(|s| s.index == 3).unwrap();
+    let mine: Vec<usize> = s.pieces(64).collect();
+    let others: Vec<usize> = (0..64).filter(|p| !s.contains(*p)).collect();
+    assert_eq!(
+        choose_from_seeder((0..64).rev(), s, false, false, xorshift(5)),
+        Some(mine[0])
+    );
+    assert_eq!(
+        choose_from_seeder(others.clone(), s, false, true, xorshift(5)),
+        None
+    );
+    let mut rng = xorshift(9);
+    for _ in 0..100 {
+        let p = choose_from_seeder(others.clone(), s, true, false, &mut rng).expect("a piece");
+        // 64 pieces in 16 stripes: each stripe has 4; the first two of each
+        // are left to its owner, and each other piece has one helper.
+        assert!(p >= 48, "piece {p} is not the 4th of its stripe");
+        assert!(
+            s.helps_with(p),
+            "piece {p} is another leecher's to help with"
+        );
+    }
+    // The helpers of a piece: one leecher, never its owner.
+    for p in 32..64 {
+        let helpers = stripes.iter().filter(|t| t.helps_with(p)).count();
+        assert!(helpers <= 1, "piece {p} has {helpers} helpers");
+        assert!(!stripes.iter().any(|t| t.contains(p) && t.helps_with(p)));
+    }
 }

@@ -128,23 +128,81 @@ impl Stripe {
         self.count <= 1 || piece % self.count == self.index
     }
 
+    /// anneal: whether this leecher, done with its own stripe, may ask the
+    /// seeders for `piece` of another stripe: the `k`-th piece of each
+    /// stripe (`piece / count`) is helped by the leecher of rank
+    /// `k % count`, so two helpers never ask for the same piece.
+    pub fn helps_with(&self, piece: usize) -> bool {
+        let count = self.count.max(1);
+        !self.contains(piece) && (piece / count) % count == self.index
+    }
+
     /// The pieces of the stripe among `total`.
     pub fn pieces(&self, total: usize) -> impl Iterator<Item = usize> {
         (self.index.min(total)..total).step_by(self.count.max(1))
     }
 }
 
-/// anneal: whether a seeder may be asked for `piece` by the leecher of
-/// `stripe`: a piece of its stripe, or any piece no leecher has once the
-/// stripe is complete (`stripe_done`) and no leecher has a piece this one
-/// still needs (`starved`): the leecher that owns it may be gone or stuck,
-/// and the seeders have little else to send by then.
-pub fn stripe_allows(stripe: Option<Stripe>, piece: usize, stripe_done: bool, starved: bool) -> bool {
-    match stripe {
-        None => true,
-        Some(s) => s.contains(piece) || (stripe_done && starved),
+/// anneal: the piece a leecher of `stripe` asks a seeder for, among
+/// `candidates` (queued pieces the seeder has and no leecher has):
+/// - the lowest piece of its own stripe: a stripe is fetched in order, so
+///   the pieces its owner has in flight are the lowest of what is left;
+/// - once its stripe is complete (`stripe_done`), a piece of another stripe
+///   that this leecher helps with ([`Stripe::helps_with`]: one piece in
+///   `count` of each stripe, a different one for each leecher, so helpers
+///   never ask for the same piece) and that is not among the [`HELP_SKIP`]
+///   lowest left in its stripe (which its owner is receiving or about to),
+///   at random. A stripe's owner receives from the seeders only its share
+///   of a downlink full of other peers' pieces, so the last stripes lag; the
+///   seeders' upload they cannot take goes to leechers done with their own,
+///   which pass the pieces on;
+/// - when no leecher holds a piece this one still needs (`starved`: an
+///   owner may be gone or stuck), any piece.
+///
+/// `random` must return uniformly distributed values.
+pub fn choose_from_seeder(
+    candidates: impl IntoIterator<Item = usize>,
+    stripe: Stripe,
+    stripe_done: bool,
+    starved: bool,
+    mut random: impl FnMut() -> u64,
+) -> Option<usize> {
+    let mut candidates: Vec<usize> = candidates.into_iter().collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    if let Some(own) = candidates.iter().copied().find(|p| stripe.contains(*p)) {
+        return Some(own);
     }
+    if !stripe_done {
+        return None;
+    }
+    // Each candidate's rank among the candidates of its stripe, lowest first.
+    let count = stripe.count.max(1);
+    let mut seen = std::collections::HashMap::<usize, usize>::new();
+    let helped: Vec<usize> = candidates
+        .iter()
+        .filter(|p| {
+            let r = seen.entry(*p % count).or_default();
+            *r += 1;
+            *r > HELP_SKIP && stripe.helps_with(**p)
+        })
+        .copied()
+        .collect();
+    let pool = if !helped.is_empty() {
+        helped
+    } else if starved {
+        candidates
+    } else {
+        return None;
+    };
+    (!pool.is_empty()).then(|| pool[(random() % pool.len() as u64) as usize])
 }
+
+/// anneal: the lowest pieces left in another leecher's stripe that a leecher
+/// done with its own leaves to that owner ([`choose_from_seeder`]): what
+/// the owner has in flight (a piece being received and the next one
+/// requested).
+pub const HELP_SKIP: usize = 2;
 
 /// The candidate with the lowest availability; among equally rare candidates
 /// each is chosen with the same probability (reservoir sampling driven by
@@ -225,14 +283,55 @@ mod tests {
     }
 
     #[test]
-    fn off_stripe_pieces_only_when_done_and_starved() {
-        let s = Some(Stripe { index: 1, count: 3 });
-        assert!(stripe_allows(s, 4, false, false));
-        assert!(!stripe_allows(s, 3, false, false));
-        assert!(!stripe_allows(s, 3, true, false));
-        assert!(!stripe_allows(s, 3, false, true));
-        assert!(stripe_allows(s, 3, true, true));
-        assert!(stripe_allows(None, 3, false, false));
+    fn a_seeder_serves_the_stripe_in_order_then_the_lagging_stripes_tails() {
+        let s = Stripe { index: 1, count: 3 };
+        let never = || -> u64 { panic!("no random choice expected") };
+        // Own stripe first, lowest first, whatever else is there.
+        assert_eq!(choose_from_seeder([9, 7, 4, 0, 2], s, false, false, never), Some(4));
+        // Stripe not complete and nothing of it queued: nothing.
+        assert_eq!(choose_from_seeder([0, 2, 3], s, false, true, never), None);
+        // Leecher 1 of 3 helps with pieces 3-5, 12-14, 21-23, ... (k % 3 == 1):
+        // of stripe 0's 3, 12, 21 and stripe 2's 5, 14, 23.
+        let helps: Vec<usize> = (0..27).filter(|p| s.helps_with(*p)).collect();
+        assert_eq!(helps, [3, 5, 12, 14, 21, 23]);
+        // Complete: stripe 0 has 0, 3, 6, 9, 12, 15, 18, 21 left, stripe 2
+        // has 2, 5, 8. Past the two lowest of its stripe and helped by
+        // this leecher: 12 and 21.
+        let mut x = 0u64;
+        let mut picks = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let pick = choose_from_seeder([0, 2, 3, 5, 6, 8, 9, 12, 15, 18, 21], s, true, false, || {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x >> 33
+            });
+            picks.insert(pick.unwrap());
+        }
+        assert_eq!(picks.into_iter().collect::<Vec<_>>(), [12, 21]);
+        // Only the owners' next pieces (and others' helpers' pieces) left:
+        // nothing unless starved, then anything.
+        assert_eq!(choose_from_seeder([0, 3, 2, 5, 6], s, true, false, || 0), None);
+        assert_eq!(choose_from_seeder([0, 3, 2, 5, 6], s, true, true, || 1), Some(2));
+        assert_eq!(choose_from_seeder(std::iter::empty(), s, true, true, never), None);
+        // Alone: every piece is the stripe's, in order.
+        let alone = Stripe { index: 0, count: 1 };
+        assert_eq!(choose_from_seeder([5, 3, 8], alone, false, false, never), Some(3));
+        assert!(!alone.helps_with(3));
+    }
+
+    #[test]
+    fn every_piece_but_the_owners_has_one_helper() {
+        for count in 1..7 {
+            let stripes: Vec<Stripe> = (0..count).map(|index| Stripe { index, count }).collect();
+            for p in 0..100 {
+                let helpers = stripes.iter().filter(|s| s.helps_with(p)).count();
+                let owner_helps = stripes[p % count].helps_with(p);
+                assert!(!owner_helps);
+                // The k-th piece of a stripe whose k falls on the owner's rank
+                // has no helper; every other piece has exactly one.
+                let expect = usize::from((p / count) % count != p % count);
+                assert_eq!(helpers, expect, "piece {p} of {count} stripes");
+            }
+        }
     }
 
     #[test]

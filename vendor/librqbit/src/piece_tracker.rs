@@ -21,7 +21,7 @@ use peer_binary_protocol::Piece;
 use crate::{
     chunk_tracker::{ChunkMarkingResult, ChunkTracker},
     file_info::FileInfo,
-    piece_selection::{Availability, Stripe, choose_rarest, seeder_may_serve, stripe_allows},
+    piece_selection::{Availability, Stripe, choose_from_seeder, choose_rarest, seeder_may_serve},
     type_aliases::{FileInfos, FilePriorities, PeerHandle},
 };
 
@@ -217,32 +217,28 @@ impl PieceTracker {
             // about once instead of once per machine).
             let lengths = *self.chunks.get_lengths();
             let seeders = req.live_seeders;
-            // anneal: seeder stripes. Off-stripe pieces only once the
-            // stripe is complete and no leecher has a piece we need.
-            let stripe = req.stripe.filter(|_| req.peer_is_seeder);
-            let (stripe_done, starved) = match stripe {
-                Some(st) => (
-                    st.pieces(lengths.total_pieces() as usize).all(|p| {
+            // anneal: seeder stripes: a seeder is asked for this leecher's
+            // stripe in order, then for the tails of lagging stripes
+            // (piece_selection::choose_from_seeder).
+            let candidates = queued
+                .iter()
+                .filter(|p| (req.peer_has_piece)(**p))
+                .map(|p| p.get_usize())
+                .filter(|p| !req.peer_is_seeder || seeder_may_serve(availability, *p, seeders));
+            let rarest = match req.stripe.filter(|_| req.peer_is_seeder) {
+                Some(st) => {
+                    let stripe_done = st.pieces(lengths.total_pieces() as usize).all(|p| {
                         lengths
                             .validate_piece_index(p as u32)
                             .is_none_or(|v| self.chunks.is_piece_have(v))
-                    }),
-                    queued
+                    });
+                    let starved = queued
                         .iter()
-                        .all(|p| availability.get(p.get_usize()) <= seeders),
-                ),
-                None => (true, true),
-            };
-            let rarest = choose_rarest(
-                queued
-                    .iter()
-                    .filter(|p| (req.peer_has_piece)(**p))
-                    .map(|p| p.get_usize())
-                    .filter(|p| !req.peer_is_seeder || seeder_may_serve(availability, *p, seeders))
-                    .filter(|p| stripe_allows(stripe, *p, stripe_done, starved)),
-                availability,
-                rand::random::<u64>,
-            )
+                        .all(|p| availability.get(p.get_usize()) <= seeders);
+                    choose_from_seeder(candidates, st, stripe_done, starved, rand::random::<u64>)
+                }
+                None => choose_rarest(candidates, availability, rand::random::<u64>),
+            }
             .and_then(|p| lengths.validate_piece_index(p as u32));
             if let Some(piece) = rarest {
                 return self.reserve_piece(piece, req.peer);
@@ -891,12 +887,12 @@ mod tests {
     }
 
     #[test]
-    fn a_seeder_is_asked_only_for_the_leechers_stripe_until_it_is_starved() {
-        let file_infos = make_test_file_infos(6);
+    fn a_seeder_is_asked_for_the_stripe_in_order_then_for_lagging_stripes_tails() {
+        let file_infos = make_test_file_infos(21);
         let file_priorities = make_default_file_priorities(&file_infos);
-        let mut tracker = PieceTracker::new(make_test_chunk_tracker(6)).with_rarest_first(true);
+        let mut tracker = PieceTracker::new(make_test_chunk_tracker(21)).with_rarest_first(true);
         // The seeder holds everything; a leecher holds piece 0.
-        tracker.on_peer_pieces([], 0..6);
+        tracker.on_peer_pieces([], 0..21);
         tracker.on_peer_pieces([], [0]);
         let stripe = Some(Stripe { index: 1, count: 3 });
         let ask = |tracker: &mut PieceTracker| {
@@ -917,23 +913,30 @@ mod tests {
                 r => panic!("expected Reserved or NoneAvailable, got {r:?}"),
             }
         };
-        let mut got = vec![ask(&mut tracker), ask(&mut tracker)];
-        got.sort();
-        assert_eq!(got, [Some(1), Some(4)]);
-        // The stripe is in flight, not complete: nothing else from the seeder.
+        let done = |tracker: &mut PieceTracker, pieces: &[u32]| {
+            for p in pieces {
+                let v = tracker.chunks().get_lengths().validate_piece_index(*p).unwrap();
+                tracker.take_inflight(v);
+                tracker.mark_piece_hash_ok(v);
+            }
+        };
+        // The stripe in order; while it is in flight, nothing else.
+        let stripe_pieces: Vec<u32> = std::iter::from_fn(|| ask(&mut tracker)).collect();
+        assert_eq!(stripe_pieces, [1, 4, 7, 10, 13, 16, 19]);
+        done(&mut tracker, &stripe_pieces);
+        // Complete: 0 comes from the leecher that has it. Of the other
+        // stripes this leecher helps with 3, 5, 12 and 14 (the second piece
+        // in three of each stripe); 3 and 5 are among the two lowest left
+        // in their stripe, left to their owners.
+        let mut helped = vec![ask(&mut tracker).unwrap(), ask(&mut tracker).unwrap()];
+        helped.sort();
+        assert_eq!(helped, [12, 14]);
         assert_eq!(ask(&mut tracker), None);
-        for p in [1, 4] {
-            let v = tracker.chunks().get_lengths().validate_piece_index(p).unwrap();
-            tracker.take_inflight(v);
-            tracker.mark_piece_hash_ok(v);
-        }
-        // Complete, but a leecher has piece 0, which we need: not starved.
-        assert_eq!(ask(&mut tracker), None);
-        // The leecher leaves: starved, the seeder serves the rest.
+        // The leecher leaves: starved, the seeder serves everything left.
         tracker.on_peer_gone([0]);
-        let mut rest: Vec<_> = (0..4).map(|_| ask(&mut tracker).unwrap()).collect();
+        let mut rest: Vec<u32> = std::iter::from_fn(|| ask(&mut tracker)).collect();
         rest.sort();
-        assert_eq!(rest, [0, 2, 3, 5]);
+        assert_eq!(rest, [0, 2, 3, 5, 6, 8, 9, 11, 15, 17, 18, 20]);
     }
 
     // anneal: with rarest-first, a piece in flight from a slow peer is not
