@@ -388,3 +388,30 @@ fn a_torrent_of_another_content_is_refused_before_anything_is_written() {
     let data = std::fs::read(&t).unwrap();
     assert!(data.iter().all(|b| *b == 0), "the target was written");
 }
+
+/// The stream's SHA-256 is checked over the pieces written, in order: an
+/// index whose piece hashes match the content but whose stream SHA-256 does
+/// not fails the fetch after the last piece, naming both hashes.
+#[test]
+fn a_stream_that_does_not_hash_to_the_index_fails_the_fetch() {
+    let c = content();
+    let seeder = seeder(&c, &c.stream, 1, None);
+    let work = tempfile::tempdir().unwrap();
+    let mut index = c.index.clone();
+    index.header.stream_sha256[0] ^= 0xff;
+    for cache in [None, Some(0)] {
+        let t = target(work.path(), "t");
+        let mut cfg = config(vec![seeder.addr()], vec![seeder.addr()], free_port());
+        cfg.piece_cache = cache;
+        let err = fetch_to_slot(&c.torrent, &index, &t, SLOT, &cfg)
+            .err()
+            .unwrap_or_else(|| panic!("piece cache {cache:?}: the fetch succeeded"));
+        match &err {
+            SwarmError::StreamHash { want, got } => {
+                assert_eq!(want, &hex::encode(index.header.stream_sha256));
+                assert_eq!(got, &hex::encode(c.index.header.stream_sha256));
+            }
+            other => panic!("piece cache {cache:?}: {other}"),
+        }
+    }
+}

@@ -129,26 +129,30 @@ fn seeder_stripes_give_each_piece_to_one_leecher() {
             "piece {p}"
         );
     }
-    // From a seeder: the own stripe in order; off it only once the stripe
-    // is complete, and then not the lowest pieces left in another stripe.
-    // The leecher of rank 3 helps with the 4th piece of every stripe.
+    // From a seeder: the own stripe in order; once none of it is left to
+    // ask for, not the lowest pieces left in another stripe, and only those
+    // this leecher helps with. The leecher of rank 3 helps with one piece of
+    // each other stripe.
     let s = *stripes.iter().find(|s| s.index == 3).unwrap();
     let mine: Vec<usize> = s.pieces(64).collect();
     let others: Vec<usize> = (0..64).filter(|p| !s.contains(*p)).collect();
     assert_eq!(
-        choose_from_seeder((0..64).rev(), s, false, false, xorshift(5)),
+        choose_from_seeder((0..64).rev(), s, false, xorshift(5)),
         Some(mine[0])
     );
+    // Only the owners' two lowest left: nothing, unless starved.
+    let lowest: Vec<usize> = others.iter().copied().filter(|p| *p < 32).collect();
     assert_eq!(
-        choose_from_seeder(others.clone(), s, false, true, xorshift(5)),
+        choose_from_seeder(lowest.clone(), s, false, xorshift(5)),
         None
     );
+    assert!(choose_from_seeder(lowest, s, true, xorshift(5)).is_some_and(|p| p < 32));
     let mut rng = xorshift(9);
     for _ in 0..100 {
-        let p = choose_from_seeder(others.clone(), s, true, false, &mut rng).expect("a piece");
+        let p = choose_from_seeder(others.clone(), s, false, &mut rng).expect("a piece");
         // 64 pieces in 16 stripes: each stripe has 4; the first two of each
         // are left to its owner, and each other piece has one helper.
-        assert!(p >= 48, "piece {p} is not the 4th of its stripe");
+        assert!(p >= 32, "piece {p} is among its stripe's two lowest");
         assert!(
             s.helps_with(p),
             "piece {p} is another leecher's to help with"

@@ -129,12 +129,14 @@ impl Stripe {
     }
 
     /// anneal: whether this leecher, done with its own stripe, may ask the
-    /// seeders for `piece` of another stripe: the `k`-th piece of each
-    /// stripe (`piece / count`) is helped by the leecher of rank
-    /// `k % count`, so two helpers never ask for the same piece.
+    /// seeders for `piece` of another stripe: the `k`-th piece (`piece /
+    /// count`) of stripe `s` is helped by the leecher of rank `(s + k) %
+    /// count` (none when that is `s`, its owner), so two helpers never ask
+    /// for the same piece, and the last pieces of the stripes, which lag
+    /// the most, have as many different helpers as there are leechers.
     pub fn helps_with(&self, piece: usize) -> bool {
         let count = self.count.max(1);
-        !self.contains(piece) && (piece / count) % count == self.index
+        !self.contains(piece) && (piece % count + piece / count) % count == self.index
     }
 
     /// The pieces of the stripe among `total`.
@@ -147,8 +149,8 @@ impl Stripe {
 /// `candidates` (queued pieces the seeder has and no leecher has):
 /// - the lowest piece of its own stripe: a stripe is fetched in order, so
 ///   the pieces its owner has in flight are the lowest of what is left;
-/// - once its stripe is complete (`stripe_done`), a piece of another stripe
-///   that this leecher helps with ([`Stripe::helps_with`]: one piece in
+/// - when none is left to ask for (the rest is in flight or done), a piece
+///   of another stripe that this leecher helps with ([`Stripe::helps_with`]: one piece in
 ///   `count` of each stripe, a different one for each leecher, so helpers
 ///   never ask for the same piece) and that is not among the [`HELP_SKIP`]
 ///   lowest left in its stripe (which its owner is receiving or about to),
@@ -163,7 +165,6 @@ impl Stripe {
 pub fn choose_from_seeder(
     candidates: impl IntoIterator<Item = usize>,
     stripe: Stripe,
-    stripe_done: bool,
     starved: bool,
     mut random: impl FnMut() -> u64,
 ) -> Option<usize> {
@@ -172,9 +173,6 @@ pub fn choose_from_seeder(
     candidates.dedup();
     if let Some(own) = candidates.iter().copied().find(|p| stripe.contains(*p)) {
         return Some(own);
-    }
-    if !stripe_done {
-        return None;
     }
     // Each candidate's rank among the candidates of its stripe, lowest first.
     let count = stripe.count.max(1);
@@ -287,34 +285,35 @@ mod tests {
         let s = Stripe { index: 1, count: 3 };
         let never = || -> u64 { panic!("no random choice expected") };
         // Own stripe first, lowest first, whatever else is there.
-        assert_eq!(choose_from_seeder([9, 7, 4, 0, 2], s, false, false, never), Some(4));
-        // Stripe not complete and nothing of it queued: nothing.
-        assert_eq!(choose_from_seeder([0, 2, 3], s, false, true, never), None);
-        // Leecher 1 of 3 helps with pieces 3-5, 12-14, 21-23, ... (k % 3 == 1):
-        // of stripe 0's 3, 12, 21 and stripe 2's 5, 14, 23.
+        assert_eq!(choose_from_seeder([9, 7, 4, 0, 2], s, false, never), Some(4));
+        // Nothing of its own to ask for, and of the others only what their
+        // owners are receiving or about to: nothing.
+        assert_eq!(choose_from_seeder([0, 2, 3], s, false, never), None);
+        // Leecher 1 of 3 helps with the pieces of stripe 0 whose k (piece /
+        // 3) is 1, 4, 7 and those of stripe 2 whose k is 2, 5, 8.
         let helps: Vec<usize> = (0..27).filter(|p| s.helps_with(*p)).collect();
-        assert_eq!(helps, [3, 5, 12, 14, 21, 23]);
-        // Complete: stripe 0 has 0, 3, 6, 9, 12, 15, 18, 21 left, stripe 2
+        assert_eq!(helps, [3, 8, 12, 17, 21, 26]);
+        // None of its own: stripe 0 has 0, 3, 6, 9, 12, 15, 18, 21 left, stripe 2
         // has 2, 5, 8. Past the two lowest of its stripe and helped by
-        // this leecher: 12 and 21.
+        // this leecher: 8, 12 and 21.
         let mut x = 0u64;
         let mut picks = std::collections::BTreeSet::new();
         for _ in 0..200 {
-            let pick = choose_from_seeder([0, 2, 3, 5, 6, 8, 9, 12, 15, 18, 21], s, true, false, || {
+            let pick = choose_from_seeder([0, 2, 3, 5, 6, 8, 9, 12, 15, 18, 21], s, false, || {
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 x >> 33
             });
             picks.insert(pick.unwrap());
         }
-        assert_eq!(picks.into_iter().collect::<Vec<_>>(), [12, 21]);
+        assert_eq!(picks.into_iter().collect::<Vec<_>>(), [8, 12, 21]);
         // Only the owners' next pieces (and others' helpers' pieces) left:
         // nothing unless starved, then anything.
-        assert_eq!(choose_from_seeder([0, 3, 2, 5, 6], s, true, false, || 0), None);
-        assert_eq!(choose_from_seeder([0, 3, 2, 5, 6], s, true, true, || 1), Some(2));
-        assert_eq!(choose_from_seeder(std::iter::empty(), s, true, true, never), None);
+        assert_eq!(choose_from_seeder([0, 3, 2, 5, 6], s, false, || 0), None);
+        assert_eq!(choose_from_seeder([0, 3, 2, 5, 6], s, true, || 1), Some(2));
+        assert_eq!(choose_from_seeder(std::iter::empty(), s, true, never), None);
         // Alone: every piece is the stripe's, in order.
         let alone = Stripe { index: 0, count: 1 };
-        assert_eq!(choose_from_seeder([5, 3, 8], alone, false, false, never), Some(3));
+        assert_eq!(choose_from_seeder([5, 3, 8], alone, false, never), Some(3));
         assert!(!alone.helps_with(3));
     }
 
@@ -326,9 +325,10 @@ mod tests {
                 let helpers = stripes.iter().filter(|s| s.helps_with(p)).count();
                 let owner_helps = stripes[p % count].helps_with(p);
                 assert!(!owner_helps);
-                // The k-th piece of a stripe whose k falls on the owner's rank
-                // has no helper; every other piece has exactly one.
-                let expect = usize::from((p / count) % count != p % count);
+                // The k-th piece of a stripe has no helper when k is a
+                // multiple of the count (the helper would be the owner);
+                // every other piece has exactly one.
+                let expect = usize::from((p / count) % count != 0);
                 assert_eq!(helpers, expect, "piece {p} of {count} stripes");
             }
         }
