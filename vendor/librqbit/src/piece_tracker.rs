@@ -76,6 +76,10 @@ where
     pub live_seeders: u32,
 }
 
+/// anneal: the first pieces a leecher alone in its stripe split (no other
+/// leecher known yet) takes from a seeder at random, not in order.
+const ALONE_RANDOM_PIECES: usize = 8;
+
 /// Coordinates piece download state.
 ///
 /// Wraps a [`ChunkTracker`] with tracking of which pieces are currently being downloaded
@@ -227,7 +231,16 @@ impl PieceTracker {
                 .filter(|p| (req.peer_has_piece)(**p))
                 .map(|p| p.get_usize())
                 .filter(|p| !req.peer_is_seeder || seeder_may_serve(availability, *p, seeders));
+            // Pieces reserved or received so far.
+            let started = lengths.total_pieces() as usize - queued.len();
             let rarest = match req.stripe.filter(|_| req.peer_is_seeder) {
+                // anneal: a leecher that knows no other leecher yet (it has
+                // just started, as others may have) takes its first pieces
+                // at random: in order, every leecher starting at once asked
+                // the seeder for piece 0 (sent 9 times at 16 leechers).
+                Some(st) if st.count <= 1 && started < ALONE_RANDOM_PIECES => {
+                    choose_rarest(candidates, availability, rand::random::<u64>)
+                }
                 Some(st) => {
                     let starved = queued
                         .iter()
@@ -943,6 +956,36 @@ mod tests {
         let mut rest: Vec<u32> = std::iter::from_fn(|| ask(&mut tracker)).collect();
         rest.sort();
         assert_eq!(rest, [0, 2, 3, 5, 6, 9, 11, 14, 15, 18, 20]);
+    }
+
+    #[test]
+    fn a_leecher_alone_takes_its_first_pieces_at_random_then_in_order() {
+        let file_infos = make_test_file_infos(40);
+        let file_priorities = make_default_file_priorities(&file_infos);
+        let mut tracker = PieceTracker::new(make_test_chunk_tracker(40)).with_rarest_first(true);
+        tracker.on_peer_pieces([], 0..40);
+        let mut ask = || match tracker.acquire_piece(AcquireRequest {
+            peer: peer(9),
+            peer_avg_time: None,
+            priority_pieces: std::iter::empty(),
+            file_priorities: &file_priorities,
+            file_infos: &file_infos,
+            peer_has_piece: |_| true,
+            can_steal: |_| false,
+            peer_is_seeder: true,
+            live_seeders: 1,
+            stripe: Some(Stripe { index: 0, count: 1 }),
+        }) {
+            AcquireResult::Reserved(p) => p.get(),
+            r => panic!("expected Reserved, got {r:?}"),
+        };
+        let first: Vec<u32> = (0..ALONE_RANDOM_PIECES).map(|_| ask()).collect();
+        // In order they would be 0..8: at random, that is one draw in 40!/32!.
+        assert_ne!(first, (0..ALONE_RANDOM_PIECES as u32).collect::<Vec<_>>());
+        // Then the lowest left, in order.
+        let lowest: Vec<u32> = (0..40).filter(|p| !first.contains(p)).take(4).collect();
+        let next: Vec<u32> = (0..4).map(|_| ask()).collect();
+        assert_eq!(next, lowest);
     }
 
     // anneal: with rarest-first, a piece in flight from a slow peer is not
