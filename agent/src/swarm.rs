@@ -15,9 +15,10 @@
 //! cache): a corrupt chunk from a peer is never written (the peer is dropped
 //! by librqbit and the piece fetched again). Verified pieces serve other
 //! peers from a piece cache sized from the machine's memory, or else read
-//! back from the target. At the end the whole stream is hashed in order
-//! (each piece from the cache, else read back from the target) and its
-//! SHA-256 compared with the index's.
+//! back from the target. A thread hashes the stream in order while the
+//! pieces arrive (each piece from the cache, else read back from the
+//! target), and once every piece is written its SHA-256 is compared with
+//! the index's.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
