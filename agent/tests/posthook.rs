@@ -606,6 +606,29 @@ fn script_sees_the_anneal_environment() {
     assert!(has("m=ns/m1 i=debian-12"), "{log:?}");
 }
 
+/// A param reaches the script only through its environment: the body the
+/// manager templates (`{{ p }}` -> `${ANNEAL_PARAM_P}`, asserted by the
+/// manager's plan tests) run by the real /bin/sh leaves `$(...)`, backticks
+/// and quotes in the value literal.
+#[test]
+fn a_param_stays_literal_in_the_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = make_disk(dir.path(), &[]);
+    let ctx = context(&img, dir.path());
+    let pwned = dir.path().join("pwned");
+    let evil = format!("$(touch {p}) `touch {p}` '; touch {p}; '", p = pwned.display());
+    let mut st = script("params", "echo ${ANNEAL_PARAM_P}; echo \"q=${ANNEAL_PARAM_P}\"", 10);
+    st.params = BTreeMap::from([("p".to_string(), evil.clone())]);
+    let (r, log) = run(&ctx, &[st]);
+    r.unwrap();
+    assert!(!pwned.exists(), "a param was executed: {log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l == &format!("posthook site-tweaks/params: q={evil}")),
+        "{log:?}"
+    );
+}
+
 #[test]
 fn script_exiting_3_names_hook_step_code_and_output_tail() {
     let dir = tempfile::tempdir().unwrap();

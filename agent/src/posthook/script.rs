@@ -26,21 +26,7 @@ const MAX_LINE: usize = 4096;
 /// left the process group may hold the pipe open).
 const DRAIN: Duration = Duration::from_secs(2);
 
-/// `ANNEAL_PARAM_<NAME>`: the param name upper-cased, anything but
-/// `[A-Z0-9]` turned into `_`.
-pub fn param_var(name: &str) -> String {
-    let n: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("ANNEAL_PARAM_{n}")
-}
+pub use anneal_api::agent::param_var;
 
 /// The environment a script of `step` sees (besides `PATH` and `HOME`).
 pub fn environment(ctx: &Context, step: &PlannedStep) -> Vec<(String, String)> {

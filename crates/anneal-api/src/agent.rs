@@ -479,6 +479,25 @@ pub struct SeedPolicy {
     pub max_seconds: u32,
 }
 
+/// The environment variable a script step reads param `name` from:
+/// `ANNEAL_PARAM_<NAME>`, the name upper-cased, anything but `[A-Z0-9]`
+/// turned into `_`. The manager templates `{{ name }}` in a script body
+/// into `${ANNEAL_PARAM_<NAME>}` (never the value itself), and the agent
+/// sets the variable from [`PlannedStep::params`].
+pub fn param_var(name: &str) -> String {
+    let n: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("ANNEAL_PARAM_{n}")
+}
+
 /// One resolved post-install step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -491,13 +510,17 @@ pub struct PlannedStep {
     /// `install-removable-fallback`; exactly one of `builtin` and `script`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builtin: Option<String>,
-    /// A script body, already templated by the manager.
+    /// A script body, already templated by the manager: each `{{ name }}`
+    /// became `${ANNEAL_PARAM_<NAME>}` ([`param_var`]), its value in
+    /// `params`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
     /// Seconds before the step is killed and the run fails.
     pub timeout_seconds: u32,
-    /// The merged params (hook defaults < Image params < claim params), for
-    /// builtins that take options (`loader` of install-removable-fallback).
+    /// The merged params (hook defaults < Image params < claim params) the
+    /// step declares or its script uses: the script's environment
+    /// (`ANNEAL_PARAM_<NAME>`), and the options of builtins (`loader` of
+    /// install-removable-fallback).
     #[serde(default)]
     pub params: std::collections::BTreeMap<String, String>,
 }

@@ -288,13 +288,17 @@ pub fn merge_params(
     out
 }
 
-/// Replaces `{{ name }}` and `{{ .name }}` in a script body; an unknown
-/// name fails.
+/// Replaces `{{ name }}` and `{{ .name }}` in a script body with a
+/// reference to the param's environment variable (`${ANNEAL_PARAM_NAME}`,
+/// [`anneal_api::agent::param_var`]), never with the value: a value reaches
+/// the shell only through the environment, so `$(...)` or quotes in it stay
+/// literal. Returns the body and the names it used; an unknown name fails.
 pub fn template(
     body: &str,
     values: &BTreeMap<String, String>,
-) -> Result<String, String /* param */> {
+) -> Result<(String, BTreeSet<String>), String /* param */> {
     let mut out = String::with_capacity(body.len());
+    let mut used = BTreeSet::new();
     let mut rest = body;
     while let Some(i) = rest.find("{{") {
         out.push_str(&rest[..i]);
@@ -305,14 +309,17 @@ pub fn template(
             break;
         };
         let key = after[..j].trim().trim_start_matches('.').trim();
-        match values.get(key) {
-            Some(v) => out.push_str(v),
-            None => return Err(key.to_string()),
+        if !values.contains_key(key) {
+            return Err(key.to_string());
         }
+        out.push_str("${");
+        out.push_str(&anneal_api::agent::param_var(key));
+        out.push('}');
+        used.insert(key.to_string());
         rest = &after[j + 2..];
     }
     out.push_str(rest);
-    Ok(out)
+    Ok((out, used))
 }
 
 /// The ordered hook names: the OS Image's, then the claim's; the default
@@ -683,6 +690,7 @@ fn steps(
                 continue;
             }
             let step = st.name.clone().unwrap_or_else(|| format!("step-{}", n + 1));
+            let mut used = BTreeSet::new();
             let script = match &st.script {
                 None => None,
                 Some(src) => {
@@ -704,19 +712,20 @@ fn steps(
                             ),
                         })?
                     };
-                    Some(
+                    let (text, names) =
                         template(&body, &values).map_err(|param| PlanError::MissingParam {
                             hook: hook_name.clone(),
                             step: step.clone(),
                             param,
-                        })?,
-                    )
+                        })?;
+                    used = names;
+                    Some(text)
                 }
             };
             let declared: BTreeSet<&String> = spec.params.keys().collect();
             let params = values
                 .iter()
-                .filter(|(k, _)| declared.contains(k))
+                .filter(|(k, _)| declared.contains(k) || used.contains(*k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             out.push(PlannedStep {
@@ -1030,10 +1039,17 @@ mod tests {
             "targetDisk": {"serialNumber": "A1"}, "params": {"who": "claim"}}));
         let p = w.plan(&c).unwrap();
         assert_eq!(p.plan.steps.len(), 2, "the Windows step is filtered out");
+        // names become variable references; the values travel in params
         assert_eq!(
             p.plan.steps[0].script.as_deref(),
-            Some("echo claim hook-a image on m1 /dev/vda")
+            Some(
+                "echo ${ANNEAL_PARAM_WHO} ${ANNEAL_PARAM_A} ${ANNEAL_PARAM_B} on ${ANNEAL_PARAM_MACHINENAME} ${ANNEAL_PARAM_TARGETDISK}"
+            )
         );
+        let params = &p.plan.steps[0].params;
+        for (k, v) in [("who", "claim"), ("a", "hook-a"), ("b", "image"), ("machineName", "m1"), ("targetDisk", "/dev/vda")] {
+            assert_eq!(params.get(k).map(String::as_str), Some(v), "param {k}");
+        }
         assert_eq!(p.plan.steps[1].step, "step-2");
         assert_eq!(p.plan.steps[1].timeout_seconds, 120);
         // Editing only the hook changes hooksHash (a new run), nothing else.
@@ -1074,10 +1090,31 @@ mod tests {
         assert!(e.contains("configmap/cm/run.sh"), "{e}");
         w.scripts
             .insert("configmap/cm/run.sh".into(), "echo {{imageName}}".into());
-        assert_eq!(
-            w.plan(&c).unwrap().plan.steps[0].script.as_deref(),
-            Some("echo os")
+        let step = &w.plan(&c).unwrap().plan.steps[0];
+        assert_eq!(step.script.as_deref(), Some("echo ${ANNEAL_PARAM_IMAGENAME}"));
+        assert_eq!(step.params.get("imageName").map(String::as_str), Some("os"));
+    }
+
+    #[test]
+    fn a_param_is_never_spliced_into_the_script() {
+        let mut w = World::new();
+        w.images.insert("os".into(), image("os", &["h"], json!({})));
+        w.hooks.insert(
+            "h".into(),
+            hook(
+                json!({"p": {}}),
+                json!([{"name": "s", "script": {"inline": "echo {{ p }} \"{{p}}\""}}]),
+            ),
         );
+        let evil = "$(touch /tmp/pwned) `id` '; rm -rf / #";
+        let c = claim(json!({"machineName": "m1", "imageRef": {"name": "os"},
+            "targetDisk": {"serialNumber": "A1"}, "params": {"p": evil}}));
+        let p = w.plan(&c).unwrap();
+        let step = &p.plan.steps[0];
+        let script = step.script.as_deref().unwrap();
+        assert_eq!(script, "echo ${ANNEAL_PARAM_P} \"${ANNEAL_PARAM_P}\"");
+        assert!(!script.contains("touch"), "{script}");
+        assert_eq!(step.params.get("p").map(String::as_str), Some(evil));
     }
 
     #[test]
