@@ -715,8 +715,9 @@ pub fn write_layout(dir: &Path, layout: &Layout) -> Result<(), CaptureError> {
     })
 }
 
-/// Converts a qcow2 image to raw with `qemu-img convert` (into `scratch`),
-/// then captures it like a raw disk.
+/// Converts a qcow2 image to a sparse raw file `scratch` (read natively by
+/// [`crate::qcow2`]: backing files, external data files and encryption are
+/// refused), then captures it like a raw disk; `scratch` is removed after.
 pub fn capture_qcow2(
     source: &Path,
     scratch: &Path,

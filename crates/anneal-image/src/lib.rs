@@ -13,6 +13,7 @@ pub mod format;
 pub mod fs;
 pub mod layout;
 pub mod partclone;
+pub mod qcow2;
 pub mod restore;
 pub mod source;
 pub mod torrent;

@@ -1,5 +1,6 @@
 //! Capture sources: split and compressed partclone images (as Clonezilla
-//! writes them), Clonezilla image directories, qcow2 through `qemu-img`.
+//! writes them), Clonezilla image directories, qcow2 (read by
+//! [`crate::qcow2`], no subprocess).
 
 use crate::layout::{Layout, Role, Slot, TableKind, role_for_guid, role_for_mbr};
 use std::fs::File;
@@ -31,9 +32,15 @@ pub enum SourceError {
         /// what is wrong
         detail: String,
     },
-    /// qemu-img failed.
-    #[error("qemu-img convert of {0} failed")]
-    QemuImg(PathBuf),
+    /// A qcow2 image that is refused or unreadable.
+    #[error("converting qcow2 image {path} to raw")]
+    Qcow2 {
+        /// the qcow2 file
+        path: PathBuf,
+        /// cause
+        #[source]
+        source: crate::qcow2::Qcow2Error,
+    },
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SourceError {
@@ -444,18 +451,17 @@ pub fn read_clonezilla(dir: &Path) -> Result<Clonezilla, SourceError> {
     })
 }
 
-/// Converts a qcow2 image to a raw file with `qemu-img convert`.
+/// Converts a qcow2 image to a sparse raw file of its virtual size (the
+/// bytes `qemu-img convert -O raw` writes), read by [`crate::qcow2`]:
+/// backing files, external data files and encryption are refused. `dst` is
+/// created or truncated, and removed again on error.
 pub fn qcow2_to_raw(src: &Path, dst: &Path) -> Result<(), SourceError> {
-    let st = std::process::Command::new("qemu-img")
-        .args(["convert", "-f", "qcow2", "-O", "raw"])
-        .arg(src)
-        .arg(dst)
-        .status()
-        .map_err(io_err("running qemu-img on", src))?;
-    if !st.success() {
-        return Err(SourceError::QemuImg(src.to_owned()));
-    }
-    Ok(())
+    crate::qcow2::convert_file(src, dst)
+        .map(|_| ())
+        .map_err(|source| SourceError::Qcow2 {
+            path: src.to_owned(),
+            source,
+        })
 }
 
 #[cfg(test)]
