@@ -8,9 +8,13 @@
 //! The content format's pieces are the torrent's pieces
 //! (`anneal_image::torrent`), so a piece librqbit has checked against the
 //! torrent's SHA-1 is a piece of the index (a torrent that disagrees with the
-//! index is refused at the start). [`SlotStorage`] keeps the chunks of a
-//! piece in memory (a 4096-aligned buffer) until librqbit has verified it,
-//! and only then writes the piece's disk ranges at `slot + disk offset`,
+//! index is refused at the start). Every byte goes to the target through
+//! the content's [`SlotWriter`] (`anneal_image::write`, the one write
+//! pipeline): the slot is checked and, for a `FLAG_GAPS_ZERO` content, the
+//! gaps between its extents zeroed before the session starts.
+//! [`SlotStorage`] keeps the chunks of a piece in memory (a 4096-aligned
+//! buffer) until librqbit has verified it, and only then hands the piece
+//! to the writer, which writes its disk ranges at `slot + disk offset`,
 //! `O_DIRECT` where offset and length are aligned (no copy into the page
 //! cache): a corrupt chunk from a peer is never written (the peer is dropped
 //! by librqbit and the piece fetched again). Verified pieces serve other
@@ -26,11 +30,12 @@ use std::net::SocketAddr;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anneal_image::format::{ContentIndex, ranges_for};
+use anneal_image::format::ContentIndex;
 use anneal_image::restore::{AlignedBuf, Target};
+use anneal_image::write::{SlotRange, SlotWriter, WriteError, piece_matches};
 use librqbit::storage::{StorageFactory, StorageFactoryExt as _, TorrentStorage};
 use librqbit::{
     AddTorrent, AddTorrentOptions, ListenerMode, ListenerOptions, ManagedTorrent,
@@ -74,6 +79,10 @@ pub enum SwarmError {
     /// Writing or reading the target failed.
     #[error("{0}")]
     Io(String),
+    /// The content does not fit its slot, or the slot's gaps could not
+    /// be zeroed: nothing of the content was written.
+    #[error(transparent)]
+    Slot(WriteError),
     /// The caller's progress callback asked to stop.
     #[error("stopped on request")]
     Aborted,
@@ -163,31 +172,28 @@ pub struct SwarmStats {
     pub seconds: f64,
 }
 
-/// Shared state of a leecher's storage: the target, the index, the pieces in
-/// progress and the pieces written.
+/// Shared state of a leecher's storage: the writer of the slot (target,
+/// index, pieces written) and the pieces in progress.
 #[derive(Debug)]
 struct Slot {
-    target: Target,
-    slot: u64,
-    index: ContentIndex,
+    writer: SlotWriter<Target, ContentIndex>,
     partial: Mutex<HashMap<u64, AlignedBuf>>,
     cache: Mutex<PieceCache>,
     /// Piece buffers written and out of the cache, for the next pieces:
     /// memory touched once is reused, never given back and faulted in
     /// again.
     spare: Mutex<Vec<AlignedBuf>>,
-    written: Mutex<Vec<bool>>,
-    /// Notified each time a piece is written ([`StreamHasher`] waits on it).
-    written_cv: Condvar,
-    pieces_written: AtomicU64,
-    bytes_written: AtomicU64,
     bytes_over_http: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
 impl Slot {
+    fn index(&self) -> &ContentIndex {
+        self.writer.index()
+    }
+
     fn piece_of(&self, offset: u64) -> (u64, usize) {
-        let pl = u64::from(self.index.header.piece_length);
+        let pl = u64::from(self.index().header.piece_length);
         (offset / pl, (offset % pl) as usize)
     }
 
@@ -198,22 +204,12 @@ impl Slot {
     }
 
     fn is_written(&self, piece: u64) -> bool {
-        self.written
-            .lock()
-            .map(|w| w.get(piece as usize).copied().unwrap_or(false))
-            .unwrap_or(false)
+        self.writer.is_written(piece)
     }
 
     /// Reads stream bytes `[offset, offset+buf.len())` back from the target.
     fn read_back(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let end = offset + buf.len() as u64;
-        for r in ranges_for(&self.index.extents, offset, end) {
-            let at = (r.stream_offset - offset) as usize;
-            let len = r.len as usize;
-            self.target
-                .read_exact_at(&mut buf[at..at + len], self.slot + r.disk_offset)?;
-        }
-        Ok(())
+        self.writer.read_stream(offset, buf)
     }
 
     /// Piece `i` verified by librqbit: check it against the index and write
@@ -247,49 +243,23 @@ impl Slot {
     }
 
     /// Checks piece `i` against the index's SHA-1 (unless `checked` says it
-    /// was) and writes its ranges (once: a piece already written is left
-    /// alone).
+    /// was) and hands it to the writer (once: a piece already written is
+    /// left alone; the writer counts a piece two paths brought once).
     fn write_piece(&self, i: u64, piece: AlignedBuf, checked: Checked) -> Result<(), String> {
         if self.is_written(i) {
             return Ok(());
         }
-        let len = self.index.piece_len(i) as usize;
+        let len = self.index().piece_len(i) as usize;
         let buf = piece
             .as_slice()
             .get(..len)
             .ok_or_else(|| format!("piece {i} is shorter than the index says"))?;
-        let want = self
-            .index
-            .piece_hashes
-            .get(i as usize)
-            .ok_or_else(|| format!("piece {i} is past the index's last piece"))?;
-        if checked == Checked::No && sha1::Sha1::digest(buf).as_slice() != want {
+        if checked == Checked::No && !piece_matches(self.index(), i, buf) {
             return Err(format!("piece {i} does not match the index's SHA-1"));
         }
-        let pl = u64::from(self.index.header.piece_length);
-        let start = i * pl;
-        for r in self.index.piece_ranges(i) {
-            let at = (r.stream_offset - start) as usize;
-            self.target
-                .write_at(&buf[at..at + r.len as usize], self.slot + r.disk_offset)
-                .map_err(|e| {
-                    format!(
-                        "writing piece {i} at offset {} of the target: {e}",
-                        self.slot + r.disk_offset
-                    )
-                })?;
-        }
-        let mut w = self.written.lock().map_err(|_| "poisoned")?;
-        match w.get_mut(i as usize) {
-            // Written meanwhile by the other path: count it once.
-            Some(true) => return Ok(()),
-            Some(slot) => *slot = true,
-            None => return Err(format!("piece {i} is past the index's last piece")),
-        }
-        drop(w);
-        self.written_cv.notify_all();
-        self.pieces_written.fetch_add(1, Ordering::Relaxed);
-        self.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+        self.writer
+            .write_piece(i, buf)
+            .map_err(|e| crate::jsonl::chain(&e))?;
         let dropped = match self.cache.lock() {
             Ok(mut c) => c.insert(i, piece),
             Err(_) => vec![piece],
@@ -464,7 +434,7 @@ impl TorrentStorage for SlotStorage {
         if self.0.is_written(piece) {
             return Ok(());
         }
-        let len = self.0.index.piece_len(piece) as usize;
+        let len = self.0.index().piece_len(piece) as usize;
         let mut partial = self
             .0
             .partial
@@ -643,24 +613,32 @@ fn stats_of(
         .live()
         .map(|l| peer_stats(&l.per_peer_stats_snapshot(all_peers()), seeders))
         .unwrap_or_default();
-    stats.pieces = shared.pieces_written.load(Ordering::Relaxed);
-    stats.bytes_written = shared.bytes_written.load(Ordering::Relaxed);
+    let written = shared.writer.progress();
+    stats.pieces = written.pieces;
+    stats.bytes_written = written.bytes;
     stats.bytes_over_http = shared.bytes_over_http.load(Ordering::Relaxed);
     stats.seconds = seconds;
     stats
 }
 
 /// Fetches the content described by `index` (torrent `torrent`, made from
-/// the same index) onto `target` at byte `slot`, from the swarm of `cfg`;
-/// returns once every piece is written and the stream's SHA-256 checked,
-/// with the session still serving the other peers.
+/// the same index) onto the slot of `slot_size` bytes at byte `slot` of
+/// `target`, from the swarm of `cfg`; returns once every piece is written,
+/// the target flushed and the stream's SHA-256 checked, with the session
+/// still serving the other peers. A content larger than the slot is
+/// refused before anything is written.
 pub fn fetch_to_slot(
     torrent: &[u8],
     index: &ContentIndex,
     target: &Path,
     slot: u64,
+    slot_size: u64,
     cfg: &SwarmConfig,
 ) -> Result<Leeched, SwarmError> {
+    let slot = SlotRange {
+        offset: slot,
+        size: slot_size,
+    };
     fetch_file_to_slot(torrent, index, open_target(target)?, slot, cfg, &mut |_| {
         true
     })
@@ -683,7 +661,7 @@ fn fetch_to_slot_reporting(
     torrent: &[u8],
     index: &ContentIndex,
     target: &Path,
-    slot: u64,
+    slot: SlotRange,
     cfg: &SwarmConfig,
     every: Option<Duration>,
 ) -> Result<Leeched, SwarmError> {
@@ -708,8 +686,9 @@ fn fetch_to_slot_reporting(
 
 /// Refuses a torrent whose pieces are not the index's: librqbit checks each
 /// piece against the torrent, so the pieces it hands over are the index's
-/// only when the two agree.
-fn torrent_matches(torrent: &[u8], index: &ContentIndex) -> anyhow::Result<()> {
+/// only when the two agree. Returns the content's name (the torrent's,
+/// without `.stream`).
+fn torrent_matches(torrent: &[u8], index: &ContentIndex) -> anyhow::Result<String> {
     let meta = anneal_image::torrent::Metainfo::parse(torrent)?;
     anyhow::ensure!(
         meta.length == index.header.used_bytes
@@ -724,37 +703,37 @@ fn torrent_matches(torrent: &[u8], index: &ContentIndex) -> anyhow::Result<()> {
         index.piece_hashes.len(),
         index.header.piece_length,
     );
-    Ok(())
+    Ok(meta
+        .name
+        .strip_suffix(".stream")
+        .unwrap_or(&meta.name)
+        .to_string())
 }
 
-/// [`fetch_to_slot`] onto an open target (read and write), calling
-/// `progress` with the figures every 100 ms while it fetches (over the
-/// swarm or HTTP); `progress` returning false stops the fetch
+/// [`fetch_to_slot`] onto `slot` of an open target (read and write),
+/// calling `progress` with the figures every 100 ms while it fetches (over
+/// the swarm or HTTP); `progress` returning false stops the fetch
 /// ([`SwarmError::Aborted`]).
 pub fn fetch_file_to_slot(
     torrent: &[u8],
     index: &ContentIndex,
     file: File,
-    slot: u64,
+    slot: SlotRange,
     cfg: &SwarmConfig,
     progress: &mut dyn FnMut(&SwarmStats) -> bool,
 ) -> Result<Leeched, SwarmError> {
     let total = index.piece_count();
-    torrent_matches(torrent, index).map_err(SwarmError::Torrent)?;
+    let name = torrent_matches(torrent, index).map_err(SwarmError::Torrent)?;
     let target = Target::from_file(file, Path::new("the target"))
         .map_err(|e| SwarmError::Io(format!("opening the target for direct writes: {e}")))?;
+    // The slot checked and its gaps zeroed before the session starts.
+    let writer = SlotWriter::open(target, slot, &name, index.clone()).map_err(SwarmError::Slot)?;
     let cache_bytes = cfg.piece_cache.unwrap_or_else(piece_cache_budget);
     let shared = Arc::new(Slot {
-        target,
-        slot,
-        index: index.clone(),
+        writer,
         partial: Mutex::new(HashMap::new()),
         cache: Mutex::new(PieceCache::new(cache_bytes)),
         spare: Mutex::new(Vec::new()),
-        written: Mutex::new(vec![false; total as usize]),
-        written_cv: Condvar::new(),
-        pieces_written: AtomicU64::new(0),
-        bytes_written: AtomicU64::new(0),
         bytes_over_http: AtomicU64::new(0),
         error: Mutex::new(None),
     });
@@ -793,6 +772,7 @@ pub fn fetch_file_to_slot(
             progress(&stats_of(&seeding.handle, &shared, &cfg.seeders, 0.0))
         })?;
     }
+    shared.writer.sync().map_err(SwarmError::Slot)?;
     seeding.seconds = start.elapsed().as_secs_f64();
     let verify = Instant::now();
     hasher.finish()?;
@@ -842,8 +822,8 @@ fn http_fallback(
     } else {
         None
     };
-    let pl = u64::from(shared.index.header.piece_length);
-    let total = shared.index.piece_count();
+    let pl = u64::from(shared.index().header.piece_length);
+    let total = shared.index().piece_count();
     let mut attempts: HashMap<u64, u32> = HashMap::new();
     let mut i = 0;
     while i < total {
@@ -860,14 +840,14 @@ fn http_fallback(
             end += 1;
         }
         let start_b = i * pl;
-        let end_b = (start_b + (end - i) * pl).min(shared.index.header.used_bytes);
+        let end_b = (start_b + (end - i) * pl).min(shared.index().header.used_bytes);
         let got = crate::fetch::get_range(&url, start_b, end_b, timeout, tls.as_ref());
         let mut failed = None;
         match got {
             Ok(mut body) => {
                 let mut p = i;
                 while p < end {
-                    let len = shared.index.piece_len(p) as usize;
+                    let len = shared.index().piece_len(p) as usize;
                     let mut buf = shared.buffer(len);
                     if let Err(e) = body.read_exact(&mut buf.as_mut_slice()[..len]) {
                         failed = Some(format!("reading piece {p} from {url}: {e}"));
@@ -950,7 +930,7 @@ async fn leech(
         if let Some(e) = shared.error.lock().ok().and_then(|e| e.clone()) {
             return Err(SwarmError::Io(e));
         }
-        let have = shared.pieces_written.load(Ordering::Relaxed);
+        let have = shared.writer.progress().pieces;
         if have == total {
             return Ok((handle, None));
         }
@@ -1057,26 +1037,15 @@ impl Drop for StreamHasher {
 /// before every piece was written.
 fn hash_stream(shared: &Slot, stop: &AtomicBool) -> Result<(), SwarmError> {
     let mut h = sha2::Sha256::new();
-    let pl = u64::from(shared.index.header.piece_length);
+    let pl = u64::from(shared.index().header.piece_length);
     let mut buf = vec![0u8; pl as usize];
-    for i in 0..shared.index.piece_count() {
-        {
-            let mut w = shared
-                .written
-                .lock()
-                .map_err(|_| SwarmError::Io("poisoned".into()))?;
-            while !w.get(i as usize).copied().unwrap_or(false) {
-                if stop.load(Ordering::Relaxed) {
-                    return Err(SwarmError::Aborted);
-                }
-                w = shared
-                    .written_cv
-                    .wait_timeout(w, Duration::from_millis(100))
-                    .map_err(|_| SwarmError::Io("poisoned".into()))?
-                    .0;
+    for i in 0..shared.index().piece_count() {
+        while !shared.writer.wait_written(i, Duration::from_millis(100)) {
+            if stop.load(Ordering::Relaxed) {
+                return Err(SwarmError::Aborted);
             }
         }
-        let n = shared.index.piece_len(i) as usize;
+        let n = shared.index().piece_len(i) as usize;
         let piece = &mut buf[..n];
         let cached = shared
             .read_cached(i, 0, piece)
@@ -1089,9 +1058,9 @@ fn hash_stream(shared: &Slot, stop: &AtomicBool) -> Result<(), SwarmError> {
         sha2::Digest::update(&mut h, &*piece);
     }
     let got: [u8; 32] = sha2::Digest::finalize(h).into();
-    if got != shared.index.header.stream_sha256 {
+    if got != shared.index().header.stream_sha256 {
         return Err(SwarmError::StreamHash {
-            want: hex::encode(shared.index.header.stream_sha256),
+            want: hex::encode(shared.index().header.stream_sha256),
             got: hex::encode(got),
         });
     }
@@ -1245,6 +1214,10 @@ pub struct FetchArgs {
     /// Byte offset of the slot on the target.
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
+    /// Bytes in the slot (default: from `--offset` to the target's end): a
+    /// content larger than the slot is refused before anything is written.
+    #[arg(long)]
+    pub slot_size: Option<u64>,
     /// Listen address for peers.
     #[arg(long, default_value = "0.0.0.0:6881")]
     pub listen: SocketAddr,
@@ -1291,6 +1264,15 @@ pub struct FetchArgs {
     /// milliseconds while fetching (0: never).
     #[arg(long, default_value_t = 0)]
     pub report_ms: u64,
+}
+
+/// Bytes of the disk or file at `path`.
+fn target_len(path: &Path) -> anyhow::Result<u64> {
+    use std::io::Seek as _;
+    let mut f = File::open(path)
+        .map_err(|e| anyhow::anyhow!("opening the target {}: {e}", path.display()))?;
+    f.seek(std::io::SeekFrom::End(0))
+        .map_err(|e| anyhow::anyhow!("sizing the target {}: {e}", path.display()))
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -1368,7 +1350,15 @@ pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
         request_window: a.request_window,
     };
     let every = (a.report_ms > 0).then(|| Duration::from_millis(a.report_ms));
-    let leeched = fetch_to_slot_reporting(&torrent, &index, &a.target, a.offset, &cfg, every)?;
+    let slot_size = match a.slot_size {
+        Some(n) => n,
+        None => target_len(&a.target)?.saturating_sub(a.offset),
+    };
+    let slot = SlotRange {
+        offset: a.offset,
+        size: slot_size,
+    };
+    let leeched = fetch_to_slot_reporting(&torrent, &index, &a.target, slot, &cfg, every)?;
     print_json(&serde_json::json!({"event": "written", "stats": leeched.stats}));
     if a.seed_after > 0 {
         std::thread::sleep(Duration::from_secs(a.seed_after));

@@ -125,8 +125,14 @@ fn sha256_hex(p: &Path) -> String {
 /// Captures the disk, publishes its contents in a store and serves it.
 fn fixture() -> Fixture {
     let dir = base();
+    let raw = make_disk(dir.path());
+    served(dir, raw, &["p1", "p3"])
+}
+
+/// Captures the disk `raw` (in `dir`), publishes its contents `names` in a
+/// store and serves it.
+fn served(dir: tempfile::TempDir, raw: PathBuf, names: &[&str]) -> Fixture {
     let d = dir.path();
-    let raw = make_disk(d);
     let cap = d.join("cap");
     run(agent()
         .arg("capture")
@@ -136,7 +142,7 @@ fn fixture() -> Fixture {
         .arg("--piece-length")
         .arg(PIECE.to_string()));
     let store = d.join("store");
-    for name in ["p1", "p3"] {
+    for name in names {
         let c = store.join(NS).join(name);
         std::fs::create_dir_all(&c).unwrap();
         std::fs::copy(cap.join(format!("{name}.index")), c.join("index")).unwrap();
@@ -845,4 +851,79 @@ fn a_stalled_swarm_without_fallback_fails_and_leaves_no_table() {
     assert_eq!(err["diskInvalidated"], true, "{err}");
     let mut t = std::fs::File::open(&target).unwrap();
     assert!(anneal_image::layout::read_layout(&mut t).is_err());
+}
+
+/// Start and size of the partition of [`raw_disk`].
+const RAW_AT: u64 = 1 << 20;
+const RAW_LEN: u64 = 16 << 20;
+
+/// A 24 MiB GPT disk with one partition no probe of anneal recognises
+/// (pseudo-random runs of 12-28 KiB at the start of every 64 KiB, zeros
+/// between them): captured raw, its gaps must read as zero on the target
+/// (`FLAG_GAPS_ZERO`). Returns the disk and the partition's bytes.
+fn raw_disk(d: &Path) -> (PathBuf, Vec<u8>) {
+    use std::os::unix::fs::FileExt as _;
+    let raw = d.join("raw-disk.img");
+    std::fs::File::create(&raw)
+        .unwrap()
+        .set_len(24 << 20)
+        .unwrap();
+    run(Command::new("sgdisk")
+        .args(["-o", "-n", "1:2048:+16M", "-t", "1:8300"])
+        .arg(&raw));
+    let mut part = vec![0u8; RAW_LEN as usize];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for (k, chunk) in part.chunks_mut(64 << 10).enumerate() {
+        for b in &mut chunk[..(12 + 4 * (k % 5)) << 10] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(&raw)
+        .unwrap()
+        .write_all_at(&part, RAW_AT)
+        .unwrap();
+    (raw, part)
+}
+
+/// A raw-captured partition (`FLAG_GAPS_ZERO`) deployed over HTTP onto a
+/// disk full of 0xFF: its slot equals the source partition byte for byte
+/// (the gaps zeroed). The same plan with the slot 1 MiB smaller than the
+/// content is refused before any write: the disk stays all 0xFF.
+#[test]
+fn a_raw_partition_over_http_zeroes_its_gaps_and_a_smaller_slot_is_refused() {
+    let dir = base();
+    let (raw, part) = raw_disk(dir.path());
+    let f = served(dir, raw, &["p1"]);
+    let index = std::fs::read(f.cap.join("p1.index")).unwrap();
+    let index = anneal_image::format::ContentIndex::parse(&index).unwrap();
+    assert_eq!(index.header.fs_type, "raw");
+    assert_ne!(index.header.flags & anneal_image::format::FLAG_GAPS_ZERO, 0);
+    let target = f.dir.path().join("target.img");
+    std::fs::write(&target, vec![0xFFu8; 24 << 20]).unwrap();
+    let out = deploy(f.dir.path(), &plan(&f, f.addr, &target), &[]);
+    assert!(out.ok, "{}", out.stdout);
+    let got = std::fs::read(&target).unwrap();
+    let (a, b) = (RAW_AT as usize, (RAW_AT + RAW_LEN) as usize);
+    assert!(
+        got[a..b] == part[..],
+        "the slot differs from the source partition (first at partition offset {:?})",
+        got[a..b].iter().zip(&part).position(|(x, y)| x != y)
+    );
+
+    let target = f.dir.path().join("small.img");
+    std::fs::write(&target, vec![0xFFu8; 24 << 20]).unwrap();
+    let mut p = plan(&f, f.addr, &target);
+    p["disks"][0]["layout"]["slots"][0]["sizeBytes"] = (RAW_LEN - (1 << 20)).into();
+    let out = deploy(f.dir.path(), &p, &[]);
+    assert!(!out.ok, "{}", out.stdout);
+    let err = events(&out, "error")[0];
+    let msg = err["message"].as_str().unwrap();
+    assert!(msg.contains("larger than slot 1"), "{err}");
+    let got = std::fs::read(&target).unwrap();
+    assert!(got.iter().all(|x| *x == 0xFF), "the target was written");
 }

@@ -3,7 +3,10 @@
 //! leechers onto a slot of a target file. What lands in the used blocks is
 //! the source's bytes (a direct restore's), the stream's SHA-256 is checked,
 //! a peer that serves corrupt pieces changes nothing on the target, and a
-//! swarm with no peer fails with a reason instead of hanging.
+//! swarm with no peer fails with a reason instead of hanging. A raw content
+//! (a partition no probe recognises, `FLAG_GAPS_ZERO`) fetched onto a
+//! target full of 0xFF makes the slot equal the source partition, gaps
+//! zeroed; into a slot smaller than it, it is refused before any write.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use anneal_agent::swarm::{Seeder, SwarmConfig, SwarmError, fetch_to_slot};
 use anneal_image::capture::{Options, capture_region};
-use anneal_image::format::ContentIndex;
+use anneal_image::format::{ContentIndex, FLAG_GAPS_ZERO};
 use anneal_image::torrent::Metainfo;
 
 const PIECE: u32 = 64 << 10;
@@ -73,12 +76,17 @@ fn content() -> Content {
             .args(["-w", "-R", &format!("rm {f}")])
             .arg(&part));
     }
+    captured(dir, part, PART)
+}
+
+/// The partition `part` (`len` bytes, in `dir`) captured.
+fn captured(dir: tempfile::TempDir, part: PathBuf, len: u64) -> Content {
     let index_path = dir.path().join("c.index");
     let stream = dir.path().join("c.stream");
     let (index, _) = capture_region(
         &std::fs::File::open(&part).unwrap(),
         0,
-        PART,
+        len,
         &index_path,
         &stream,
         Options {
@@ -88,7 +96,7 @@ fn content() -> Content {
     .unwrap();
     assert!(
         index.extents.len() > 1,
-        "ext4 leaves gaps: {:?}",
+        "the partition leaves gaps: {:?}",
         index.extents.len()
     );
     let torrent = Metainfo::from_index(&index, "root", None).to_bytes();
@@ -99,6 +107,39 @@ fn content() -> Content {
         index,
         torrent,
     }
+}
+
+/// Size of the raw partition of [`raw_content`].
+const RAW_PART: u64 = 8 << 20;
+
+/// A partition no probe of anneal recognises (pseudo-random runs of 12-28
+/// KiB at the start of every 64 KiB, zeros between them), captured: a raw
+/// content whose gaps must read as zero on the target (`FLAG_GAPS_ZERO`).
+fn raw_content() -> Content {
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = vec![0u8; RAW_PART as usize];
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for (k, chunk) in data.chunks_mut(64 << 10).enumerate() {
+        for b in &mut chunk[..(12 + 4 * (k % 5)) << 10] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    let part = dir.path().join("raw.img");
+    std::fs::write(&part, &data).unwrap();
+    let c = captured(dir, part, RAW_PART);
+    assert_eq!(c.index.header.fs_type, "raw");
+    assert_ne!(c.index.header.flags & FLAG_GAPS_ZERO, 0);
+    c
+}
+
+/// A target of `len` bytes of 0xFF: a disk that held data.
+fn filled_target(dir: &Path, name: &str, len: u64) -> PathBuf {
+    let t = dir.join(name);
+    std::fs::write(&t, vec![0xFFu8; len as usize]).unwrap();
+    t
 }
 
 fn target(dir: &Path, name: &str) -> PathBuf {
@@ -198,7 +239,7 @@ fn leechers_write_the_used_blocks_of_a_direct_restore() {
                 s.spawn(move || {
                     (
                         t.clone(),
-                        fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg),
+                        fetch_to_slot(&c.torrent, &c.index, &t, SLOT, PART, &cfg),
                     )
                 })
             })
@@ -232,19 +273,19 @@ fn upload_slots_decide_whether_a_finished_leecher_serves_its_peer() {
         let mut first_cfg = config(vec![seeder.addr()], vec![seeder.addr()], port);
         first_cfg.max_uploads = slots;
         let first_t = target(work.path(), &format!("first{case}"));
-        let first = fetch_to_slot(&c.torrent, &c.index, &first_t, SLOT, &first_cfg).unwrap();
+        let first = fetch_to_slot(&c.torrent, &c.index, &first_t, SLOT, PART, &first_cfg).unwrap();
         let first_addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut cfg = config(vec![first_addr], Vec::new(), 0);
         let t = target(work.path(), &format!("second{case}"));
         if slots == Some(0) {
             // never unchoked: the stall is the outcome, however long we wait
             cfg.stall_timeout = Duration::from_secs(3);
-            let Err(e) = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg) else {
+            let Err(e) = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, PART, &cfg) else {
                 panic!("a leecher without slots uploaded");
             };
             assert!(e.to_string().contains("stall"), "{e}");
         } else {
-            let st = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg)
+            let st = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, PART, &cfg)
                 .unwrap_or_else(|e| panic!("slots {slots:?}: {e}"))
                 .stats;
             assert_eq!(st.pieces, c.index.piece_count(), "{st:?}");
@@ -282,7 +323,7 @@ fn a_peer_serving_corrupt_pieces_changes_nothing_on_the_target() {
     let t = target(work.path(), "t");
     // The bad peer first: it is asked before the good one is even known.
     let cfg = config(vec![bad.addr(), good.addr()], vec![good.addr()], 0);
-    let stats = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg)
+    let stats = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, PART, &cfg)
         .unwrap()
         .stats;
     assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
@@ -326,7 +367,7 @@ fn the_seeder_killed_at_30_percent_the_http_fallback_finishes() {
     cfg.http_fallback = Some(url);
     let used = c.index.header.used_bytes;
     let stats = std::thread::scope(|s| {
-        let fetch = s.spawn(|| fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg));
+        let fetch = s.spawn(|| fetch_to_slot(&c.torrent, &c.index, &t, SLOT, PART, &cfg));
         // Killed once it has sent 30 % of the stream.
         while seeder.uploaded_bytes() < used * 3 / 10 {
             assert!(
@@ -358,7 +399,7 @@ fn a_swarm_with_no_peer_fails_with_a_reason() {
     let nobody = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut cfg = config(vec![nobody], Vec::new(), 0);
     cfg.stall_timeout = Duration::from_secs(2);
-    let err = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, &cfg).unwrap_err();
+    let err = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, PART, &cfg).unwrap_err();
     assert!(matches!(err, SwarmError::Stalled { have: 0, .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -381,7 +422,7 @@ fn a_torrent_of_another_content_is_refused_before_anything_is_written() {
     other.pieces[1][0] ^= 1;
     let seeder = seeder(&c, &c.stream, 1, None);
     let cfg = config(vec![seeder.addr()], vec![seeder.addr()], 0);
-    let err = fetch_to_slot(&other.to_bytes(), &c.index, &t, SLOT, &cfg).unwrap_err();
+    let err = fetch_to_slot(&other.to_bytes(), &c.index, &t, SLOT, PART, &cfg).unwrap_err();
     assert!(matches!(err, SwarmError::Torrent(_)), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("does not match the content's index"), "{msg}");
@@ -403,7 +444,7 @@ fn a_stream_that_does_not_hash_to_the_index_fails_the_fetch() {
         let t = target(work.path(), "t");
         let mut cfg = config(vec![seeder.addr()], vec![seeder.addr()], free_port());
         cfg.piece_cache = cache;
-        let err = fetch_to_slot(&c.torrent, &index, &t, SLOT, &cfg)
+        let err = fetch_to_slot(&c.torrent, &index, &t, SLOT, PART, &cfg)
             .err()
             .unwrap_or_else(|| panic!("piece cache {cache:?}: the fetch succeeded"));
         match &err {
@@ -414,4 +455,46 @@ fn a_stream_that_does_not_hash_to_the_index_fails_the_fetch() {
             other => panic!("piece cache {cache:?}: {other}"),
         }
     }
+}
+
+/// A raw content (`FLAG_GAPS_ZERO`) fetched from the swarm onto a target
+/// full of 0xFF (a disk that held data): the slot equals the source
+/// partition byte for byte, the gaps between the extents zeroed, and
+/// nothing outside the slot changes.
+#[test]
+fn a_raw_content_from_the_swarm_zeroes_the_gaps_of_its_slot() {
+    let c = raw_content();
+    let seeder = seeder(&c, &c.stream, 1, None);
+    let work = tempfile::tempdir().unwrap();
+    let t = filled_target(work.path(), "t", SLOT + RAW_PART + SLOT);
+    let cfg = config(vec![seeder.addr()], vec![seeder.addr()], 0);
+    let stats = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, RAW_PART, &cfg)
+        .unwrap()
+        .stats;
+    assert_eq!(stats.pieces, c.index.piece_count(), "{stats:?}");
+    let got = std::fs::read(&t).unwrap();
+    let part = std::fs::read(&c.part).unwrap();
+    let (a, b) = (SLOT as usize, (SLOT + RAW_PART) as usize);
+    assert!(got[..a].iter().all(|x| *x == 0xFF), "before the slot");
+    assert!(
+        got[a..b] == part[..],
+        "the slot differs from the source partition (first at partition offset {:?})",
+        got[a..b].iter().zip(&part).position(|(x, y)| x != y)
+    );
+    assert!(got[b..].iter().all(|x| *x == 0xFF), "after the slot");
+}
+
+/// A content larger than its slot is refused before anything is written:
+/// the target stays all 0xFF.
+#[test]
+fn a_content_larger_than_its_slot_is_refused_before_the_swarm_writes() {
+    let c = raw_content();
+    let seeder = seeder(&c, &c.stream, 1, None);
+    let work = tempfile::tempdir().unwrap();
+    let t = filled_target(work.path(), "t", SLOT + RAW_PART + SLOT);
+    let cfg = config(vec![seeder.addr()], vec![seeder.addr()], 0);
+    let err = fetch_to_slot(&c.torrent, &c.index, &t, SLOT, RAW_PART - 4096, &cfg).unwrap_err();
+    assert!(err.to_string().contains("larger than its slot"), "{err}");
+    let got = std::fs::read(&t).unwrap();
+    assert!(got.iter().all(|x| *x == 0xFF), "the target was written");
 }

@@ -30,6 +30,8 @@ use anneal_api::agent::{DeployPlan, PartitionProgress, PlannedDisk, PlannedStep}
 use anneal_image::format::{ContentIndex, FormatError};
 use anneal_image::layout::{self, Layout, LayoutError};
 use anneal_image::restore::{RestoreError, Target};
+#[cfg(feature = "swarm")]
+use anneal_image::write::SlotRange;
 use serde::Serialize;
 
 pub use wipe::{WipeError, WipeReport, wipe};
@@ -614,7 +616,20 @@ fn run_inner<'p>(
             tracing::info!(disk = %d.disk.device_name, slot = slot.number, content = %c.name, bytes = c.stream_bytes, "writing content");
             #[cfg(feature = "swarm")]
             if let Some(sw) = &c.swarm
-                && swarms.fetch((d.target.file(), slot.start_bytes), c, sw, index, rep, *row)?
+                && swarms.fetch(
+                    (
+                        d.target.file(),
+                        SlotRange {
+                            offset: slot.start_bytes,
+                            size: d.sizes[si],
+                        },
+                    ),
+                    c,
+                    sw,
+                    index,
+                    rep,
+                    *row,
+                )?
             {
                 content_bytes += c.stream_bytes;
                 continue;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anneal_api::agent::{PlannedContent, PlannedSwarm, SeedPolicy, SwarmTransfer};
 use anneal_image::format::ContentIndex;
 use anneal_image::torrent::Metainfo;
+use anneal_image::write::SlotRange;
 
 use super::{DeployError, Reporter};
 use crate::swarm::{Seeding, SwarmConfig, SwarmError, SwarmStats, fetch_file_to_slot};
@@ -36,13 +37,13 @@ impl Swarms {
         transfer_of(&self.seeding, self.fallback_reason.as_ref(), None)
     }
 
-    /// Fetches content `c` onto `at` (the target and the slot's first byte)
-    /// from its swarm; reports progress through row `row` of `rep`. False
+    /// Fetches content `c` onto `at` (the target and the slot) from its
+    /// swarm; reports progress through row `row` of `rep`. False
     /// when the swarm could not start and the plan allows the HTTP
     /// fallback: the caller writes the content over HTTP ranges.
     pub(super) fn fetch(
         &mut self,
-        at: (&File, u64),
+        at: (&File, SlotRange),
         c: &PlannedContent,
         sw: &PlannedSwarm,
         index: &ContentIndex,

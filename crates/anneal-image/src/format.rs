@@ -505,45 +505,59 @@ pub struct StreamMap<'a> {
 impl<'a> StreamMap<'a> {
     /// Builds the prefix sums of `extents`.
     pub fn new(extents: &'a [Extent]) -> Self {
-        let mut starts = Vec::with_capacity(extents.len());
-        let mut s = 0u64;
-        for e in extents {
-            starts.push(s);
-            s = s.saturating_add(e.len);
+        StreamMap {
+            extents,
+            starts: extent_starts(extents),
         }
-        StreamMap { extents, starts }
     }
 
     /// Disk ranges for the stream interval `[start, end)`.
     pub fn ranges(&self, start: u64, end: u64) -> Vec<PieceRange> {
-        let mut out = Vec::new();
-        if start >= end {
-            return out;
-        }
-        // first extent whose stream range ends after `start`
-        let first = self
-            .starts
-            .partition_point(|s| *s <= start)
-            .saturating_sub(1);
-        for (e, s0) in self.extents[first..].iter().zip(&self.starts[first..]) {
-            let s0 = *s0;
-            let s1 = s0 + e.len;
-            if s1 <= start {
-                continue;
-            }
-            if s0 >= end {
-                break;
-            }
-            let a = start.max(s0);
-            let b = end.min(s1);
-            out.push(PieceRange {
-                disk_offset: e.offset + (a - s0),
-                stream_offset: a,
-                len: b - a,
-            });
-        }
-        out
+        ranges_in(self.extents, &self.starts, start, end)
     }
+}
+
+/// The stream offset of each extent (prefix sums of their lengths), for
+/// [`ranges_in`]: what a [`StreamMap`] keeps, for an owner of the extents.
+pub fn extent_starts(extents: &[Extent]) -> Vec<u64> {
+    let mut starts = Vec::with_capacity(extents.len());
+    let mut s = 0u64;
+    for e in extents {
+        starts.push(s);
+        s = s.saturating_add(e.len);
+    }
+    starts
+}
+
+/// Disk ranges for the stream interval `[start, end)` over `extents`,
+/// whose stream offsets are `starts` ([`extent_starts`]), in O(log n).
+pub fn ranges_in(extents: &[Extent], starts: &[u64], start: u64, end: u64) -> Vec<PieceRange> {
+    let mut out = Vec::new();
+    if start >= end {
+        return out;
+    }
+    // first extent whose stream range ends after `start`
+    let first = starts.partition_point(|s| *s <= start).saturating_sub(1);
+    let extents = extents.get(first..).unwrap_or_default();
+    let starts = starts.get(first..).unwrap_or_default();
+    for (e, s0) in extents.iter().zip(starts) {
+        let s0 = *s0;
+        let s1 = s0 + e.len;
+        if s1 <= start {
+            continue;
+        }
+        if s0 >= end {
+            break;
+        }
+        let a = start.max(s0);
+        let b = end.min(s1);
+        out.push(PieceRange {
+            disk_offset: e.offset + (a - s0),
+            stream_offset: a,
+            len: b - a,
+        });
+    }
+    out
 }
 
 /// Disk ranges for the stream interval `[start, end)` over `extents`.

@@ -17,5 +17,6 @@ pub mod qcow2;
 pub mod restore;
 pub mod source;
 pub mod torrent;
+pub mod write;
 
 pub use format::{CONTRACT_VERSION, ContentIndex, PieceRange};

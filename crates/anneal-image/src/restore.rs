@@ -342,7 +342,7 @@ impl Target {
 
     /// Makes `[off, off+len)` read as zeros (fallocate zero-range or punch,
     /// else writes zeros).
-    pub fn zero_range(&mut self, off: u64, len: u64) -> io::Result<()> {
+    pub fn zero_range(&self, off: u64, len: u64) -> io::Result<()> {
         use nix::fcntl::{FallocateFlags, fallocate};
         if len == 0 {
             return Ok(());
