@@ -3,9 +3,9 @@
 //! on failure after the first write, the target's partition table (or the
 //! partition's first bytes) is zeroed so it cannot boot half-written.
 
-use crate::format::{ContentIndex, FLAG_GAPS_ZERO, FormatError, StreamMap};
+use crate::format::{ContentIndex, FormatError};
 use crate::layout::{self, Layout, LayoutError};
-use sha1::Digest as _;
+use crate::write::{SlotRange, SlotWriter, WriteError, piece_matches};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt as _, FileTypeExt as _, OpenOptionsExt as _};
@@ -77,21 +77,9 @@ pub enum RestoreError {
         #[source]
         source: io::Error,
     },
-    /// Writing an extent failed.
-    #[error("writing piece {piece} of {content} at disk offset {disk_offset} ({len} bytes)")]
-    Write {
-        /// content name
-        content: String,
-        /// piece index
-        piece: u64,
-        /// absolute disk offset
-        disk_offset: u64,
-        /// length
-        len: u64,
-        /// cause
-        #[source]
-        source: io::Error,
-    },
+    /// The content does not fit its slot, or writing it failed.
+    #[error(transparent)]
+    Slot(WriteError),
     /// A later step failed (swap header, mkfs, table, flush).
     #[error("{step}")]
     Step {
@@ -440,54 +428,28 @@ enum Msg {
     Fail(RestoreError),
 }
 
-/// Writes `content` at `base` on `target`, verifying every piece first.
-/// Checks that the content fits `[base, base+slot_size)` before writing.
+/// Writes `content` at `base` on `target`, verifying every piece first:
+/// the stream file is a source of pieces for the content's
+/// [`SlotWriter`], which checks that the content fits `[base,
+/// base+slot_size)` before anything is written and zeroes the gaps the
+/// content's flags ask for.
 pub fn write_content(
     target: &mut Target,
     base: u64,
     slot_size: u64,
     content: &Content,
 ) -> Result<(), RestoreError> {
-    let idx = &content.index;
-    let h = &idx.header;
-    if h.partition_size > slot_size {
-        return Err(RestoreError::Mismatch(format!(
-            "content {} ({} bytes) is larger than its slot ({slot_size} bytes)",
-            content.name, h.partition_size
-        )));
-    }
-    if base
-        .checked_add(slot_size)
-        .is_none_or(|e| e > target.size())
-    {
-        return Err(RestoreError::Mismatch(format!(
-            "slot at {base}+{slot_size} is past the end of the target ({} bytes)",
-            target.size()
-        )));
-    }
-    if h.flags & FLAG_GAPS_ZERO != 0 {
-        let mut pos = 0u64;
-        for e in &idx.extents {
-            target
-                .zero_range(base + pos, e.offset - pos)
-                .map_err(|source| RestoreError::Step {
-                    step: format!("zeroing gaps of {}", content.name),
-                    source,
-                })?;
-            pos = e.end();
-        }
-        target
-            .zero_range(base + pos, h.partition_size - pos)
-            .map_err(|source| RestoreError::Step {
-                step: format!("zeroing gaps of {}", content.name),
-                source,
-            })?;
-    }
-    let pieces = idx.piece_count();
+    let slot = SlotRange {
+        offset: base,
+        size: slot_size,
+    };
+    let writer = SlotWriter::open(&*target, slot, &content.name, &content.index)
+        .map_err(RestoreError::Slot)?;
+    let pieces = content.index.piece_count();
     if pieces == 0 {
         return Ok(());
     }
-    let pl = h.piece_length as usize;
+    let pl = content.index.header.piece_length as usize;
     // 32 MiB of pieces in flight whatever the piece length (8 of 4 MiB, 32
     // of the default 1 MiB: with 8 of 1 MiB a restore ran at 87 % of `dd`'s
     // rate, docs/bench/imaging.md)
@@ -498,167 +460,161 @@ pub fn write_content(
     }
     let (read_tx, read_rx) = mpsc::sync_channel::<Msg>(2);
     let read_rx = Mutex::new(read_rx);
-    let read_rx = &read_rx;
     let (ok_tx, ok_rx) = mpsc::sync_channel::<Msg>(2);
-    let stream_path = content.stream.clone();
-    let name = content.name.clone();
-    let used = h.used_bytes;
-    let piece_length = u64::from(h.piece_length);
-    let hashes = idx.piece_hashes.clone();
-    let map = StreamMap::new(&idx.extents);
     let stop = AtomicBool::new(false);
-    let stop = &stop;
-    let target_ref: &Target = target;
     thread::scope(|s| -> Result<(), RestoreError> {
-        // reader: O_DIRECT reads of whole pieces
-        let rname = name.clone();
-        s.spawn(move || {
-            let file = OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(&stream_path)
-                .or_else(|_| File::open(&stream_path));
-            let file = match file {
-                Ok(f) => f,
-                Err(source) => {
-                    let _ = read_tx.send(Msg::Fail(RestoreError::PieceRead {
-                        content: rname,
-                        piece: 0,
-                        source,
-                    }));
-                    return;
-                }
-            };
-            let mut buffered: Option<File> = None;
-            for i in 0..pieces {
-                let mut buf = loop {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    match free_rx.recv_timeout(std::time::Duration::from_millis(50)) {
-                        Ok(b) => break b,
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                };
-                let start = i * piece_length;
-                let len = (used - start).min(piece_length) as usize;
-                let r = read_piece(&file, &mut buffered, &stream_path, &mut buf, start, len);
-                let msg = match r {
-                    Ok(()) => Msg::Piece(i, buf),
-                    Err(source) => Msg::Fail(RestoreError::PieceRead {
-                        content: rname.clone(),
-                        piece: i,
-                        source,
-                    }),
-                };
-                let fail = matches!(msg, Msg::Fail(_));
-                if read_tx.send(msg).is_err() || fail {
-                    return;
-                }
-            }
-        });
+        let (stop, read_rx) = (&stop, &read_rx);
+        s.spawn(move || read_stream(content, &free_rx, &read_tx, stop));
         // hashers: SHA-1 of each piece against the index, on two threads
         // (one core's SHA-1 is about the disk's rate; a second keeps the
         // writer fed when the machine is busy); the writer restores order
-        let hashes = &hashes;
         for _ in 0..HASHERS {
-            let hname = name.clone();
             let ok_tx = ok_tx.clone();
-            s.spawn(move || {
-                loop {
-                    let msg = match read_rx.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok(msg) = msg else { return };
-                    let out = match msg {
-                        Msg::Piece(i, buf) => {
-                            let start = i * piece_length;
-                            let len = (used - start).min(piece_length) as usize;
-                            let d: [u8; 20] = sha1::Sha1::digest(&buf.as_slice()[..len]).into();
-                            if hashes.get(i as usize) == Some(&d) {
-                                Msg::Piece(i, buf)
-                            } else {
-                                Msg::Fail(RestoreError::PieceHash {
-                                    content: hname.clone(),
-                                    piece: i,
-                                    stream_offset: start,
-                                    stream_end: start + len as u64,
-                                })
-                            }
-                        }
-                        f @ Msg::Fail(_) => f,
-                    };
-                    let fail = matches!(out, Msg::Fail(_));
-                    if ok_tx.send(out).is_err() || fail {
-                        return;
-                    }
-                }
-            });
+            s.spawn(move || verify_pieces(content, read_rx, &ok_tx));
         }
         drop(ok_tx);
-        // writer: this thread, one piece at a time in stream (= disk) order
-        // (out-of-order writes fragment a sparse-file target and measured
-        // slower here)
-        let mut done = 0u64;
-        let mut err = None;
-        let mut pending = std::collections::BTreeMap::new();
-        for msg in ok_rx {
-            if err.is_some() || stop.load(Ordering::Relaxed) {
-                // drain so the pipeline can wind down
-                continue;
-            }
-            match msg {
-                Msg::Fail(e) => {
-                    stop.store(true, Ordering::Relaxed);
-                    err = Some(e);
-                }
-                Msg::Piece(i, buf) => {
-                    pending.insert(i, buf);
-                }
-            }
-            while err.is_none()
-                && let Some(buf) = pending.remove(&done)
-            {
-                let i = done;
-                let start = i * piece_length;
-                let len = (used - start).min(piece_length);
-                let mut res = Ok(());
-                for r in map.ranges(start, start + len) {
-                    let a = (r.stream_offset - start) as usize;
-                    let data = &buf.as_slice()[a..a + r.len as usize];
-                    if let Err(source) = target_ref.write_at(data, base + r.disk_offset) {
-                        res = Err(RestoreError::Write {
-                            content: name.clone(),
-                            piece: i,
-                            disk_offset: base + r.disk_offset,
-                            len: r.len,
-                            source,
-                        });
-                        break;
-                    }
-                }
-                let _ = free_tx.send(buf);
-                match res {
-                    Ok(()) => done += 1,
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        err = Some(e);
-                    }
-                }
-            }
-        }
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if done != pieces {
-            return Err(RestoreError::Mismatch(format!(
-                "content {name}: {done} of {pieces} pieces arrived"
-            )));
-        }
-        Ok(())
+        write_in_order(&writer, &ok_rx, &free_tx, stop)
     })
+}
+
+/// The reader of [`write_content`]: `O_DIRECT` reads of whole pieces of
+/// the stream file into the free buffers, in stream order.
+fn read_stream(
+    content: &Content,
+    free_rx: &mpsc::Receiver<AlignedBuf>,
+    read_tx: &mpsc::SyncSender<Msg>,
+    stop: &AtomicBool,
+) {
+    let path = &content.stream;
+    let fail = |piece, source| {
+        let _ = read_tx.send(Msg::Fail(RestoreError::PieceRead {
+            content: content.name.clone(),
+            piece,
+            source,
+        }));
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .or_else(|_| File::open(path));
+    let file = match file {
+        Ok(f) => f,
+        Err(source) => return fail(0, source),
+    };
+    let mut buffered: Option<File> = None;
+    let piece_length = u64::from(content.index.header.piece_length);
+    for i in 0..content.index.piece_count() {
+        let mut buf = loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match free_rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                Ok(b) => break b,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        let len = content.index.piece_len(i) as usize;
+        match read_piece(&file, &mut buffered, path, &mut buf, i * piece_length, len) {
+            Ok(()) => {
+                if read_tx.send(Msg::Piece(i, buf)).is_err() {
+                    return;
+                }
+            }
+            Err(source) => return fail(i, source),
+        }
+    }
+}
+
+/// A verifier of [`write_content`]: each piece against the index's SHA-1.
+fn verify_pieces(
+    content: &Content,
+    read_rx: &Mutex<mpsc::Receiver<Msg>>,
+    ok_tx: &mpsc::SyncSender<Msg>,
+) {
+    loop {
+        let msg = match read_rx.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok(msg) = msg else { return };
+        let out = match msg {
+            Msg::Piece(i, buf) => {
+                let len = content.index.piece_len(i);
+                if piece_matches(&content.index, i, &buf.as_slice()[..len as usize]) {
+                    Msg::Piece(i, buf)
+                } else {
+                    let start = i * u64::from(content.index.header.piece_length);
+                    Msg::Fail(RestoreError::PieceHash {
+                        content: content.name.clone(),
+                        piece: i,
+                        stream_offset: start,
+                        stream_end: start + len,
+                    })
+                }
+            }
+            f @ Msg::Fail(_) => f,
+        };
+        let fail = matches!(out, Msg::Fail(_));
+        if ok_tx.send(out).is_err() || fail {
+            return;
+        }
+    }
+}
+
+/// The writer of [`write_content`] (the caller's thread): one piece at a
+/// time in stream (= disk) order (out-of-order writes fragment a
+/// sparse-file target and measured slower here), each buffer back to the
+/// reader once written.
+fn write_in_order(
+    writer: &SlotWriter<&Target, &ContentIndex>,
+    ok_rx: &mpsc::Receiver<Msg>,
+    free_tx: &mpsc::Sender<AlignedBuf>,
+    stop: &AtomicBool,
+) -> Result<(), RestoreError> {
+    let pieces = writer.index().piece_count();
+    let mut done = 0u64;
+    let mut err = None;
+    let mut pending = std::collections::BTreeMap::new();
+    for msg in ok_rx {
+        if err.is_some() || stop.load(Ordering::Relaxed) {
+            // drain so the pipeline can wind down
+            continue;
+        }
+        match msg {
+            Msg::Fail(e) => {
+                stop.store(true, Ordering::Relaxed);
+                err = Some(e);
+            }
+            Msg::Piece(i, buf) => {
+                pending.insert(i, buf);
+            }
+        }
+        while err.is_none()
+            && let Some(buf) = pending.remove(&done)
+        {
+            let res = writer.write_pieces(done, &[buf.as_slice()]);
+            let _ = free_tx.send(buf);
+            match res {
+                Ok(()) => done += 1,
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    err = Some(RestoreError::Slot(e));
+                }
+            }
+        }
+    }
+    if let Some(e) = err {
+        return Err(e);
+    }
+    if done != pieces {
+        return Err(RestoreError::Mismatch(format!(
+            "content {}: {done} of {pieces} pieces arrived",
+            writer.content()
+        )));
+    }
+    Ok(())
 }
 
 fn read_piece(
