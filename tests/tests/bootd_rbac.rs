@@ -218,3 +218,189 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
     .await;
     assert!(said.contains("namespace tenant-c"), "{said}");
 }
+
+/// A Role in `namespace` over Machines and MachineClaims (what an operator
+/// grants a tenant) bound to ServiceAccount `namespace/tenant`.
+fn grant_tenant(cp: &ControlPlane, namespace: &str) {
+    for args in [
+        vec!["create", "serviceaccount", "tenant", "-n", namespace],
+        vec![
+            "create",
+            "role",
+            "tenant",
+            "-n",
+            namespace,
+            "--verb=get,list,watch,create,update,patch,delete",
+            "--resource=machines.anneal.dev,machineclaims.anneal.dev",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "tenant",
+            "-n",
+            namespace,
+            "--role=tenant",
+            &format!("--serviceaccount={namespace}:tenant"),
+        ],
+    ] {
+        let out = cp.kubectl().unwrap().args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn refused_for_claim_ref(r: Result<Machine, kube::Error>, what: &str) {
+    match r {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403, "{what}: {s:?}");
+            assert!(
+                s.message
+                    .contains("spec.claimRef is written only by the anneal manager"),
+                "{what}: the refusal names the field and who writes it: {}",
+                s.message
+            );
+        }
+        other => panic!("{what}: admission let it through: {other:?}"),
+    }
+}
+
+/// Hardening 2, critical: a tenant's Machine cannot name another
+/// namespace's claim. Admission (deploy/base/admission.yaml on the real API
+/// server) refuses a claimRef written by anyone but the manager's
+/// ServiceAccount (create, change, clear), and the manager itself never
+/// follows a claimRef into another namespace nor counts a binding the
+/// claim's status does not confirm: nothing is planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_cannot_write_claim_ref() {
+    use anneal_api::MachineClaim;
+    use anneal_manager::lifecycle::handlers::DeployView;
+    use kube::api::{Patch, PatchParams};
+    use serde_json::json;
+
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = prepare(&cp, &[]).await;
+    create_namespace(&admin, "tenant-a").await;
+    create_namespace(&admin, "tenant-b").await;
+    apply_manifest(&cp, "deploy/base/rbac-manager.yaml", "anneal-system");
+    apply_manifest(&cp, "deploy/base/admission.yaml", "anneal-system");
+    grant_tenant(&cp, "tenant-b");
+    let (_, tenant) = service_account(&cp, "tenant-b", "tenant").await;
+    let (_, manager) = service_account(&cp, "anneal-system", "anneal-manager").await;
+    let pp = PostParams::default();
+    let merge = PatchParams::default();
+
+    // tenant-a's claim, bound to tenant-a's Machine "m"
+    let claim: MachineClaim = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+        "metadata": {"name": "c", "namespace": "tenant-a"},
+        "spec": {"machineName": "m", "imageRef": {"name": "secret-os"}}
+    }))
+    .unwrap();
+    let claims_a = Api::<MachineClaim>::namespaced(admin.clone(), "tenant-a");
+    claims_a.create(&pp, &claim).await.unwrap();
+    claims_a
+        .patch_status(
+            "c",
+            &merge,
+            &Patch::Merge(json!({"status": {"phase": "Bound", "machineName": "m"}})),
+        )
+        .await
+        .unwrap();
+
+    let mut m = machine("m", MAC, None);
+    m.metadata.namespace = Some("tenant-b".into());
+    let mut stolen = m.clone();
+    stolen.spec.claim_ref = Some(anneal_api::NameRef {
+        name: "c".into(),
+        namespace: Some("tenant-a".into()),
+    });
+    let tenant_machines = Api::<Machine>::namespaced(tenant.clone(), "tenant-b");
+    // the policy is in force once it refuses (it compiles asynchronously)
+    let first = eventually("the claimRef policy in force", WAIT, || async {
+        match tenant_machines.create(&pp, &stolen).await {
+            Err(kube::Error::Api(s)) if s.code == 403 => Some(Err(kube::Error::Api(s))),
+            Ok(_) => {
+                tenant_machines
+                    .delete("m", &Default::default())
+                    .await
+                    .unwrap();
+                None
+            }
+            Err(e) => panic!("creating the tenant's Machine: {e:?}"),
+        }
+    })
+    .await;
+    refused_for_claim_ref(first, "a tenant creating a Machine with a claimRef");
+
+    // created without one, the tenant may not add, change or clear it
+    tenant_machines.create(&pp, &m).await.unwrap();
+    refused_for_claim_ref(
+        tenant_machines
+            .patch(
+                "m",
+                &merge,
+                &Patch::Merge(json!({"spec": {"claimRef": {"name": "c", "namespace": "tenant-a"}}})),
+            )
+            .await,
+        "a tenant adding a claimRef",
+    );
+    // the tenant's other edits pass
+    tenant_machines
+        .patch(
+            "m",
+            &merge,
+            &Patch::Merge(json!({"metadata": {"labels": {"rack": "r1"}}})),
+        )
+        .await
+        .unwrap();
+    // the manager's ServiceAccount writes it (here: across namespaces, as
+    // a buggy or older manager could have: the manager's own check below)
+    Api::<Machine>::namespaced(manager.clone(), "tenant-b")
+        .patch(
+            "m",
+            &merge,
+            &Patch::Merge(json!({"spec": {"claimRef": {"name": "c", "namespace": "tenant-a"}}})),
+        )
+        .await
+        .unwrap();
+    for (what, patch) in [
+        ("a tenant clearing the claimRef", json!({"spec": {"claimRef": null}})),
+        (
+            "a tenant changing the claimRef",
+            json!({"spec": {"claimRef": {"name": "other"}}}),
+        ),
+    ] {
+        refused_for_claim_ref(
+            tenant_machines.patch("m", &merge, &Patch::Merge(patch)).await,
+            what,
+        );
+    }
+    tenant_machines
+        .patch(
+            "m",
+            &merge,
+            &Patch::Merge(json!({"metadata": {"labels": {"rack": "r2"}}})),
+        )
+        .await
+        .unwrap();
+
+    // the manager never follows it: tenant-a's claim is bound to "m" by
+    // name, but in tenant-a; nothing is planned onto tenant-b's machine
+    let held = tenant_machines.get("m").await.unwrap();
+    let cfg = anneal_manager::deploy::runs::DeployConfig {
+        content_url: Some("http://10.0.0.9:8081".into()),
+        ..Default::default()
+    };
+    let view = anneal_manager::deploy::runs::view(&admin, &held, &cfg)
+        .await
+        .unwrap();
+    assert_eq!(view, DeployView::NotRead, "a claimRef into tenant-a planned");
+    let runs = Api::<anneal_api::DeployRun>::namespaced(admin.clone(), "tenant-b")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(runs.items.is_empty(), "runs in tenant-b: {:?}", runs.items);
+}

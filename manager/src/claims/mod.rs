@@ -209,7 +209,11 @@ pub async fn controller(scope: Scope, concurrency: u16) {
 fn claims_for_machine(claims: &Store<MachineClaim>, m: &Machine) -> Vec<ObjectRef<MachineClaim>> {
     let ns = m.namespace().unwrap_or_default();
     if let Some(r) = &m.spec.claim_ref {
-        return vec![ObjectRef::new(&r.name).within(r.namespace_or(&ns))];
+        // a claimRef into another namespace binds nothing (select::binding_holds)
+        if r.namespace_or(&ns) != ns {
+            return Vec::new();
+        }
+        return vec![ObjectRef::new(&r.name).within(&ns)];
     }
     if m.spec.unclaimable || m.metadata.deletion_timestamp.is_some() {
         return Vec::new();

@@ -50,6 +50,28 @@ pub fn ref_names(claim_ref: &NameRef, machine_ns: &str, claim_ns: &str, name: &s
     claim_ref.name == name && claim_ref.namespace_or(machine_ns) == claim_ns
 }
 
+/// Whether the binding between `machine` and `claim` holds from both sides
+/// (docs/api.md, Machine `spec.claimRef`): the Machine's `spec.claimRef` names the claim,
+/// the claim's `status.machineName` names the Machine, and both live in one
+/// namespace (a claim binds only Machines of its own namespace, so a
+/// `claimRef` into another namespace never counts, whoever wrote it).
+pub fn binding_holds(machine: &Machine, claim: &MachineClaim) -> bool {
+    let (Some(mns), Some(cns)) = (machine.metadata.namespace.as_deref(), claim.metadata.namespace.as_deref()) else {
+        return false;
+    };
+    let (Some(mname), Some(cname)) = (machine.metadata.name.as_deref(), claim.metadata.name.as_deref()) else {
+        return false;
+    };
+    mns == cns
+        && machine
+            .spec
+            .claim_ref
+            .as_ref()
+            .is_some_and(|r| ref_names(r, mns, cns, cname))
+        && claim.status.as_ref().and_then(|s| s.machine_name.as_deref()) == Some(mname)
+        && claim.metadata.deletion_timestamp.is_none()
+}
+
 /// States in which a machine named by a claim may be bound. A selector only
 /// takes `Available` machines.
 fn named_bindable(state: Option<MachineState>) -> bool {
@@ -362,5 +384,38 @@ mod tests {
             starts.len() >= 6,
             "rotation spreads start points: {starts:?}"
         );
+    }
+
+    #[test]
+    fn binding_holds_only_both_ways_and_in_one_namespace() {
+        let bound_claim = |ns: &str, machine: &str| -> MachineClaim {
+            serde_json::from_value(json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+                "metadata": {"name": "c", "namespace": ns},
+                "spec": {"machineName": machine},
+                "status": {"phase": "Bound", "machineName": machine}
+            }))
+            .unwrap()
+        };
+        let m = |claim_ref: serde_json::Value| {
+            machine(json!({"subnetRef": {"name": "s"}, "claimRef": claim_ref}), "Available", json!({}))
+        };
+        // the binding the claim controller writes
+        assert!(binding_holds(&m(json!({"name": "c", "namespace": "ns"})), &bound_claim("ns", "m")));
+        assert!(binding_holds(&m(json!({"name": "c"})), &bound_claim("ns", "m")));
+        // a tenant's Machine (namespace ns) naming the claim of namespace
+        // other, bound there to a Machine of the same name: never
+        assert!(!binding_holds(&m(json!({"name": "c", "namespace": "other"})), &bound_claim("other", "m")));
+        // the claim does not name this machine
+        assert!(!binding_holds(&m(json!({"name": "c"})), &bound_claim("ns", "m2")));
+        // the Machine names another claim
+        assert!(!binding_holds(&m(json!({"name": "c2"})), &bound_claim("ns", "m")));
+        // a claim being deleted
+        let mut deleting = bound_claim("ns", "m");
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        assert!(!binding_holds(&m(json!({"name": "c"})), &deleting));
+        // no claimRef at all
+        let free = machine(json!({"subnetRef": {"name": "s"}}), "Available", json!({}));
+        assert!(!binding_holds(&free, &bound_claim("ns", "m")));
     }
 }

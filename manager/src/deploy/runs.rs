@@ -120,16 +120,19 @@ pub async fn view(
     let Some(cref) = &m.spec.claim_ref else {
         return Ok(DeployView::NotRead);
     };
-    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), cref.namespace_or(&ns));
+    if cref.namespace_or(&ns) != ns {
+        // never followed: a claim binds only Machines of its own namespace
+        // (docs/api.md, Machine `spec.claimRef`); admission refuses such a claimRef
+        tracing::warn!(machine = %name, namespace = %ns, claim = %cref.name,
+            claim_namespace = cref.namespace_or(&ns),
+            "spec.claimRef names a claim of another namespace: ignored, nothing is planned");
+        return Ok(DeployView::NotRead);
+    }
+    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), &ns);
     let Some(claim) = claims.get_opt(&cref.name).await? else {
         return Ok(DeployView::NotRead);
     };
-    let bound = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.machine_name.as_deref())
-        == Some(name.as_str());
-    if !bound || claim.metadata.deletion_timestamp.is_some() {
+    if !crate::claims::select::binding_holds(m, &claim) {
         return Ok(DeployView::NotRead);
     }
     let planned = match gather_and_plan(client, m, &claim, cfg).await? {
