@@ -30,7 +30,6 @@ use anneal_api::agent::{DeployPlan, PartitionProgress, PlannedDisk, PlannedStep}
 use anneal_image::format::{ContentIndex, FormatError};
 use anneal_image::layout::{self, Layout, LayoutError};
 use anneal_image::restore::{RestoreError, Target};
-#[cfg(feature = "swarm")]
 use anneal_image::write::SlotRange;
 use serde::Serialize;
 
@@ -175,6 +174,9 @@ pub enum DeployError {
     /// Contents, slots and sizes disagree.
     #[error("{0}")]
     Mismatch(String),
+    /// A content does not fit its slot, or writing it there failed.
+    #[error(transparent)]
+    Slot(anneal_image::write::WriteError),
     /// A write to the target failed.
     #[error("content {content}: {what}")]
     Write {
@@ -614,22 +616,13 @@ fn run_inner<'p>(
                 continue;
             };
             tracing::info!(disk = %d.disk.device_name, slot = slot.number, content = %c.name, bytes = c.stream_bytes, "writing content");
+            let at = SlotRange {
+                offset: slot.start_bytes,
+                size: d.sizes[si],
+            };
             #[cfg(feature = "swarm")]
             if let Some(sw) = &c.swarm
-                && swarms.fetch(
-                    (
-                        d.target.file(),
-                        SlotRange {
-                            offset: slot.start_bytes,
-                            size: d.sizes[si],
-                        },
-                    ),
-                    c,
-                    sw,
-                    index,
-                    rep,
-                    *row,
-                )?
+                && swarms.fetch((d.target.file(), at), c, sw, index, rep, *row)?
             {
                 content_bytes += c.stream_bytes;
                 continue;
@@ -648,17 +641,14 @@ fn run_inner<'p>(
                 rep: &mut *rep,
                 row: *row,
             };
-            stream::write_content(
-                &mut d.target,
-                slot.start_bytes,
-                d.sizes[si],
+            let src = stream::HttpSource {
                 c,
                 index,
                 opts,
-                tls.as_ref(),
-                &counters,
-                &mut tick,
-            )?;
+                tls: tls.as_ref(),
+                counters: &counters,
+            };
+            stream::write_content(&mut d.target, at, &src, &mut tick)?;
             content_bytes += c.stream_bytes;
         }
     }

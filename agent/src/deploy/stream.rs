@@ -1,8 +1,8 @@
 //! One content from the content server onto its slot: the index is fetched
 //! and checked against its SHA-256, then the stream arrives in HTTP ranges of
-//! whole pieces and goes straight into verified, ordered writes at the
-//! slot's offset (the pipeline of `anneal_image::restore::write_content`,
-//! fed by the network instead of a file).
+//! whole pieces, verified and put in order, and goes to the content's
+//! `SlotWriter` (`anneal_image::write`, the one write pipeline: slot check,
+//! gaps zeroed, `O_DIRECT` writes at the slot's offset).
 //!
 //! Threads: one fetcher (ranges, piece by piece into aligned buffers), two
 //! SHA-1 verifiers (each piece against the index), the caller's thread as
@@ -24,9 +24,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anneal_api::agent::PlannedContent;
-use anneal_image::format::{ContentIndex, FLAG_GAPS_ZERO, StreamMap};
+use anneal_image::format::ContentIndex;
 use anneal_image::restore::Target;
-use sha1::Digest as _;
+use anneal_image::write::{SlotRange, SlotWriter, piece_matches};
+use sha2::Digest as _;
 
 use super::{DeployError, DeployOptions};
 use crate::fetch::{self, FetchOptions, Url};
@@ -286,70 +287,57 @@ fn sleep_unless(stop: &AtomicBool, d: Duration) {
     }
 }
 
-/// Streams content `c` (whose verified `index` is given) onto `target` at
-/// `base`, inside a slot of `slot_size` bytes. Returns the stream's SHA-256
-/// (already compared with the plan's).
-#[allow(clippy::too_many_arguments)]
+/// One content's HTTP source: the plan's entry, its verified index and how
+/// to fetch.
+pub(super) struct HttpSource<'a> {
+    /// The plan's entry (URLs, stream SHA-256).
+    pub c: &'a PlannedContent,
+    /// The index, already checked against the plan.
+    pub index: &'a ContentIndex,
+    /// Timeouts, retries, range size.
+    pub opts: &'a DeployOptions,
+    /// TLS for https URLs.
+    pub tls: Option<&'a Arc<rustls::ClientConfig>>,
+    /// Bytes fetched, for progress.
+    pub counters: &'a Counters,
+}
+
+impl HttpSource<'_> {
+    fn name(&self) -> &str {
+        &self.c.name
+    }
+
+    fn piece_length(&self) -> u64 {
+        u64::from(self.index.header.piece_length)
+    }
+
+    /// End (in the stream) of piece `i`.
+    fn piece_end(&self, i: u64) -> u64 {
+        ((i + 1) * self.piece_length()).min(self.index.header.used_bytes)
+    }
+}
+
+/// Streams content `src.c` (whose verified index is `src.index`) onto
+/// `slot` of `target` through the content's [`SlotWriter`] (the slot
+/// checked and the gaps zeroed before the first piece), then compares the
+/// stream's SHA-256 with the plan's.
 pub(super) fn write_content(
     target: &mut Target,
-    base: u64,
-    slot_size: u64,
-    c: &PlannedContent,
-    index: &ContentIndex,
-    opts: &DeployOptions,
-    tls: Option<&Arc<rustls::ClientConfig>>,
-    counters: &Counters,
+    slot: SlotRange,
+    src: &HttpSource<'_>,
     tick: &mut dyn Tick,
 ) -> Result<(), DeployError> {
-    let h = &index.header;
-    if h.partition_size > slot_size {
-        return Err(DeployError::Mismatch(format!(
-            "content {} ({} bytes) is larger than its slot ({slot_size} bytes)",
-            c.name, h.partition_size
-        )));
-    }
-    if base
-        .checked_add(slot_size)
-        .is_none_or(|e| e > target.size())
-    {
-        return Err(DeployError::Mismatch(format!(
-            "content {}: slot at {base}+{slot_size} is past the end of the target ({} bytes)",
-            c.name,
-            target.size()
-        )));
-    }
-    let url = Url::parse(&c.stream_url).map_err(|source| DeployError::Fetch {
-        content: c.name.clone(),
+    let name = src.name();
+    let url = Url::parse(&src.c.stream_url).map_err(|source| DeployError::Fetch {
+        content: name.to_string(),
         what: "stream",
         source,
     })?;
-    if h.flags & FLAG_GAPS_ZERO != 0 {
-        let zero_err = |source| DeployError::Write {
-            content: c.name.clone(),
-            what: "zeroing the gaps between extents".into(),
-            source,
-        };
-        let mut pos = 0u64;
-        for e in &index.extents {
-            target
-                .zero_range(base + pos, e.offset - pos)
-                .map_err(zero_err)?;
-            pos = e.end();
-        }
-        target
-            .zero_range(base + pos, h.partition_size - pos)
-            .map_err(zero_err)?;
-    }
-    let pieces = index.piece_count();
-    let used = h.used_bytes;
-    let piece_length = u64::from(h.piece_length);
-    let pl = h.piece_length as usize;
-    let per_range = (opts.range_bytes / piece_length).max(1);
+    let writer = SlotWriter::open(&*target, slot, name, src.index).map_err(DeployError::Slot)?;
+    let pl = src.index.header.piece_length as usize;
     let nbuf = BUFFERS_BYTES.div_ceil(pl).clamp(3, 16);
-    let piece_end = |i: u64| ((i + 1) * piece_length).min(used);
-
     let mut arena = Arena::new(nbuf, pl).map_err(|source| DeployError::Write {
-        content: c.name.clone(),
+        content: name.to_string(),
         what: format!("allocating {nbuf} piece buffers of {pl} bytes"),
         source,
     })?;
@@ -366,164 +354,23 @@ pub(super) fn write_content(
     let (log_tx, log_rx) = mpsc::channel::<String>();
     let (sha_tx, sha_rx) = mpsc::channel::<(Buf<'_>, usize)>();
     let stop = AtomicBool::new(false);
-    let target_ref: &Target = target;
-    let name = c.name.as_str();
-    let hashes = &index.piece_hashes;
-    let map = StreamMap::new(&index.extents);
     let (stop, read_rx) = (&stop, &read_rx);
 
     thread::scope(|s| -> Result<(), DeployError> {
-        // fetcher
-        let fetch_free_tx = free_tx.clone();
-        let url = &url;
-        s.spawn(move || {
-            yield_to_writer();
-            let mut next = 0u64;
-            let mut epoch = 0u64;
-            // failed attempts of the piece `fails.0`
-            let mut fails: (u64, u32) = (u64::MAX, 0);
-            let mut pending_refetch: Option<Refetch> = None;
-            let mut body: Option<(fetch::Body, u64)> = None;
-            loop {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let ctl = pending_refetch.take().or_else(|| ctl_rx.try_iter().last());
-                if let Some(r) = ctl {
-                    next = r.from;
-                    epoch = r.epoch;
-                    body = None;
-                    sleep_unless(stop, backoff(opts.backoff, r.attempt));
-                    continue;
-                }
-                if next >= pieces {
-                    // everything sent: wait for a refetch or the end
-                    match ctl_rx.recv_timeout(Duration::from_millis(50)) {
-                        Ok(r) => pending_refetch = Some(r),
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                    continue;
-                }
-                let buf = loop {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    if let Some(r) = ctl_rx.try_iter().last() {
-                        pending_refetch = Some(r);
-                        break None;
-                    }
-                    match free_rx.recv_timeout(Duration::from_millis(20)) {
-                        Ok(b) => break Some(b),
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                };
-                let Some(b) = buf else { continue };
-                let start = next * piece_length;
-                let end = piece_end(next);
-                let len = (end - start) as usize;
-                let res = (|| -> Result<(), String> {
-                    if body.is_none() {
-                        let last = (next + per_range).min(pieces);
-                        let range_end = piece_end(last - 1);
-                        let bd = fetch::get_range(url, start, range_end, opts.timeout, tls)
-                            .map_err(|e| crate::jsonl::chain(&e))?;
-                        body = Some((bd, next));
-                    }
-                    let Some((bd, _)) = body.as_mut() else {
-                        return Err("no connection".into());
-                    };
-                    let dst = &mut b[..len];
-                    let mut got = 0usize;
-                    while got < len {
-                        match bd.read(&mut dst[got..]) {
-                            Ok(0) => {
-                                return Err(format!(
-                                    "connection closed after {got} of {len} bytes"
-                                ));
-                            }
-                            Ok(n) => {
-                                got += n;
-                                counters.http_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(e.to_string()),
-                        }
-                    }
-                    Ok(())
-                })();
-                match res {
-                    Ok(()) => {
-                        let i = next;
-                        next += 1;
-                        if body.as_ref().is_some_and(|(_, first)| next - first >= per_range) {
-                            body = None;
-                        }
-                        if read_tx.send(Msg::Piece { epoch, i, buf: b }).is_err() {
-                            return;
-                        }
-                    }
-                    Err(reason) => {
-                        let _ = fetch_free_tx.send(b);
-                        body = None;
-                        if fails.0 != next {
-                            fails = (next, 0);
-                        }
-                        fails.1 += 1;
-                        let (a, e) = (next * piece_length, piece_end(next));
-                        if fails.1 > opts.retries {
-                            let err = DeployError::Range {
-                                content: name.to_string(),
-                                piece: next,
-                                start: a,
-                                end: e,
-                                attempts: fails.1,
-                                reason,
-                            };
-                            let _ = read_tx.send(Msg::Fail { epoch, err });
-                            return;
-                        }
-                        let d = backoff(opts.backoff, fails.1);
-                        let _ = log_tx.send(format!(
-                            "retry: content {name} piece {next} (stream bytes {a}..{e}) from {url}: {reason}; attempt {} of {} in {:.1} s",
-                            fails.1 + 1,
-                            opts.retries + 1,
-                            d.as_secs_f64()
-                        ));
-                        sleep_unless(stop, d);
-                    }
-                }
-            }
-        });
-        // verifiers
+        let fetcher = Fetcher {
+            src,
+            url: &url,
+            stop,
+            free_rx,
+            free_tx: free_tx.clone(),
+            read_tx,
+            ctl_rx,
+            log_tx,
+        };
+        s.spawn(move || fetcher.run());
         for _ in 0..VERIFIERS {
             let ok_tx = ok_tx.clone();
-            s.spawn(move || {
-                yield_to_writer();
-                loop {
-                    let msg = match read_rx.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok(msg) = msg else { return };
-                    let out = match msg {
-                        Msg::Piece { epoch, i, buf } => {
-                            let len = (piece_end(i) - i * piece_length) as usize;
-                            let d: [u8; 20] = sha1::Sha1::digest(&buf[..len]).into();
-                            if hashes.get(i as usize) == Some(&d) {
-                                Msg::Piece { epoch, i, buf }
-                            } else {
-                                Msg::Bad { epoch, i, buf }
-                            }
-                        }
-                        other => other,
-                    };
-                    if ok_tx.send(out).is_err() {
-                        return;
-                    }
-                }
-            });
+            s.spawn(move || verify(src.index, read_rx, &ok_tx));
         }
         drop(ok_tx);
         // whole-stream SHA-256, in order, after the write
@@ -537,156 +384,26 @@ pub(super) fn write_content(
             }
             hex::encode(h.finalize())
         });
-        // writer: this thread
-        let mut epoch = 0u64;
-        let mut done = 0u64;
-        let mut written = 0u64;
-        let mut bad: (u64, u32) = (u64::MAX, 0);
-        let mut pending: BTreeMap<u64, Buf<'_>> = BTreeMap::new();
-        // time inside the target's writes: the restore part of the deploy
-        let mut writing = Duration::ZERO;
+        let mut w = InOrder {
+            src,
+            writer: &writer,
+            tick,
+            free_tx,
+            sha_tx,
+            ctl_tx,
+            epoch: 0,
+            done: 0,
+            written: 0,
+            bad: (u64::MAX, 0),
+            pending: BTreeMap::new(),
+            writing: Duration::ZERO,
+        };
         let began = Instant::now();
-        let result = (|| -> Result<(), DeployError> {
-            while done < pieces {
-                for line in log_rx.try_iter() {
-                    tick.tick(written, Some(line))?;
-                }
-                tick.tick(written, None)?;
-                let first = match ok_rx.recv_timeout(Duration::from_millis(100)) {
-                    Ok(m) => m,
-                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        return Err(DeployError::Mismatch(format!(
-                            "content {name}: the fetcher stopped after {done} of {pieces} pieces"
-                        )));
-                    }
-                };
-                // this message and every one already waiting: the pieces
-                // ready in order then go out in as few writes as they can
-                let mut next = Some(first);
-                while let Some(msg) = next.take() {
-                    match msg {
-                        Msg::Piece { epoch: e, buf, .. } | Msg::Bad { epoch: e, buf, .. }
-                            if e != epoch =>
-                        {
-                            let _ = free_tx.send(buf);
-                        }
-                        Msg::Fail { epoch: e, .. } if e != epoch => {}
-                        Msg::Fail { err, .. } => return Err(err),
-                        Msg::Bad { i, buf, .. } => {
-                            let _ = free_tx.send(buf);
-                            if bad.0 != i {
-                                bad = (i, 0);
-                            }
-                            bad.1 += 1;
-                            let (a, e) = (i * piece_length, piece_end(i));
-                            if bad.1 > opts.retries {
-                                return Err(DeployError::PieceHash {
-                                    content: name.to_string(),
-                                    piece: i,
-                                    start: a,
-                                    end: e,
-                                    attempts: bad.1,
-                                });
-                            }
-                            epoch += 1;
-                            for (_, b) in std::mem::take(&mut pending) {
-                                let _ = free_tx.send(b);
-                            }
-                            let d = backoff(opts.backoff, bad.1);
-                            tick.tick(
-                                written,
-                                Some(format!(
-                                    "retry: content {name} piece {i} (stream bytes {a}..{e}) failed its SHA-1; re-fetching from piece {done}, attempt {} of {} in {:.1} s",
-                                    bad.1 + 1,
-                                    opts.retries + 1,
-                                    d.as_secs_f64()
-                                )),
-                            )?;
-                            let _ = ctl_tx.send(Refetch {
-                                from: done,
-                                epoch,
-                                attempt: bad.1,
-                            });
-                        }
-                        Msg::Piece { i, buf, .. } => {
-                            pending.insert(i, buf);
-                        }
-                    }
-                    next = ok_rx.try_recv().ok();
-                }
-                while pending.contains_key(&done) {
-                    // the run of pieces ready in order (up to MAX_WRITE bytes)
-                    let mut batch: Vec<(u64, Buf<'_>)> = Vec::new();
-                    let mut bytes = 0u64;
-                    while bytes < MAX_WRITE
-                        && let Some(buf) = pending.remove(&(done + batch.len() as u64))
-                    {
-                        let i = done + batch.len() as u64;
-                        bytes += piece_end(i) - i * piece_length;
-                        batch.push((i, buf));
-                    }
-                    let t = Instant::now();
-                    // their ranges, one write per stretch contiguous on the disk
-                    let mut seg: Vec<&[u8]> = Vec::new();
-                    let (mut seg_at, mut seg_end, mut seg_pieces) = (0u64, 0u64, (done, done));
-                    let write = |seg: &[&[u8]], at: u64, end: u64, (a, b): (u64, u64)| {
-                        target_ref
-                            .write_vectored_at(seg, at)
-                            .map_err(|source| DeployError::Write {
-                                content: name.to_string(),
-                                what: if a == b {
-                                    format!(
-                                        "writing piece {a} at disk offset {at} ({} bytes)",
-                                        end - at
-                                    )
-                                } else {
-                                    format!(
-                                        "writing pieces {a}..={b} at disk offset {at} ({} bytes)",
-                                        end - at
-                                    )
-                                },
-                                source,
-                            })
-                    };
-                    for (i, buf) in &batch {
-                        let start = i * piece_length;
-                        let len = piece_end(*i) - start;
-                        for r in map.ranges(start, start + len) {
-                            let a = (r.stream_offset - start) as usize;
-                            let data = &buf[a..a + r.len as usize];
-                            let at = base + r.disk_offset;
-                            if !seg.is_empty() && at != seg_end {
-                                write(&seg, seg_at, seg_end, seg_pieces)?;
-                                seg.clear();
-                            }
-                            if seg.is_empty() {
-                                (seg_at, seg_end, seg_pieces.0) = (at, at, *i);
-                            }
-                            seg.push(data);
-                            seg_end += r.len;
-                            seg_pieces.1 = *i;
-                        }
-                    }
-                    if !seg.is_empty() {
-                        write(&seg, seg_at, seg_end, seg_pieces)?;
-                    }
-                    drop(seg);
-                    writing += t.elapsed();
-                    for (i, buf) in batch {
-                        let len = piece_end(i) - i * piece_length;
-                        let _ = sha_tx.send((buf, len as usize));
-                        written += len;
-                        done += 1;
-                    }
-                }
-            }
-            Ok(())
-        })();
+        let result = w.run(&ok_rx, &log_rx);
         stop.store(true, Ordering::Relaxed);
         drop(ok_rx);
-        drop(ctl_tx);
-        drop(sha_tx);
+        let (written, writing) = (w.written, w.writing);
+        let tick = w.finish();
         let digest = sha.join().map_err(|_| {
             DeployError::Mismatch(format!("content {name}: the SHA-256 thread panicked"))
         })?;
@@ -699,13 +416,400 @@ pub(super) fn write_content(
             "content written"
         );
         tick.tick(written, None)?;
-        if !digest.eq_ignore_ascii_case(c.stream_sha256.trim()) {
+        if !digest.eq_ignore_ascii_case(src.c.stream_sha256.trim()) {
             return Err(DeployError::StreamHash {
                 content: name.to_string(),
-                want: c.stream_sha256.clone(),
+                want: src.c.stream_sha256.clone(),
                 got: digest,
             });
         }
         Ok(())
     })
+}
+
+/// The fetcher thread of [`write_content`]: ranges of `src.opts.range_bytes`,
+/// piece by piece into free buffers, to the verifiers; starts again where
+/// the writer asks (a piece that failed its SHA-1), retries a failed range
+/// with backoff.
+struct Fetcher<'s, 'b> {
+    src: &'s HttpSource<'s>,
+    url: &'s Url,
+    stop: &'s AtomicBool,
+    free_rx: mpsc::Receiver<Buf<'b>>,
+    free_tx: mpsc::Sender<Buf<'b>>,
+    read_tx: mpsc::SyncSender<Msg<'b>>,
+    ctl_rx: mpsc::Receiver<Refetch>,
+    log_tx: mpsc::Sender<String>,
+}
+
+/// Where the fetcher is.
+struct FetchState {
+    next: u64,
+    epoch: u64,
+    /// failed attempts of the piece `fails.0`
+    fails: (u64, u32),
+    pending_refetch: Option<Refetch>,
+    /// the open range and its first piece
+    body: Option<(fetch::Body, u64)>,
+}
+
+impl<'b> Fetcher<'_, 'b> {
+    fn run(self) {
+        yield_to_writer();
+        let pieces = self.src.index.piece_count();
+        let mut st = FetchState {
+            next: 0,
+            epoch: 0,
+            fails: (u64::MAX, 0),
+            pending_refetch: None,
+            body: None,
+        };
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let ctl = st
+                .pending_refetch
+                .take()
+                .or_else(|| self.ctl_rx.try_iter().last());
+            if let Some(r) = ctl {
+                st.next = r.from;
+                st.epoch = r.epoch;
+                st.body = None;
+                sleep_unless(self.stop, backoff(self.src.opts.backoff, r.attempt));
+                continue;
+            }
+            if st.next >= pieces {
+                // everything sent: wait for a refetch or the end
+                match self.ctl_rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(r) => st.pending_refetch = Some(r),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            }
+            let Some(b) = self.free_buffer(&mut st) else {
+                if self.stop.load(Ordering::Relaxed) || st.pending_refetch.is_none() {
+                    return;
+                }
+                continue;
+            };
+            if !self.fetch_piece(&mut st, b) {
+                return;
+            }
+        }
+    }
+
+    /// A free buffer; none when stopping, when the buffers are gone, or
+    /// when a refetch arrived first (in `st.pending_refetch`).
+    fn free_buffer(&self, st: &mut FetchState) -> Option<Buf<'b>> {
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Some(r) = self.ctl_rx.try_iter().last() {
+                st.pending_refetch = Some(r);
+                return None;
+            }
+            match self.free_rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(b) => return Some(b),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Fetches piece `st.next` into `b` and sends it on, or counts the
+    /// failure (backoff, or the error once the retries are spent). False
+    /// when the fetcher must end.
+    fn fetch_piece(&self, st: &mut FetchState, b: Buf<'b>) -> bool {
+        let src = self.src;
+        let opts = src.opts;
+        match self.read_piece(st, b) {
+            Ok(b) => {
+                let i = st.next;
+                st.next += 1;
+                let per_range = (opts.range_bytes / src.piece_length()).max(1);
+                if st
+                    .body
+                    .as_ref()
+                    .is_some_and(|(_, first)| st.next - first >= per_range)
+                {
+                    st.body = None;
+                }
+                let epoch = st.epoch;
+                self.read_tx.send(Msg::Piece { epoch, i, buf: b }).is_ok()
+            }
+            Err((b, reason)) => {
+                let _ = self.free_tx.send(b);
+                st.body = None;
+                let next = st.next;
+                if st.fails.0 != next {
+                    st.fails = (next, 0);
+                }
+                st.fails.1 += 1;
+                let (a, e) = (next * src.piece_length(), src.piece_end(next));
+                if st.fails.1 > opts.retries {
+                    let err = DeployError::Range {
+                        content: src.name().to_string(),
+                        piece: next,
+                        start: a,
+                        end: e,
+                        attempts: st.fails.1,
+                        reason,
+                    };
+                    let _ = self.read_tx.send(Msg::Fail {
+                        epoch: st.epoch,
+                        err,
+                    });
+                    return false;
+                }
+                let d = backoff(opts.backoff, st.fails.1);
+                let _ = self.log_tx.send(format!(
+                    "retry: content {} piece {next} (stream bytes {a}..{e}) from {}: {reason}; attempt {} of {} in {:.1} s",
+                    src.name(),
+                    self.url,
+                    st.fails.1 + 1,
+                    opts.retries + 1,
+                    d.as_secs_f64()
+                ));
+                sleep_unless(self.stop, d);
+                true
+            }
+        }
+    }
+
+    /// Reads piece `st.next` from the open range (opening the next range
+    /// first when none is open).
+    fn read_piece(&self, st: &mut FetchState, b: Buf<'b>) -> Result<Buf<'b>, (Buf<'b>, String)> {
+        let src = self.src;
+        let pieces = src.index.piece_count();
+        let start = st.next * src.piece_length();
+        let len = (src.piece_end(st.next) - start) as usize;
+        if st.body.is_none() {
+            let per_range = (src.opts.range_bytes / src.piece_length()).max(1);
+            let last = (st.next + per_range).min(pieces);
+            let range_end = src.piece_end(last - 1);
+            match fetch::get_range(self.url, start, range_end, src.opts.timeout, src.tls) {
+                Ok(bd) => st.body = Some((bd, st.next)),
+                Err(e) => return Err((b, crate::jsonl::chain(&e))),
+            }
+        }
+        let Some((bd, _)) = st.body.as_mut() else {
+            return Err((b, "no connection".into()));
+        };
+        let mut got = 0usize;
+        while got < len {
+            match bd.read(&mut b[got..len]) {
+                Ok(0) => {
+                    return Err((b, format!("connection closed after {got} of {len} bytes")));
+                }
+                Ok(n) => {
+                    got += n;
+                    src.counters
+                        .http_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err((b, e.to_string())),
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// A verifier thread of [`write_content`]: each piece against the index's
+/// SHA-1, good or bad, on to the writer.
+fn verify<'b>(
+    index: &ContentIndex,
+    read_rx: &Mutex<mpsc::Receiver<Msg<'b>>>,
+    ok_tx: &mpsc::SyncSender<Msg<'b>>,
+) {
+    yield_to_writer();
+    loop {
+        let msg = match read_rx.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok(msg) = msg else { return };
+        let out = match msg {
+            Msg::Piece { epoch, i, buf } => {
+                let len = index.piece_len(i) as usize;
+                if piece_matches(index, i, &buf[..len]) {
+                    Msg::Piece { epoch, i, buf }
+                } else {
+                    Msg::Bad { epoch, i, buf }
+                }
+            }
+            other => other,
+        };
+        if ok_tx.send(out).is_err() {
+            return;
+        }
+    }
+}
+
+/// The writer of [`write_content`] (the caller's thread): puts the
+/// verified pieces back in stream order and hands each run ready in order
+/// (up to [`MAX_WRITE`] bytes) to the [`SlotWriter`] at once; a bad piece
+/// bumps the epoch and asks the fetcher to start again from the first
+/// piece not written.
+struct InOrder<'s, 'w, 't, 'b> {
+    src: &'s HttpSource<'s>,
+    writer: &'w SlotWriter<&'w Target, &'w ContentIndex>,
+    tick: &'t mut dyn Tick,
+    free_tx: mpsc::Sender<Buf<'b>>,
+    sha_tx: mpsc::Sender<(Buf<'b>, usize)>,
+    ctl_tx: mpsc::Sender<Refetch>,
+    epoch: u64,
+    /// pieces written (the first not written)
+    done: u64,
+    /// stream bytes written
+    written: u64,
+    /// failed attempts of piece `bad.0`
+    bad: (u64, u32),
+    pending: BTreeMap<u64, Buf<'b>>,
+    /// time inside the target's writes: the restore part of the deploy
+    writing: Duration,
+}
+
+impl<'t, 'b> InOrder<'_, '_, 't, 'b> {
+    fn run(
+        &mut self,
+        ok_rx: &mpsc::Receiver<Msg<'b>>,
+        log_rx: &mpsc::Receiver<String>,
+    ) -> Result<(), DeployError> {
+        let pieces = self.src.index.piece_count();
+        while self.done < pieces {
+            for line in log_rx.try_iter() {
+                self.tick.tick(self.written, Some(line))?;
+            }
+            self.tick.tick(self.written, None)?;
+            let first = match ok_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(m) => m,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(DeployError::Mismatch(format!(
+                        "content {}: the fetcher stopped after {} of {pieces} pieces",
+                        self.src.name(),
+                        self.done
+                    )));
+                }
+            };
+            // this message and every one already waiting: the pieces
+            // ready in order then go out in as few writes as they can
+            let mut next = Some(first);
+            while let Some(msg) = next.take() {
+                self.receive(msg)?;
+                next = ok_rx.try_recv().ok();
+            }
+            while self.pending.contains_key(&self.done) {
+                self.write_ready()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Files one verifier message: a piece of this epoch waits for its
+    /// turn, a bad one asks for a refetch (or fails once its retries are
+    /// spent), anything of an older epoch is dropped.
+    fn receive(&mut self, msg: Msg<'b>) -> Result<(), DeployError> {
+        let epoch = self.epoch;
+        match msg {
+            Msg::Piece { epoch: e, buf, .. } | Msg::Bad { epoch: e, buf, .. } if e != epoch => {
+                let _ = self.free_tx.send(buf);
+            }
+            Msg::Fail { epoch: e, .. } if e != epoch => {}
+            Msg::Fail { err, .. } => return Err(err),
+            Msg::Bad { i, buf, .. } => {
+                let _ = self.free_tx.send(buf);
+                self.refetch(i)?;
+            }
+            Msg::Piece { i, buf, .. } => {
+                self.pending.insert(i, buf);
+            }
+        }
+        Ok(())
+    }
+
+    /// Piece `i` failed its SHA-1: a new epoch from the first piece not
+    /// written, after a backoff.
+    fn refetch(&mut self, i: u64) -> Result<(), DeployError> {
+        let src = self.src;
+        if self.bad.0 != i {
+            self.bad = (i, 0);
+        }
+        self.bad.1 += 1;
+        let (a, e) = (i * src.piece_length(), src.piece_end(i));
+        if self.bad.1 > src.opts.retries {
+            return Err(DeployError::PieceHash {
+                content: src.name().to_string(),
+                piece: i,
+                start: a,
+                end: e,
+                attempts: self.bad.1,
+            });
+        }
+        self.epoch += 1;
+        for (_, b) in std::mem::take(&mut self.pending) {
+            let _ = self.free_tx.send(b);
+        }
+        let d = backoff(src.opts.backoff, self.bad.1);
+        self.tick.tick(
+            self.written,
+            Some(format!(
+                "retry: content {} piece {i} (stream bytes {a}..{e}) failed its SHA-1; re-fetching from piece {}, attempt {} of {} in {:.1} s",
+                src.name(),
+                self.done,
+                self.bad.1 + 1,
+                src.opts.retries + 1,
+                d.as_secs_f64()
+            )),
+        )?;
+        let _ = self.ctl_tx.send(Refetch {
+            from: self.done,
+            epoch: self.epoch,
+            attempt: self.bad.1,
+        });
+        Ok(())
+    }
+
+    /// Writes the run of pieces ready in order from `done` (up to
+    /// [`MAX_WRITE`] bytes), then passes them to the SHA-256 thread.
+    fn write_ready(&mut self) -> Result<(), DeployError> {
+        let src = self.src;
+        let mut batch: Vec<(u64, Buf<'b>)> = Vec::new();
+        let mut bytes = 0u64;
+        while bytes < MAX_WRITE
+            && let Some(buf) = self.pending.remove(&(self.done + batch.len() as u64))
+        {
+            let i = self.done + batch.len() as u64;
+            bytes += src.piece_end(i) - i * src.piece_length();
+            batch.push((i, buf));
+        }
+        let t = Instant::now();
+        let bufs: Vec<&[u8]> = batch.iter().map(|(_, b)| &b[..]).collect();
+        let res = self.writer.write_pieces(self.done, &bufs);
+        drop(bufs);
+        self.writing += t.elapsed();
+        if let Err(e) = res {
+            for (_, b) in batch {
+                let _ = self.free_tx.send(b);
+            }
+            return Err(DeployError::Slot(e));
+        }
+        for (i, buf) in batch {
+            let len = src.piece_end(i) - i * src.piece_length();
+            let _ = self.sha_tx.send((buf, len as usize));
+            self.written += len;
+            self.done += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends the writer's part: the SHA-256 thread and the fetcher are let
+    /// go (their channels closed); gives the caller's tick back.
+    fn finish(self) -> &'t mut dyn Tick {
+        self.tick
+    }
 }
