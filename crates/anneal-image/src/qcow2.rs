@@ -788,6 +788,13 @@ impl Image {
                     return Err(cluster_err(host, "is not aligned to a cluster"));
                 }
                 if !h.extended_l2 {
+                    if e & L2_ZERO != 0 && h.version == 2 {
+                        // QEMU marks such an image corrupt and fails the read.
+                        return Err(cluster_err(
+                            host,
+                            "has the zero flag, which version 2 images do not have",
+                        ));
+                    }
                     if e & L2_ZERO != 0 || host == 0 {
                         emit(Extent {
                             guest,
@@ -876,8 +883,10 @@ impl WriteAt for File {
     }
 }
 
-/// Writes the non-zero 4 KiB blocks of `data` (which belongs at `offset`)
-/// to `dst`, in runs; zero blocks are left as holes.
+/// Writes the non-zero bytes of `data` (which belongs at `offset`) to
+/// `dst` in runs of whole 4 KiB blocks of the output (aligned to the
+/// output's offsets, so they match its filesystem blocks); all-zero blocks
+/// are left as holes.
 fn write_nonzero<W: WriteAt + ?Sized>(
     dst: &mut W,
     offset: u64,
@@ -893,9 +902,14 @@ fn write_nonzero<W: WriteAt + ?Sized>(
                 source,
             })
     };
+    let block = ZERO_BLOCK as u64;
     let mut i = 0;
     while i < data.len() {
-        let end = (i + ZERO_BLOCK).min(data.len());
+        // to the next block boundary of the output
+        let to_boundary = block - (offset + i as u64) % block;
+        let end = data
+            .len()
+            .min(i.saturating_add(usize::try_from(to_boundary).unwrap_or(ZERO_BLOCK)));
         let zero = data[i..end].iter().all(|&b| b == 0);
         match (zero, run) {
             (true, Some(s)) => {
@@ -1228,6 +1242,17 @@ mod tests {
             }
         );
         assert_eq!(ext[3].len, 27 * 512);
+    }
+
+    #[test]
+    fn zero_flag_only_in_version_3() {
+        let mut b = base(2);
+        l2(&mut b, 1, L2_ZERO);
+        let e = convert_vec(&b).err().unwrap();
+        assert!(e.to_string().contains("zero flag"), "{e}");
+        put32(&mut b, 4, 3);
+        put32(&mut b, 100, 104);
+        assert!(convert_vec(&b).unwrap().iter().all(|&x| x == 0));
     }
 
     #[test]
@@ -1636,8 +1661,12 @@ mod tests {
         d[2 * 4096 + 5] = 1;
         d[5 * 4096 + 99] = 1;
         let mut log = Log::default();
+        write_nonzero(&mut log, 8192, &d).unwrap();
+        assert_eq!(log.0, vec![(8192 + 4096, 8192), (8192 + 5 * 4096, 100)]);
+        // blocks follow the output's 4 KiB grid: [1000, 4096) is the first
+        let mut log = Log::default();
         write_nonzero(&mut log, 1000, &d).unwrap();
-        assert_eq!(log.0, vec![(1000 + 4096, 8192), (1000 + 5 * 4096, 100)]);
+        assert_eq!(log.0, vec![(4096, 8192), (20480, 1100)]);
     }
 
     /// Every truncation and every single-byte corruption of a valid image:
