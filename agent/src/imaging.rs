@@ -14,7 +14,8 @@ pub enum SourceFormat {
     Auto,
     /// A raw disk image with a GPT or MBR partition table.
     Raw,
-    /// A qcow2 disk image (converted with qemu-img).
+    /// A qcow2 disk image (read natively; backing files, external data
+    /// files and encryption are refused).
     Qcow2,
     /// A single partclone image (plain, gzip, zstd; split parts `.aa`...).
     Partclone,
