@@ -512,9 +512,16 @@ impl NodeVm {
         );
     }
 
-    /// Deletes the Machine and waits until it is gone (the manager powers
-    /// the VM off and lets it go).
+    /// Deletes the Machine's claims and the Machine and waits until it is
+    /// gone (a claimed Machine waits for its claim's release; the manager
+    /// then clears the boot override and lets it go, the VM's power left as
+    /// it is: docs/lifecycle.md, "Delete").
     pub async fn delete(self, client: &kube::Client) {
+        let claims: Api<anneal_api::MachineClaim> = Api::namespaced(client.clone(), NS);
+        for c in claims.list(&Default::default()).await.unwrap().items {
+            let name = c.metadata.name.unwrap_or_default();
+            claims.delete(&name, &Default::default()).await.unwrap();
+        }
         let machines: Api<Machine> = Api::namespaced(client.clone(), NS);
         machines.delete(MACHINE, &Default::default()).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(90);

@@ -518,3 +518,91 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
 fn client_for(b: &BmcVm) -> anneal_manager::redfish::RedfishClient {
     client(&b.address(), BMC_PASSWORD, TlsPolicy::SystemRoots)
 }
+
+/// "No surprise power changes" (docs/lifecycle.md, "Delete"): deleting a
+/// Machine whose server runs leaves it running (only the pending one-time
+/// boot override is cleared); a claimed Machine is not touched at all until
+/// its claim releases it (Warning Event `DeletingClaimedHost`), and then goes
+/// the same way. Checked on the real VM behind anneal-qemu-bmc: its power
+/// state and the BMC's request log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_machine_leaves_its_running_server_on() {
+    let ns = Netns::create("anlwd").unwrap();
+    let (cp, bmcvm) = tokio::join!(
+        ControlPlane::start(),
+        BmcVm::launch(&ns, "52:54:00:7f:10:03", None)
+    );
+    let cp = cp.unwrap();
+    let client = prepare(&cp, &[("bmc-d", BMC_PASSWORD)]).await;
+    let (lc, api_cfg) = configs(0);
+    let mut manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let rf = client_for(&bmcvm);
+    let resets = || bmcvm.requests().into_iter().filter(|e| e.is_reset()).count();
+    let clears = || {
+        bmcvm
+            .requests()
+            .into_iter()
+            .filter(|e| e.method == "PATCH" && e.action.as_deref() == Some("Boot=Disabled/None"))
+            .count()
+    };
+
+    for (name, claimed) in [("del-a", true), ("del-b", false)] {
+        machines
+            .create(
+                &PostParams::default(),
+                &machine(name, "52:54:00:7f:10:03", Some((&bmcvm.address(), "bmc-d"))),
+            )
+            .await
+            .unwrap();
+        // armed and powered on through the BMC: the server runs
+        eventually(&format!("{name} powered on"), Duration::from_secs(60), || async {
+            machine_json(&machines, name).await["status"]["state"] == "Inspecting"
+                && rf.power_state().await.ok() == Some(PowerState::On)
+        })
+        .await;
+        let resets_before = resets();
+        let clears_before = clears();
+        let mp = PatchParams::default();
+        if claimed {
+            // what the claim controller writes when it binds
+            machines
+                .patch(name, &mp, &Patch::Merge(serde_json::json!({"spec": {"claimRef": {"name": "c-del"}}})))
+                .await
+                .unwrap();
+        }
+        machines.delete(name, &Default::default()).await.unwrap();
+        if claimed {
+            let e = event(&client, "DeletingClaimedHost", Duration::from_secs(60), |e| {
+                e.reason.as_deref() == Some("DeletingClaimedHost")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .await;
+            let note = e.note.unwrap_or_default();
+            assert!(note.contains("MachineClaim c-del"), "{note}");
+            assert!(note.contains("anneal.dev/force-release"), "{note}");
+            assert!(machines.get_opt(name).await.unwrap().is_some(), "{name} went while claimed");
+            // the claim's release clears claimRef: the delete goes on
+            machines
+                .patch(name, &mp, &Patch::Merge(serde_json::json!({"spec": {"claimRef": null}})))
+                .await
+                .unwrap();
+        }
+        eventually(&format!("{name} deleted"), Duration::from_secs(60), || async {
+            machines.get_opt(name).await.unwrap().is_none()
+        })
+        .await;
+        assert_eq!(
+            rf.power_state().await.unwrap(),
+            PowerState::On,
+            "{name}: the server was powered off by the delete"
+        );
+        assert_eq!(resets(), resets_before, "{name}: a reset after the delete: {:?}", bmcvm.requests());
+        assert!(
+            clears() > clears_before,
+            "{name}: the one-time override was not cleared: {:?}",
+            bmcvm.requests()
+        );
+    }
+    manager.kill();
+}

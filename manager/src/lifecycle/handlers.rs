@@ -1549,11 +1549,14 @@ fn dhcp_hold(p: &mut Pass<'_, '_>) -> Option<Duration> {
     }
 }
 
-/// The handler of a deleted Machine: PoweringOff (Deprovisioning when
-/// claimed): clear the override, shut down, delete the boot-token Secret,
-/// release the finalizer. force-release, detached or no BMC skip the BMC
-/// cleanup. `snap.bmc` is [`Bmc::Resolved`] or [`Bmc::Failed`] (the
-/// credentials), [`Bmc::None`] without `spec.bmc`.
+/// The handler of a deleted Machine (docs/api.md, Machine
+/// `spec.powerOffOnDelete`). Claimed: nothing is touched until the claim
+/// releases it (Warning Event `DeletingClaimedHost` naming the claim and
+/// the way out). Unclaimed: clear the one-time boot override, and only with
+/// `spec.powerOffOnDelete` shut the server down (PoweringOff); delete the
+/// boot-token Secret, release the finalizer. force-release, detached or no
+/// BMC skip the BMC cleanup. `snap.bmc` is [`Bmc::Resolved`] or
+/// [`Bmc::Failed`] (the credentials), [`Bmc::None`] without `spec.bmc`.
 pub fn delete(snap: &Snapshot<'_>) -> Decision {
     let mut p = Pass::new(snap);
     p.warn = WarnOp::Clear;
@@ -1561,12 +1564,20 @@ pub fn delete(snap: &Snapshot<'_>) -> Decision {
         p.token = TokenOp::Delete;
         return p.finish(Outcome::Release, false);
     }
-    let to = if snap.machine.spec.claim_ref.is_some() {
-        MachineState::Deprovisioning
-    } else {
-        MachineState::PoweringOff
-    };
-    p.transition(to);
+    if let Some(claim) = &snap.machine.spec.claim_ref {
+        let message = format!(
+            "claimed by MachineClaim {}: the Machine is deleted once that claim is deleted \
+             (the claim's release follows spec.reclaimPolicy); to delete it now without any \
+             BMC call, annotate it anneal.dev/force-release",
+            claim.name
+        );
+        p.event(EventType::Warning, DELETING_CLAIMED_HOST, message.clone());
+        return p.finish(Outcome::CleanupPending { message }, true);
+    }
+    let power_off = snap.machine.spec.power_off_on_delete;
+    if power_off {
+        p.transition(MachineState::PoweringOff);
+    }
     match &snap.bmc {
         Bmc::Failed(f) => {
             let retry = bmc_failed(&mut p.d, f, snap.bmc_attempts, snap);
@@ -1583,7 +1594,9 @@ pub fn delete(snap: &Snapshot<'_>) -> Decision {
         }
         b if b.usable() => {
             p.call(BmcAction::ClearOverride);
-            p.call(BmcAction::Shutdown { announce: false });
+            if power_off {
+                p.call(BmcAction::Shutdown { announce: false });
+            }
             p.token = TokenOp::Delete;
             // The state written only if the cleanup fails (as before).
             p.finish(Outcome::Release, false)
@@ -1591,6 +1604,9 @@ pub fn delete(snap: &Snapshot<'_>) -> Decision {
         _ => p.finish(Outcome::Release, false),
     }
 }
+
+/// The Warning Event of a claimed Machine's deletion.
+pub const DELETING_CLAIMED_HOST: &str = "DeletingClaimedHost";
 
 /// Whether a delete skips the BMC cleanup: force-release, detached, or no
 /// BMC.
@@ -2862,35 +2878,37 @@ mod tests {
     }
 
     #[test]
-    fn delete_powers_off_or_deprovisions_when_claimed() {
+    fn delete_leaves_the_power_unless_asked_and_waits_for_the_claim() {
         let cfg = cfg();
-        for (spec, to) in [
-            (json!({}), MachineState::PoweringOff),
-            (
-                json!({"claimRef": {"name": "c"}}),
-                MachineState::Deprovisioning,
-            ),
+        // unclaimed: the override cleared; the power left as it is, or shut
+        // down with spec.powerOffOnDelete
+        for (spec, shutdown) in [
+            (json!({}), false),
+            (json!({"powerOffOnDelete": true}), true),
         ] {
-            let m = machine(json!({}), spec, json!({"state": "Available"}));
+            let m = machine(json!({}), spec, json!({"state": "Available", "poweredOn": true}));
             let s = snap(&m, &cfg, Bmc::Resolved);
             let d = delete(&s);
             assert_eq!(d.outcome, Outcome::Release);
-            assert_eq!(
-                actions(&d),
-                vec![
-                    BmcAction::ClearOverride,
-                    BmcAction::Shutdown { announce: false }
-                ]
-            );
+            let mut want = vec![BmcAction::ClearOverride];
+            if shutdown {
+                want.push(BmcAction::Shutdown { announce: false });
+            }
+            assert_eq!(actions(&d), want);
             assert_eq!(d.token, TokenOp::Delete);
             assert_eq!(d.dhcp_warned, WarnOp::Clear);
+            let to = if shutdown {
+                MachineState::PoweringOff
+            } else {
+                MachineState::Available
+            };
             assert_eq!(state(&d), to);
-            // a failing shutdown keeps the finalizer and writes the state
+            // a failing BMC call keeps the finalizer and writes the state
             let f = BmcFailure {
                 reason: BmcReason::BmcUnreachable,
                 message: "refused".into(),
             };
-            let failed = action_failed(&d, 1, &f, &s);
+            let failed = action_failed(&d, d.actions.len() - 1, &f, &s);
             assert_eq!(
                 failed.outcome,
                 Outcome::CleanupPending {
@@ -2909,6 +2927,30 @@ mod tests {
                 }
             );
             assert!(d.commit && d.actions.is_empty());
+        }
+        // claimed (even with powerOffOnDelete): no BMC call, the state kept,
+        // the token kept, a Warning naming the claim and the way out
+        for state_ in ["Provisioned", "Provisioning", "Available"] {
+            let m = machine(
+                json!({}),
+                json!({"claimRef": {"name": "c"}, "powerOffOnDelete": true}),
+                json!({"state": state_, "poweredOn": true}),
+            );
+            let d = delete(&snap(&m, &cfg, Bmc::Resolved));
+            assert!(d.actions.is_empty(), "{:?}", d.actions);
+            assert_eq!(d.token, TokenOp::Keep);
+            assert_eq!(
+                d.draft.status.state.map(|s| format!("{s:?}")),
+                Some(state_.to_string())
+            );
+            assert!(reasons(&d).contains(&DELETING_CLAIMED_HOST));
+            match &d.outcome {
+                Outcome::CleanupPending { message } => {
+                    assert!(message.contains("MachineClaim c"), "{message}");
+                    assert!(message.contains("anneal.dev/force-release"), "{message}");
+                }
+                other => panic!("a claimed Machine's delete went on: {other:?}"),
+            }
         }
     }
 
@@ -2945,11 +2987,12 @@ mod tests {
             assert_eq!(d.token, TokenOp::Delete);
         }
         // A Provisioned machine whose BMC answers: force-release deletes it
-        // without a single BMC call; without it the cleanup shuts it down.
+        // without a single BMC call; without it the cleanup (asked to power
+        // off) shuts it down.
         let provisioned = |ann: Value| {
             machine(
                 ann,
-                json!({}),
+                json!({"powerOffOnDelete": true}),
                 json!({"state": "Provisioned", "poweredOn": true,
                        "lastSuccessfulRunRef": {"name": "r1"}}),
             )

@@ -88,6 +88,16 @@ pub struct MachineSpec {
     /// to `Available`.
     #[serde(default)]
     pub reclaim_policy: ReclaimPolicy,
+    /// Whether deleting this Machine shuts the server down. `false`
+    /// (default): the server's power is left as it is (a production server
+    /// keeps running; only a pending one-time boot override is cleared).
+    /// `true`: the override is cleared and the server is shut down before
+    /// the Machine goes. A claimed Machine is never cleaned up while its
+    /// claim holds it: it waits for the claim's release (Warning Event
+    /// `DeletingClaimedHost`); `anneal.dev/force-release` skips every BMC
+    /// call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub power_off_on_delete: bool,
     /// The MachineClaim bound to this machine. Written only by the claim
     /// controller, with the machine's resourceVersion as an optimistic lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
