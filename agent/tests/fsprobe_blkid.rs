@@ -1,11 +1,12 @@
-//! The superblock prober against real mkfs output, cross-checked with
+//! The superblock prober (`anneal_image::fs::identify`, what the inventory
+//! reports) against real mkfs output, cross-checked with
 //! `blkid -p` (the tools come from tests/setup.d/agent.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use anneal_agent::inventory::fsprobe;
+use anneal_image::fs;
 
 fn blkid(path: &std::path::Path) -> BTreeMap<String, String> {
     let out = Command::new("blkid")
@@ -36,7 +37,7 @@ fn case(kind: &str, size_mib: u64, mkfs: &[&str]) {
         "{mkfs:?}: {}",
         String::from_utf8_lossy(&status.stderr)
     );
-    let ours = fsprobe::probe(&std::fs::File::open(&img).unwrap())
+    let ours = fs::identify(&fs::FileRegion::whole(&std::fs::File::open(&img).unwrap()).unwrap())
         .unwrap()
         .unwrap_or_else(|| panic!("{kind}: nothing found"));
     let theirs = blkid(&img);

@@ -1,8 +1,6 @@
 //! Hardware inventory from `/sys`, `/proc` and `/dev`, relative to a root so
 //! captured fixture trees test the same code the live agent runs.
 
-pub mod fsprobe;
-
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -361,7 +359,8 @@ impl Root {
             };
             if opts.probe_filesystems
                 && let Ok(f) = fs::File::open(self.p(&format!("dev/{name}")))
-                && let Ok(Some(fs)) = fsprobe::probe(&f)
+                && let Ok(region) = anneal_image::fs::FileRegion::whole(&f)
+                && let Ok(Some(fs)) = anneal_image::fs::identify(&region)
             {
                 part.fs_type = Some(fs.fs_type.to_string());
                 part.uuid = fs.uuid;

@@ -1,9 +1,15 @@
 //! Filesystem probing (type, UUID, label) and used-block detection: ext2/3/4
 //! from the block-group bitmaps, vfat from the FAT, swap (no content), and a
-//! zero-block elision fallback for anything else.
+//! zero-block elision fallback for anything else. The one filesystem probe
+//! of anneal: capture uses [`probe`] and [`used_extents`], the agent's
+//! inventory [`identify`] (what `blkid -p` reports, xfs, btrfs and ntfs
+//! included), both through [`ReadAt`].
 
 use crate::extents::{Extent, ExtentBuilder};
 use std::io;
+
+mod identify;
+pub use identify::{Identity, ext_kind, identify};
 
 /// Random-access byte source (a partition of a disk image, a buffer).
 pub trait ReadAt {
@@ -44,6 +50,21 @@ pub struct FileRegion<'a> {
     pub start: u64,
     /// Length.
     pub len: u64,
+}
+
+impl<'a> FileRegion<'a> {
+    /// The whole of `file`, a regular file or a block device (its length:
+    /// where a seek to its end lands).
+    pub fn whole(file: &'a std::fs::File) -> io::Result<Self> {
+        use std::io::Seek as _;
+        let mut f = file;
+        let len = f.seek(io::SeekFrom::End(0))?;
+        Ok(FileRegion {
+            file,
+            start: 0,
+            len,
+        })
+    }
 }
 
 impl ReadAt for FileRegion<'_> {
@@ -256,13 +277,7 @@ fn ext_sb(src: &dyn ReadAt) -> Result<Option<ExtSb>, FsError> {
         )));
     }
     let groups = (blocks - first_data_block).div_ceil(blocks_per_group);
-    let kind = if incompat & (0x40 | 0x80 | 0x200) != 0 || ro_compat & (0x8 | 0x20 | 0x40) != 0 {
-        "ext4"
-    } else if compat & 0x4 != 0 {
-        "ext3"
-    } else {
-        "ext2"
-    };
+    let kind = ext_kind(compat, incompat, ro_compat);
     let sparse_super2 = if compat & 0x200 != 0 {
         Some([u32le(&sb, 588), u32le(&sb, 592)])
     } else {
