@@ -240,7 +240,8 @@ async fn endpoint(
         }
     };
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+    use rustls::pki_types::pem::PemObject as _;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|_| Error::BadCa)?;
         roots.add(cert).map_err(|_| Error::BadCa)?;
     }

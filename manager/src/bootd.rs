@@ -253,9 +253,7 @@ async fn ca_digest(scope: &Scope, cfg: &BootdConfig) -> Result<Option<String>, k
         .and_then(|s| s.data)
         .and_then(|d| d.get(crate::agentapi::ca::CA_CERT_KEY).cloned())
         .and_then(|pem| {
-            rustls_pemfile::certs(&mut pem.0.as_slice())
-                .next()
-                .and_then(Result::ok)
+            crate::agentapi::ca::first_cert(&pem.0)
         });
     Ok(der.map(|d| hex::encode(sha2::Sha256::digest(d.as_ref()))))
 }

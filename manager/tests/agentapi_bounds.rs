@@ -62,7 +62,8 @@ struct Tls {
 impl Tls {
     fn new(ca_pem: &str, addr: SocketAddr) -> Tls {
         let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        use rustls::pki_types::pem::PemObject as _;
+        for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -170,7 +170,8 @@ async fn main() -> anyhow::Result<()> {
         .map(|b| b.0.clone())
         .context("ca.crt in Secret anneal-system/anneal-agent-api-ca")?;
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca_pem.as_slice()) {
+    use rustls::pki_types::pem::PemObject as _;
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&ca_pem) {
         roots.add(c?)?;
     }
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(

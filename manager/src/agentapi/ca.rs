@@ -62,6 +62,14 @@ fn ca_params() -> Result<CertificateParams, CaError> {
     Ok(p)
 }
 
+/// The first certificate of a PEM bundle (DER), if any parses.
+pub fn first_cert(pem: &[u8]) -> Option<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject as _;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .next()
+        .and_then(Result::ok)
+}
+
 fn secret_str(s: &Secret, key: &'static str) -> Result<String, CaError> {
     s.data
         .as_ref()
@@ -117,10 +125,7 @@ pub async fn load_or_create(
         .map_err(|_| CaError::Malformed(CA_KEY_KEY))?;
     let issuer =
         Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|_| CaError::Malformed(CA_CERT_KEY))?;
-    let ca_der = rustls_pemfile::certs(&mut ca_pem.as_bytes())
-        .next()
-        .and_then(Result::ok)
-        .ok_or(CaError::Malformed(CA_CERT_KEY))?;
+    let ca_der = first_cert(ca_pem.as_bytes()).ok_or(CaError::Malformed(CA_CERT_KEY))?;
     let ca_sha256 = hex::encode(Sha256::digest(ca_der.as_ref()));
 
     let leaf_key = KeyPair::generate().map_err(CaError::Rcgen)?;
@@ -152,10 +157,14 @@ impl AgentPki {
     /// (HTTP/1.1 by ALPN): the agent API and the staged upload endpoint.
     /// `None` when the PEM does not parse.
     pub fn server_tls(&self) -> Option<rustls::ServerConfig> {
-        let certs: Vec<_> = rustls_pemfile::certs(&mut self.serving_chain_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .ok()?;
-        let key = rustls_pemfile::private_key(&mut self.serving_key_pem.as_bytes()).ok()??;
+        use rustls::pki_types::pem::PemObject as _;
+        let certs: Vec<_> =
+            rustls::pki_types::CertificateDer::pem_slice_iter(self.serving_chain_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .ok()?;
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(self.serving_key_pem.as_bytes())
+                .ok()?;
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -426,8 +426,8 @@ pub fn tls_config(policy: &TlsPolicy) -> Result<Arc<rustls::ClientConfig>, Redfi
             .with_no_client_auth(),
         TlsPolicy::CaBundle(pem) => {
             let mut roots = rustls::RootCertStore::empty();
-            let mut reader = std::io::BufReader::new(pem.as_slice());
-            for cert in rustls_pemfile::certs(&mut reader).flatten() {
+            use rustls::pki_types::pem::PemObject as _;
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem).flatten() {
                 let _ = roots.add(cert);
             }
             if roots.is_empty() {
