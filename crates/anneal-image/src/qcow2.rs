@@ -356,7 +356,7 @@ impl Header {
 
 fn be32(b: &[u8], at: usize) -> u32 {
     let mut a = [0u8; 4];
-    if let Some(s) = b.get(at..at + 4) {
+    if let Some(s) = at.checked_add(4).and_then(|end| b.get(at..end)) {
         a.copy_from_slice(s);
     }
     u32::from_be_bytes(a)
@@ -364,7 +364,7 @@ fn be32(b: &[u8], at: usize) -> u32 {
 
 fn be64(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
-    if let Some(s) = b.get(at..at + 8) {
+    if let Some(s) = at.checked_add(8).and_then(|end| b.get(at..end)) {
         a.copy_from_slice(s);
     }
     u64::from_be_bytes(a)
