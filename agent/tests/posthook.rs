@@ -616,8 +616,15 @@ fn a_param_stays_literal_in_the_shell() {
     let img = make_disk(dir.path(), &[]);
     let ctx = context(&img, dir.path());
     let pwned = dir.path().join("pwned");
-    let evil = format!("$(touch {p}) `touch {p}` '; touch {p}; '", p = pwned.display());
-    let mut st = script("params", "echo ${ANNEAL_PARAM_P}; echo \"q=${ANNEAL_PARAM_P}\"", 10);
+    let evil = format!(
+        "$(touch {p}) `touch {p}` '; touch {p}; '",
+        p = pwned.display()
+    );
+    let mut st = script(
+        "params",
+        "echo ${ANNEAL_PARAM_P}; echo \"q=${ANNEAL_PARAM_P}\"",
+        10,
+    );
     st.params = BTreeMap::from([("p".to_string(), evil.clone())]);
     let (r, log) = run(&ctx, &[st]);
     r.unwrap();

@@ -252,9 +252,7 @@ async fn ca_digest(scope: &Scope, cfg: &BootdConfig) -> Result<Option<String>, k
     let der = secret
         .and_then(|s| s.data)
         .and_then(|d| d.get(crate::agentapi::ca::CA_CERT_KEY).cloned())
-        .and_then(|pem| {
-            crate::agentapi::ca::first_cert(&pem.0)
-        });
+        .and_then(|pem| crate::agentapi::ca::first_cert(&pem.0));
     Ok(der.map(|d| hex::encode(sha2::Sha256::digest(d.as_ref()))))
 }
 

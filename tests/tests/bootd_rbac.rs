@@ -342,7 +342,9 @@ async fn tenant_cannot_write_claim_ref() {
             .patch(
                 "m",
                 &merge,
-                &Patch::Merge(json!({"spec": {"claimRef": {"name": "c", "namespace": "tenant-a"}}})),
+                &Patch::Merge(
+                    json!({"spec": {"claimRef": {"name": "c", "namespace": "tenant-a"}}}),
+                ),
             )
             .await,
         "a tenant adding a claimRef",
@@ -367,14 +369,19 @@ async fn tenant_cannot_write_claim_ref() {
         .await
         .unwrap();
     for (what, patch) in [
-        ("a tenant clearing the claimRef", json!({"spec": {"claimRef": null}})),
+        (
+            "a tenant clearing the claimRef",
+            json!({"spec": {"claimRef": null}}),
+        ),
         (
             "a tenant changing the claimRef",
             json!({"spec": {"claimRef": {"name": "other"}}}),
         ),
     ] {
         refused_for_claim_ref(
-            tenant_machines.patch("m", &merge, &Patch::Merge(patch)).await,
+            tenant_machines
+                .patch("m", &merge, &Patch::Merge(patch))
+                .await,
             what,
         );
     }
@@ -397,7 +404,11 @@ async fn tenant_cannot_write_claim_ref() {
     let view = anneal_manager::deploy::runs::view(&admin, &held, &cfg)
         .await
         .unwrap();
-    assert_eq!(view, DeployView::NotRead, "a claimRef into tenant-a planned");
+    assert_eq!(
+        view,
+        DeployView::NotRead,
+        "a claimRef into tenant-a planned"
+    );
     let runs = Api::<anneal_api::DeployRun>::namespaced(admin.clone(), "tenant-b")
         .list(&ListParams::default())
         .await

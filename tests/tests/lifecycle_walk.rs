@@ -538,7 +538,13 @@ async fn deleting_a_machine_leaves_its_running_server_on() {
     let mut manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
     let rf = client_for(&bmcvm);
-    let resets = || bmcvm.requests().into_iter().filter(|e| e.is_reset()).count();
+    let resets = || {
+        bmcvm
+            .requests()
+            .into_iter()
+            .filter(|e| e.is_reset())
+            .count()
+    };
     let clears = || {
         bmcvm
             .requests()
@@ -556,10 +562,14 @@ async fn deleting_a_machine_leaves_its_running_server_on() {
             .await
             .unwrap();
         // armed and powered on through the BMC: the server runs
-        eventually(&format!("{name} powered on"), Duration::from_secs(60), || async {
-            machine_json(&machines, name).await["status"]["state"] == "Inspecting"
-                && rf.power_state().await.ok() == Some(PowerState::On)
-        })
+        eventually(
+            &format!("{name} powered on"),
+            Duration::from_secs(60),
+            || async {
+                machine_json(&machines, name).await["status"]["state"] == "Inspecting"
+                    && rf.power_state().await.ok() == Some(PowerState::On)
+            },
+        )
         .await;
         let resets_before = resets();
         let clears_before = clears();
@@ -567,37 +577,60 @@ async fn deleting_a_machine_leaves_its_running_server_on() {
         if claimed {
             // what the claim controller writes when it binds
             machines
-                .patch(name, &mp, &Patch::Merge(serde_json::json!({"spec": {"claimRef": {"name": "c-del"}}})))
+                .patch(
+                    name,
+                    &mp,
+                    &Patch::Merge(serde_json::json!({"spec": {"claimRef": {"name": "c-del"}}})),
+                )
                 .await
                 .unwrap();
         }
         machines.delete(name, &Default::default()).await.unwrap();
         if claimed {
-            let e = event(&client, "DeletingClaimedHost", Duration::from_secs(60), |e| {
-                e.reason.as_deref() == Some("DeletingClaimedHost")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            })
+            let e = event(
+                &client,
+                "DeletingClaimedHost",
+                Duration::from_secs(60),
+                |e| {
+                    e.reason.as_deref() == Some("DeletingClaimedHost")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                },
+            )
             .await;
             let note = e.note.unwrap_or_default();
             assert!(note.contains("MachineClaim c-del"), "{note}");
             assert!(note.contains("anneal.dev/force-release"), "{note}");
-            assert!(machines.get_opt(name).await.unwrap().is_some(), "{name} went while claimed");
+            assert!(
+                machines.get_opt(name).await.unwrap().is_some(),
+                "{name} went while claimed"
+            );
             // the claim's release clears claimRef: the delete goes on
             machines
-                .patch(name, &mp, &Patch::Merge(serde_json::json!({"spec": {"claimRef": null}})))
+                .patch(
+                    name,
+                    &mp,
+                    &Patch::Merge(serde_json::json!({"spec": {"claimRef": null}})),
+                )
                 .await
                 .unwrap();
         }
-        eventually(&format!("{name} deleted"), Duration::from_secs(60), || async {
-            machines.get_opt(name).await.unwrap().is_none()
-        })
+        eventually(
+            &format!("{name} deleted"),
+            Duration::from_secs(60),
+            || async { machines.get_opt(name).await.unwrap().is_none() },
+        )
         .await;
         assert_eq!(
             rf.power_state().await.unwrap(),
             PowerState::On,
             "{name}: the server was powered off by the delete"
         );
-        assert_eq!(resets(), resets_before, "{name}: a reset after the delete: {:?}", bmcvm.requests());
+        assert_eq!(
+            resets(),
+            resets_before,
+            "{name}: a reset after the delete: {:?}",
+            bmcvm.requests()
+        );
         assert!(
             clears() > clears_before,
             "{name}: the one-time override was not cleared: {:?}",

@@ -162,9 +162,8 @@ impl AgentPki {
             rustls::pki_types::CertificateDer::pem_slice_iter(self.serving_chain_pem.as_bytes())
                 .collect::<Result<_, _>>()
                 .ok()?;
-        let key =
-            rustls::pki_types::PrivateKeyDer::from_pem_slice(self.serving_key_pem.as_bytes())
-                .ok()?;
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(self.serving_key_pem.as_bytes())
+            .ok()?;
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
         let mut tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

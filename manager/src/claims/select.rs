@@ -56,10 +56,16 @@ pub fn ref_names(claim_ref: &NameRef, machine_ns: &str, claim_ns: &str, name: &s
 /// namespace (a claim binds only Machines of its own namespace, so a
 /// `claimRef` into another namespace never counts, whoever wrote it).
 pub fn binding_holds(machine: &Machine, claim: &MachineClaim) -> bool {
-    let (Some(mns), Some(cns)) = (machine.metadata.namespace.as_deref(), claim.metadata.namespace.as_deref()) else {
+    let (Some(mns), Some(cns)) = (
+        machine.metadata.namespace.as_deref(),
+        claim.metadata.namespace.as_deref(),
+    ) else {
         return false;
     };
-    let (Some(mname), Some(cname)) = (machine.metadata.name.as_deref(), claim.metadata.name.as_deref()) else {
+    let (Some(mname), Some(cname)) = (
+        machine.metadata.name.as_deref(),
+        claim.metadata.name.as_deref(),
+    ) else {
         return false;
     };
     mns == cns
@@ -68,7 +74,11 @@ pub fn binding_holds(machine: &Machine, claim: &MachineClaim) -> bool {
             .claim_ref
             .as_ref()
             .is_some_and(|r| ref_names(r, mns, cns, cname))
-        && claim.status.as_ref().and_then(|s| s.machine_name.as_deref()) == Some(mname)
+        && claim
+            .status
+            .as_ref()
+            .and_then(|s| s.machine_name.as_deref())
+            == Some(mname)
         && claim.metadata.deletion_timestamp.is_none()
 }
 
@@ -398,21 +408,43 @@ mod tests {
             .unwrap()
         };
         let m = |claim_ref: serde_json::Value| {
-            machine(json!({"subnetRef": {"name": "s"}, "claimRef": claim_ref}), "Available", json!({}))
+            machine(
+                json!({"subnetRef": {"name": "s"}, "claimRef": claim_ref}),
+                "Available",
+                json!({}),
+            )
         };
         // the binding the claim controller writes
-        assert!(binding_holds(&m(json!({"name": "c", "namespace": "ns"})), &bound_claim("ns", "m")));
-        assert!(binding_holds(&m(json!({"name": "c"})), &bound_claim("ns", "m")));
+        assert!(binding_holds(
+            &m(json!({"name": "c", "namespace": "ns"})),
+            &bound_claim("ns", "m")
+        ));
+        assert!(binding_holds(
+            &m(json!({"name": "c"})),
+            &bound_claim("ns", "m")
+        ));
         // a tenant's Machine (namespace ns) naming the claim of namespace
         // other, bound there to a Machine of the same name: never
-        assert!(!binding_holds(&m(json!({"name": "c", "namespace": "other"})), &bound_claim("other", "m")));
+        assert!(!binding_holds(
+            &m(json!({"name": "c", "namespace": "other"})),
+            &bound_claim("other", "m")
+        ));
         // the claim does not name this machine
-        assert!(!binding_holds(&m(json!({"name": "c"})), &bound_claim("ns", "m2")));
+        assert!(!binding_holds(
+            &m(json!({"name": "c"})),
+            &bound_claim("ns", "m2")
+        ));
         // the Machine names another claim
-        assert!(!binding_holds(&m(json!({"name": "c2"})), &bound_claim("ns", "m")));
+        assert!(!binding_holds(
+            &m(json!({"name": "c2"})),
+            &bound_claim("ns", "m")
+        ));
         // a claim being deleted
         let mut deleting = bound_claim("ns", "m");
-        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
         assert!(!binding_holds(&m(json!({"name": "c"})), &deleting));
         // no claimRef at all
         let free = machine(json!({"subnetRef": {"name": "s"}}), "Available", json!({}));

@@ -1047,7 +1047,13 @@ mod tests {
             )
         );
         let params = &p.plan.steps[0].params;
-        for (k, v) in [("who", "claim"), ("a", "hook-a"), ("b", "image"), ("machineName", "m1"), ("targetDisk", "/dev/vda")] {
+        for (k, v) in [
+            ("who", "claim"),
+            ("a", "hook-a"),
+            ("b", "image"),
+            ("machineName", "m1"),
+            ("targetDisk", "/dev/vda"),
+        ] {
             assert_eq!(params.get(k).map(String::as_str), Some(v), "param {k}");
         }
         assert_eq!(p.plan.steps[1].step, "step-2");
@@ -1091,7 +1097,10 @@ mod tests {
         w.scripts
             .insert("configmap/cm/run.sh".into(), "echo {{imageName}}".into());
         let step = &w.plan(&c).unwrap().plan.steps[0];
-        assert_eq!(step.script.as_deref(), Some("echo ${ANNEAL_PARAM_IMAGENAME}"));
+        assert_eq!(
+            step.script.as_deref(),
+            Some("echo ${ANNEAL_PARAM_IMAGENAME}")
+        );
         assert_eq!(step.params.get("imageName").map(String::as_str), Some("os"));
     }
 

@@ -2886,7 +2886,11 @@ mod tests {
             (json!({}), false),
             (json!({"powerOffOnDelete": true}), true),
         ] {
-            let m = machine(json!({}), spec, json!({"state": "Available", "poweredOn": true}));
+            let m = machine(
+                json!({}),
+                spec,
+                json!({"state": "Available", "poweredOn": true}),
+            );
             let s = snap(&m, &cfg, Bmc::Resolved);
             let d = delete(&s);
             assert_eq!(d.outcome, Outcome::Release);

@@ -226,8 +226,7 @@ fn tls_acceptor(cert: &[u8], key: &[u8]) -> Result<tokio_rustls::TlsAcceptor, Bm
     let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(cert)
         .collect::<Result<_, _>>()
         .map_err(|_| BmcError::Tls)?;
-    let key =
-        rustls::pki_types::PrivateKeyDer::from_pem_slice(key).map_err(|_| BmcError::Tls)?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key).map_err(|_| BmcError::Tls)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
