@@ -923,7 +923,10 @@ fn a_raw_partition_over_http_zeroes_its_gaps_and_a_smaller_slot_is_refused() {
     assert!(!out.ok, "{}", out.stdout);
     let err = events(&out, "error")[0];
     let msg = err["message"].as_str().unwrap();
-    assert!(msg.contains("larger than slot 1"), "{err}");
+    assert!(
+        msg.contains("slot 1: content p1") && msg.contains("is larger than its slot"),
+        "{err}"
+    );
     let got = std::fs::read(&target).unwrap();
     assert!(got.iter().all(|x| *x == 0xFF), "the target was written");
 }

@@ -177,6 +177,18 @@ pub enum DeployError {
     /// A content does not fit its slot, or writing it there failed.
     #[error(transparent)]
     Slot(anneal_image::write::WriteError),
+    /// A content of the plan does not fit its slot (checked before the
+    /// first write).
+    #[error("disk {device}, slot {slot}")]
+    SlotOf {
+        /// device path
+        device: String,
+        /// partition number
+        slot: u32,
+        /// cause
+        #[source]
+        source: anneal_image::write::WriteError,
+    },
     /// A write to the target failed.
     #[error("content {content}: {what}")]
     Write {
@@ -778,12 +790,17 @@ fn prepare<'p>(
             )));
         }
         let index = stream::fetch_index(c, opts, tls, &rep.counters)?;
-        if index.header.partition_size > *slot_size {
-            return Err(DeployError::Mismatch(format!(
-                "content {name} ({} bytes) is larger than slot {} of disk {dev} ({slot_size} bytes)",
-                index.header.partition_size, slot.number
-            )));
-        }
+        let at = SlotRange {
+            offset: slot.start_bytes,
+            size: *slot_size,
+        };
+        anneal_image::write::check_slot(name, &index, at, size).map_err(|source| {
+            DeployError::SlotOf {
+                device: dev.to_string(),
+                slot: slot.number,
+                source,
+            }
+        })?;
         let row = rep.progress.partitions.len();
         rep.progress.partitions.push(PartitionProgress {
             number: slot.number,

@@ -80,6 +80,16 @@ pub enum RestoreError {
     /// The content does not fit its slot, or writing it failed.
     #[error(transparent)]
     Slot(WriteError),
+    /// A content of the layout does not fit its slot (checked before the
+    /// first write).
+    #[error("slot {slot}")]
+    SlotOf {
+        /// partition number
+        slot: u32,
+        /// cause
+        #[source]
+        source: WriteError,
+    },
     /// A later step failed (swap header, mkfs, table, flush).
     #[error("{step}")]
     Step {
@@ -749,12 +759,16 @@ pub fn restore_image(
                 }
                 let (ip, sp) = crate::capture::content_paths(dir, name);
                 let c = Content::load(name, &ip, &sp)?;
-                if c.index.header.partition_size > *size {
-                    return Err(RestoreError::Mismatch(format!(
-                        "content {name} ({} bytes) is larger than slot {} ({size} bytes)",
-                        c.index.header.partition_size, slot.number
-                    )));
-                }
+                let at = SlotRange {
+                    offset: slot.start_bytes,
+                    size: *size,
+                };
+                crate::write::check_slot(name, &c.index, at, tsize).map_err(|source| {
+                    RestoreError::SlotOf {
+                        slot: slot.number,
+                        source,
+                    }
+                })?;
                 Some(c)
             }
             None => None,
