@@ -5,20 +5,28 @@
 //! writes only the `Valid` condition (and `observedGeneration` when
 //! absent), under the object's resourceVersion, so it composes with the
 //! controllers that own the other conditions.
+//!
+//! Machines are judged only when what the verdict reads changes (subnetRef,
+//! boot MAC, the Machines sharing that MAC, the Subnet's grants), and their
+//! `Valid` is rewritten only when the verdict changes
+//! ([`machine_valid_update`]): a bind, which writes `spec.claimRef` and so
+//! moves `metadata.generation`, costs no Machine status write.
 
 use anneal_api::conditions::reasons;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anneal_api::{Image, Machine, PartitionContent, PostHook, Site, Subnet, SubnetSpec};
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -346,6 +354,14 @@ where
     write_valid_with(obj, problem, serde_json::Map::new(), client).await
 }
 
+/// The verdict as a condition: (status, reason, message).
+fn verdict(problem: Option<&Problem>) -> (bool, &'static str, String) {
+    match problem {
+        None => (true, "Valid", "spec is valid".to_string()),
+        Some((r, m)) => (false, r, m.clone()),
+    }
+}
+
 /// [`write_valid`] plus extra top-level status fields owned by this
 /// controller.
 async fn write_valid_with<K>(
@@ -365,21 +381,34 @@ where
     let mut conds: Vec<anneal_api::Condition> =
         serde_json::from_value(value["status"]["conditions"].clone()).unwrap_or_default();
     let generation = obj.meta().generation;
-    let (ok, reason, message) = match &problem {
-        None => (true, "Valid", "spec is valid".to_string()),
-        Some((r, m)) => (false, *r, m.clone()),
-    };
+    let (ok, reason, message) = verdict(problem.as_ref());
     let changed = conditions::set(&mut conds, "Valid", ok, reason, message, generation);
     let extra_changed = extra.iter().any(|(k, v)| &value["status"][k] != v);
     if !changed && !extra_changed {
         return Ok(true);
     }
+    patch_conditions(obj, &conds, extra, client).await
+}
+
+/// Writes `conds` (and `extra`) into the object's status under its
+/// resourceVersion. Returns false on a conflict or when it is gone.
+async fn patch_conditions<K>(
+    obj: &K,
+    conds: &[anneal_api::Condition],
+    mut status: serde_json::Map<String, serde_json::Value>,
+    client: &Client,
+) -> Result<bool, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
     let ns = obj.meta().namespace.clone().unwrap_or_default();
     let api: Api<K> = Api::namespaced(client.clone(), &ns);
-    let mut status = extra;
     status.insert(
         "conditions".into(),
-        serde_json::to_value(&conds).unwrap_or_default(),
+        serde_json::to_value(conds).unwrap_or_default(),
     );
     let patch = json!({
         "metadata": {"resourceVersion": obj.meta().resource_version},
@@ -399,6 +428,171 @@ where
     }
 }
 
+/// A Machine's conditions with the verdict `problem` written in, or None
+/// when the Machine already carries that verdict (same status, reason and
+/// message): no write. Unlike the other kinds, a Machine's `Valid` does not
+/// follow `metadata.generation` alone: its spec is also written by
+/// controllers (the claim controller's `claimRef` on every bind, readiness
+/// taints), none of which can change the verdict, and a status write per
+/// bind made every bind two Machine writes that raced the claim
+/// controller's next bind. Its `observedGeneration` is the generation at
+/// which the verdict last changed.
+pub fn machine_valid_update(
+    conds: &[anneal_api::Condition],
+    problem: Option<&Problem>,
+    generation: Option<i64>,
+) -> Option<Vec<anneal_api::Condition>> {
+    let (ok, reason, message) = verdict(problem);
+    let status = if ok { "True" } else { "False" };
+    let carried = conds.iter().find(|c| c.type_ == "Valid");
+    if carried.is_some_and(|c| c.status == status && c.reason == reason && c.message == message) {
+        return None;
+    }
+    let mut conds = conds.to_vec();
+    conditions::set(&mut conds, "Valid", ok, reason, message, generation).then_some(conds)
+}
+
+/// What the Machine verdict ([`machine_problem`]) reads of a Machine, and
+/// the verdict the Machine carries. A watch event that leaves both as they
+/// were (a bind writing `spec.claimRef`, a taint, a lifecycle status write)
+/// cannot change any verdict, so it wakes no reconcile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerdictInputs {
+    /// `spec.subnetRef` as (namespace, name).
+    subnet: (String, String),
+    /// `spec.bootMACAddress`, when it parses.
+    mac: Option<anneal_api::Mac>,
+    /// The `Valid` condition carried: (status, reason, message).
+    carried: Option<(String, String, String)>,
+}
+
+impl VerdictInputs {
+    /// The inputs of `m`.
+    pub fn of(m: &Machine) -> Self {
+        let own = m.namespace().unwrap_or_default();
+        Self {
+            subnet: (
+                m.spec.subnet_ref.namespace_or(&own).to_string(),
+                m.spec.subnet_ref.name.clone(),
+            ),
+            mac: m
+                .spec
+                .boot_mac_address
+                .as_deref()
+                .and_then(|s| s.parse().ok()),
+            carried: m
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Valid"))
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone())),
+        }
+    }
+}
+
+type MachineKey = (String, String);
+
+fn machine_key(m: &Machine) -> MachineKey {
+    (m.namespace().unwrap_or_default(), m.name_any())
+}
+
+/// The validity controller's index of Machines: each one's
+/// [`VerdictInputs`] and the Machines per boot MAC, kept by the Machine
+/// watch, so an event costs the Machines sharing its MAC, not a scan of
+/// every Machine.
+#[derive(Debug, Default)]
+pub struct MachineIndex {
+    inputs: HashMap<MachineKey, VerdictInputs>,
+    by_mac: HashMap<anneal_api::Mac, BTreeSet<MachineKey>>,
+    /// During a re-list: the Machines listed so far.
+    relisting: Option<HashSet<MachineKey>>,
+}
+
+impl MachineIndex {
+    fn insert(&mut self, key: MachineKey, inputs: VerdictInputs) -> Option<VerdictInputs> {
+        let old = self.remove(&key);
+        if let Some(mac) = inputs.mac {
+            self.by_mac.entry(mac).or_default().insert(key.clone());
+        }
+        self.inputs.insert(key, inputs);
+        old
+    }
+
+    fn remove(&mut self, key: &MachineKey) -> Option<VerdictInputs> {
+        let old = self.inputs.remove(key)?;
+        if let Some(mac) = old.mac
+            && let Some(set) = self.by_mac.get_mut(&mac)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_mac.remove(&mac);
+            }
+        }
+        Some(old)
+    }
+
+    /// The Machines (any namespace) whose boot MAC is `mac`.
+    pub fn with_mac(&self, mac: anneal_api::Mac) -> impl Iterator<Item = &MachineKey> {
+        self.by_mac.get(&mac).into_iter().flatten()
+    }
+
+    /// Applies one watch event and returns the Machines whose verdict it
+    /// may have changed: the Machine itself when its [`VerdictInputs`]
+    /// changed (every Machine of a list), and the Machines sharing its old
+    /// or new boot MAC (the holder of a MAC is the oldest Machine naming
+    /// it, so one coming, going or changing MAC can change theirs).
+    pub fn to_judge(&mut self, event: &watcher::Event<Machine>) -> Vec<MachineKey> {
+        let mut out = Vec::new();
+        match event {
+            watcher::Event::Init => self.relisting = Some(HashSet::new()),
+            watcher::Event::InitApply(m) => {
+                let key = machine_key(m);
+                if let Some(seen) = self.relisting.as_mut() {
+                    seen.insert(key.clone());
+                }
+                self.insert(key.clone(), VerdictInputs::of(m));
+                out.push(key);
+            }
+            watcher::Event::InitDone => {
+                // Machines gone while the watch was down: every listed
+                // Machine is judged anyway, so dropping them is enough.
+                if let Some(seen) = self.relisting.take() {
+                    let gone: Vec<MachineKey> = self
+                        .inputs
+                        .keys()
+                        .filter(|k| !seen.contains(*k))
+                        .cloned()
+                        .collect();
+                    for k in gone {
+                        self.remove(&k);
+                    }
+                }
+            }
+            watcher::Event::Apply(m) => {
+                let key = machine_key(m);
+                let new = VerdictInputs::of(m);
+                let old = self.insert(key.clone(), new.clone());
+                if old.as_ref() == Some(&new) {
+                    return out;
+                }
+                let macs = [new.mac, old.and_then(|o| o.mac)];
+                out.push(key.clone());
+                for mac in macs.into_iter().flatten() {
+                    out.extend(self.with_mac(mac).filter(|k| **k != key).cloned());
+                }
+            }
+            watcher::Event::Delete(m) => {
+                let key = machine_key(m);
+                if let Some(mac) = self.remove(&key).and_then(|o| o.mac) {
+                    out.extend(self.with_mac(mac).cloned());
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
 struct Ctx {
     client: Client,
 }
@@ -408,32 +602,7 @@ struct MachineCtx {
     recorder: Recorder,
     machines: Store<Machine>,
     subnets: Store<Subnet>,
-}
-
-/// The other Machines whose tenancy verdict a change of `m` can alter:
-/// those with the same boot MAC (a holder gone lets the next one hold it).
-fn same_mac(store: &Store<Machine>, m: &Machine) -> Vec<Machine> {
-    let Some(mac) = m
-        .spec
-        .boot_mac_address
-        .as_deref()
-        .and_then(|s| s.parse::<anneal_api::Mac>().ok())
-    else {
-        return Vec::new();
-    };
-    store
-        .state()
-        .iter()
-        .filter(|o| {
-            o.spec
-                .boot_mac_address
-                .as_deref()
-                .and_then(|s| s.parse::<anneal_api::Mac>().ok())
-                == Some(mac)
-                && (o.namespace(), o.name_any()) != (m.namespace(), m.name_any())
-        })
-        .map(|o| o.as_ref().clone())
-        .collect()
+    index: Arc<Mutex<MachineIndex>>,
 }
 
 async fn reconcile_machine(m: Arc<Machine>, ctx: Arc<MachineCtx>) -> Result<Action, ValidityError> {
@@ -453,8 +622,32 @@ async fn reconcile_machine(m: Arc<Machine>, ctx: Arc<MachineCtx>) -> Result<Acti
     let subnet = ctx
         .subnets
         .get(&ObjectRef::new(&r.name).within(r.namespace_or(&ns)));
-    let machines = ctx.machines.state();
-    let problem = machine_problem(&m, subnet.as_deref(), machines.iter().map(AsRef::as_ref));
+    // Only the Machines sharing its boot MAC can hold it before this one.
+    let me = machine_key(&m);
+    let peers: Vec<Arc<Machine>> = match VerdictInputs::of(&m).mac {
+        Some(mac) => {
+            let keys: Vec<MachineKey> = ctx
+                .index
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .with_mac(mac)
+                .filter(|k| **k != me)
+                .cloned()
+                .collect();
+            keys.iter()
+                .filter_map(|(ns, name)| ctx.machines.get(&ObjectRef::new(name).within(ns)))
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let problem = machine_problem(
+        &m,
+        subnet.as_deref(),
+        peers
+            .iter()
+            .map(AsRef::as_ref)
+            .chain(std::iter::once(m.as_ref())),
+    );
     let was = m
         .status
         .as_ref()
@@ -464,7 +657,17 @@ async fn reconcile_machine(m: Arc<Machine>, ctx: Arc<MachineCtx>) -> Result<Acti
         .as_ref()
         .filter(|(reason, _)| was != Some(("False".into(), (*reason).to_string())))
         .cloned();
-    let written = write_valid(m.as_ref(), problem, &ctx.client).await?;
+    let carried = m
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let written = match machine_valid_update(carried, problem.as_ref(), m.metadata.generation) {
+        None => true,
+        Some(conds) => {
+            patch_conditions(m.as_ref(), &conds, serde_json::Map::new(), &ctx.client).await?
+        }
+    };
     if written && let Some((reason, note)) = warn {
         let ev = Event {
             type_: EventType::Warning,
@@ -487,6 +690,10 @@ fn done(written: bool, period: Duration) -> Action {
         Action::requeue(Duration::from_millis(200))
     }
 }
+
+/// Machine verdicts judged at once: the first list judges every Machine,
+/// and an unbounded burst of status writes opens one API connection each.
+const MACHINE_CONCURRENCY: u16 = 16;
 
 /// Field manager of the validity controllers' writes.
 pub const FIELD_MANAGER: &str = "anneal-validity";
@@ -520,27 +727,49 @@ pub async fn controller(scope: Scope) {
     });
 
     let (subnet_store, subnet_stream) = scope.reflected::<Subnet>();
-    // One Machine watch: each change triggers the Machine and every other
-    // Machine with its boot MAC, read from the store the change was just
-    // applied to (a second watch could deliver a holder's deletion before
-    // the store knew it, leaving the next Machine's verdict stale).
-    let (machine_store, machine_stream) = scope.reflected::<Machine>();
+    // One Machine watch: each event wakes the Machines whose verdict it may
+    // change ([`MachineIndex::to_judge`]), read from the store the event
+    // was just applied to (a second watch could deliver a holder's deletion
+    // before the store knew it, leaving the next Machine's verdict stale).
+    // A bind (`spec.claimRef`) wakes nothing.
+    let (machine_store, writer) = kube::runtime::reflector::store();
+    let index: Arc<Mutex<MachineIndex>> = Arc::default();
+    let feed = index.clone();
+    let lookup = machine_store.clone();
+    let machine_stream = watcher(scope.api::<Machine>(), watcher::Config::default())
+        .default_backoff()
+        .modify(crate::controller::slim)
+        .reflect(writer)
+        .map_ok(move |ev| {
+            let keys = feed.lock().unwrap_or_else(|p| p.into_inner()).to_judge(&ev);
+            // The event's own Machine from the event (during a list the
+            // store shows it only at the end), the others from the store.
+            let own = match &ev {
+                watcher::Event::Apply(m) | watcher::Event::InitApply(m) => Some(m),
+                _ => None,
+            };
+            let machines: Vec<Result<Machine, watcher::Error>> = keys
+                .iter()
+                .filter_map(|k| match own {
+                    Some(m) if machine_key(m) == *k => Some(m.clone()),
+                    _ => lookup
+                        .get(&ObjectRef::new(&k.1).within(&k.0))
+                        .map(|m| m.as_ref().clone()),
+                })
+                .map(Ok)
+                .collect();
+            futures::stream::iter(machines)
+        })
+        .try_flatten();
     let by_subnet = machine_store.clone();
-    let by_mac = machine_store.clone();
-    let machine_stream = futures::TryStreamExt::try_flatten(futures::TryStreamExt::map_ok(
-        machine_stream,
-        move |m: Machine| {
-            let mut touched = same_mac(&by_mac, &m);
-            touched.push(m);
-            futures::stream::iter(touched.into_iter().map(Ok))
-        },
-    ));
-    let machine_ctl = Controller::for_stream(machine_stream, machine_store.clone());
+    let machine_ctl = Controller::for_stream(machine_stream, machine_store.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(MACHINE_CONCURRENCY));
     let machine_ctx = Arc::new(MachineCtx {
         client: scope.client.clone(),
         recorder: scope.recorder.clone(),
         machines: machine_store,
         subnets: subnet_store,
+        index,
     });
     let machines = drive(
         id("validity-machine", "Machine"),
@@ -642,6 +871,123 @@ mod tests {
             }
         }
         serde_json::from_value(base).unwrap()
+    }
+
+    fn machine(name: &str, mac: &str, patch: serde_json::Value) -> Machine {
+        let mut m = json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "default", "generation": 1,
+                         "resourceVersion": "10", "uid": format!("uid-{name}")},
+            "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": mac},
+            "status": {"state": "Available", "conditions": [{
+                "type": "Valid", "status": "True", "reason": "Valid",
+                "message": "spec is valid", "observedGeneration": 1,
+                "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+        });
+        for (k, v) in patch.as_object().unwrap() {
+            for (k2, v2) in v.as_object().unwrap() {
+                m[k][k2] = v2.clone();
+            }
+        }
+        serde_json::from_value(m).unwrap()
+    }
+
+    fn conds(m: &Machine) -> &[anneal_api::Condition] {
+        &m.status.as_ref().unwrap().conditions
+    }
+
+    #[test]
+    fn a_bind_writes_no_machine_status() {
+        // The claim controller's bind: spec.claimRef set, generation 1 -> 2.
+        let free = machine("m0", "52:54:00:00:00:01", json!({}));
+        let bound = machine(
+            "m0",
+            "52:54:00:00:00:01",
+            json!({"metadata": {"generation": 2, "resourceVersion": "11"},
+                   "spec": {"claimRef": {"name": "c0", "namespace": "default"}}}),
+        );
+        assert_eq!(
+            machine_valid_update(conds(&bound), None, bound.metadata.generation),
+            None,
+            "an unchanged verdict is no status write"
+        );
+        // ... and wakes no reconcile at all.
+        let mut index = MachineIndex::default();
+        assert_eq!(
+            index.to_judge(&watcher::Event::InitApply(free)),
+            vec![("default".to_string(), "m0".to_string())]
+        );
+        assert!(index.to_judge(&watcher::Event::Apply(bound)).is_empty());
+    }
+
+    #[test]
+    fn a_changed_verdict_is_written_at_the_current_generation() {
+        let m = machine(
+            "m0",
+            "52:54:00:00:00:01",
+            json!({"metadata": {"generation": 3}}),
+        );
+        let problem: Problem = (reasons::DUPLICATE_BOOT_MAC, "taken".into());
+        let written = machine_valid_update(conds(&m), Some(&problem), Some(3)).unwrap();
+        let valid = written.iter().find(|c| c.type_ == "Valid").unwrap();
+        assert_eq!(
+            (
+                valid.status.as_str(),
+                valid.reason.as_str(),
+                valid.observed_generation
+            ),
+            ("False", reasons::DUPLICATE_BOOT_MAC, Some(3))
+        );
+        // a Machine that carries no verdict yet gets one
+        let new = machine(
+            "m1",
+            "52:54:00:00:00:02",
+            json!({"status": {"conditions": []}}),
+        );
+        let written = machine_valid_update(conds(&new), None, Some(1)).unwrap();
+        assert_eq!(conditions::status(&written, "Valid"), Some("True"));
+    }
+
+    #[test]
+    fn machines_sharing_a_mac_are_judged_together() {
+        let key = |n: &str| ("default".to_string(), n.to_string());
+        let a = machine("a", "52:54:00:00:00:01", json!({}));
+        let b = machine("b", "52:54:00:00:00:01", json!({}));
+        let c = machine("c", "52:54:00:00:00:03", json!({}));
+        let mut index = MachineIndex::default();
+        for m in [&a, &b, &c] {
+            index.to_judge(&watcher::Event::InitApply(m.clone()));
+        }
+        index.to_judge(&watcher::Event::InitDone);
+        // b moves to c's MAC: b, a (its old MAC) and c (its new one)
+        let moved = machine("b", "52:54:00:00:00:03", json!({}));
+        assert_eq!(
+            index.to_judge(&watcher::Event::Apply(moved.clone())),
+            vec![key("a"), key("b"), key("c")]
+        );
+        // b goes: c, which shares its MAC, is judged again
+        assert_eq!(
+            index.to_judge(&watcher::Event::Delete(moved)),
+            vec![key("c")]
+        );
+        // the verdict the Machine carries changed (someone rewrote it): judged
+        let rewritten = machine(
+            "a",
+            "52:54:00:00:00:01",
+            json!({"status": {"conditions": []}}),
+        );
+        assert_eq!(
+            index.to_judge(&watcher::Event::Apply(rewritten)),
+            vec![key("a")]
+        );
+        // a re-list forgets Machines that went while the watch was down
+        index.to_judge(&watcher::Event::Init);
+        index.to_judge(&watcher::Event::InitApply(a));
+        index.to_judge(&watcher::Event::InitDone);
+        assert_eq!(
+            index.with_mac("52:54:00:00:00:03".parse().unwrap()).count(),
+            0
+        );
     }
 
     #[test]

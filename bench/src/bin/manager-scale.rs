@@ -23,9 +23,11 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
-/// The goals of the issue for 10,000 machines + 10,000 claims.
-const GOAL_SECS: f64 = 90.0;
-const GOAL_MIB: f64 = 250.0;
+/// The goals of the issue for 10,000 machines + 10,000 claims (issue 42).
+const GOAL_SECS: f64 = 60.0;
+const GOAL_MIB: f64 = 150.0;
+/// How long the manager may take to judge every Machine at start-up.
+const STARTUP_LIMIT: Duration = Duration::from_secs(300);
 const PARALLEL: usize = 32;
 
 /// Switches the machine lifecycle off when the binary has it: the benchmark
@@ -168,8 +170,43 @@ async fn main() -> anyhow::Result<()> {
             .stdout(Stdio::null())
             .stderr(log),
     )?;
-    // Let it become leader and sync its caches before the clock starts.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Let it become leader, sync its caches and write what it writes once
+    // per Machine at start-up (the validity controller's `Valid` verdict)
+    // before the clock starts: those writes are not binding's.
+    let t = Instant::now();
+    let judged = tokio::time::timeout(STARTUP_LIMIT, async {
+        let mut judged = std::collections::HashSet::new();
+        let stream =
+            kube::runtime::watcher(machines.clone(), kube::runtime::watcher::Config::default())
+                .default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let m = match ev {
+                Ok(
+                    kube::runtime::watcher::Event::Apply(m)
+                    | kube::runtime::watcher::Event::InitApply(m),
+                ) => m,
+                _ => continue,
+            };
+            let valid = m
+                .status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Valid"));
+            if valid {
+                judged.insert(m.metadata.name.unwrap_or_default());
+                if judged.len() == n {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
+    let startup_secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        judged.is_ok(),
+        "the manager did not judge every Machine (condition Valid) within {STARTUP_LIMIT:?}"
+    );
+    println!("manager started, every Machine judged, in {startup_secs:.1} s");
 
     let writes_before = apiserver_writes(&client).await;
     let start = Instant::now();
@@ -262,6 +299,12 @@ async fn main() -> anyhow::Result<()> {
         .collect();
 
     let ratio = bind_secs / create_secs;
+    // Binding writes no Machine status: a status write here raced the binds.
+    let machine_status_writes: f64 = writes
+        .iter()
+        .filter(|(k, _)| k.ends_with(" machines/status"))
+        .map(|(_, v)| v)
+        .sum();
     println!("claims created (reference, API server only): {create_secs:.2} s");
     println!(
         "all {n} claims Bound after: {bind_secs:.2} s  (ratio to reference {ratio:.2}x; goal < {GOAL_SECS} s)"
@@ -284,7 +327,9 @@ async fn main() -> anyhow::Result<()> {
         "apiserver_writes": writes,
         "events_by_reason": reasons,
         "goal_secs": GOAL_SECS, "goal_rss_mib": GOAL_MIB,
-        "pass": bind_secs < GOAL_SECS && rss_mib < GOAL_MIB,
+        "manager_startup_secs": startup_secs,
+        "machine_status_writes": machine_status_writes,
+        "pass": bind_secs < GOAL_SECS && rss_mib < GOAL_MIB && machine_status_writes == 0.0,
     });
     anneal_bench::write_json("manager-scale", &json)?;
     Ok(())
