@@ -519,14 +519,16 @@ fn client_for(b: &BmcVm) -> anneal_manager::redfish::RedfishClient {
     client(&b.address(), BMC_PASSWORD, TlsPolicy::SystemRoots)
 }
 
-/// "No surprise power changes" (docs/lifecycle.md, "Delete"): deleting a
+/// "No surprise power changes" (docs/lifecycle.md, "Enrolling", "Delete"):
+/// enrolling a running server leaves it running until its spec allows a
+/// restart; deleting a
 /// Machine whose server runs leaves it running (only the pending one-time
 /// boot override is cleared); a claimed Machine is not touched at all until
 /// its claim releases it (Warning Event `DeletingClaimedHost`), and then goes
 /// the same way. Checked on the real VM behind anneal-qemu-bmc: its power
 /// state and the BMC's request log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleting_a_machine_leaves_its_running_server_on() {
+async fn enrolling_or_deleting_a_machine_leaves_its_running_server_on() {
     let ns = Netns::create("anlwd").unwrap();
     let (cp, bmcvm) = tokio::join!(
         ControlPlane::start(),
@@ -554,13 +556,11 @@ async fn deleting_a_machine_leaves_its_running_server_on() {
     };
 
     for (name, claimed) in [("del-a", true), ("del-b", false)] {
-        machines
-            .create(
-                &PostParams::default(),
-                &machine(name, "52:54:00:7f:10:03", Some((&bmcvm.address(), "bmc-d"))),
-            )
-            .await
-            .unwrap();
+        let mut m = machine(name, "52:54:00:7f:10:03", Some((&bmcvm.address(), "bmc-d")));
+        // del-b finds the server still running (del-a's delete left it
+        // on): enrolment may restart it only when the spec says so
+        m.spec.restart_running_for_inspection = true;
+        machines.create(&PostParams::default(), &m).await.unwrap();
         // armed and powered on through the BMC: the server runs
         eventually(
             &format!("{name} powered on"),
@@ -637,5 +637,169 @@ async fn deleting_a_machine_leaves_its_running_server_on() {
             bmcvm.requests()
         );
     }
+
+    // Enrolling a server that runs: no power change, no boot override, a
+    // Warning that says what would power-cycle it; allowed, it restarts.
+    let before = bmcvm.requests().len();
+    machines
+        .create(
+            &PostParams::default(),
+            &machine(
+                "enr-c",
+                "52:54:00:7f:10:03",
+                Some((&bmcvm.address(), "bmc-d")),
+            ),
+        )
+        .await
+        .unwrap();
+    let e = event(
+        &client,
+        "RunningAtEnrolment",
+        Duration::from_secs(60),
+        |e| {
+            e.reason.as_deref() == Some("RunningAtEnrolment")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("enr-c")
+        },
+    )
+    .await;
+    let note = e.note.unwrap_or_default();
+    assert!(note.contains("spec.restartRunningForInspection"), "{note}");
+    let m = machine_json(&machines, "enr-c").await;
+    assert_ne!(m["status"]["state"], "Inspecting", "{m}");
+    let changes: Vec<_> = bmcvm.requests()[before..]
+        .iter()
+        .filter(|e| e.method != "GET")
+        .cloned()
+        .collect();
+    assert!(
+        changes.is_empty(),
+        "enrolment touched the running server: {changes:?}"
+    );
+    assert_eq!(rf.power_state().await.unwrap(), PowerState::On);
+    machines
+        .patch(
+            "enr-c",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"restartRunningForInspection": true}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "enr-c restarted into inspection",
+        Duration::from_secs(60),
+        || async {
+            bmcvm.requests()[before..]
+                .iter()
+                .any(|e| e.is_reset() && e.action.as_deref() == Some("ForceRestart"))
+        },
+    )
+    .await;
+    // (enr-c goes with its BMC cleanup skipped)
+    machines
+        .patch(
+            "enr-c",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"anneal.dev/force-release": ""}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    machines.delete("enr-c", &Default::default()).await.unwrap();
+    eventually("enr-c deleted", Duration::from_secs(60), || async {
+        machines.get_opt("enr-c").await.unwrap().is_none()
+    })
+    .await;
+
+    // Adopting the running server (spec.externallyProvisioned) for the
+    // claim that names it: Provisioned, Event AdoptedProvisionedClaim, no
+    // power or boot-override request at all, no DeployRun.
+    let before = bmcvm.requests().len();
+    let claims: Api<anneal_api::MachineClaim> = Api::namespaced(client.clone(), "default");
+    let claim: anneal_api::MachineClaim = serde_json::from_value(serde_json::json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+        "metadata": {"name": "c-adopt", "namespace": "default"},
+        "spec": {"machineName": "adopt-d", "imageRef": {"name": "debian-12"}}
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let mut m = machine(
+        "adopt-d",
+        "52:54:00:7f:10:03",
+        Some((&bmcvm.address(), "bmc-d")),
+    );
+    m.spec.externally_provisioned = true;
+    machines.create(&PostParams::default(), &m).await.unwrap();
+    eventually(
+        "adopt-d waiting for its claim",
+        Duration::from_secs(60),
+        || async {
+            let m = machine_json(&machines, "adopt-d").await;
+            m["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["reason"] == "WaitingForClaim"))
+        },
+    )
+    .await;
+    // what the claim controller writes when it binds (both sides)
+    machines
+        .patch(
+            "adopt-d",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"claimRef": {"name": "c-adopt"}}})),
+        )
+        .await
+        .unwrap();
+    claims
+        .patch_status(
+            "c-adopt",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"phase": "Bound", "machineName": "adopt-d"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let m = eventually("adopt-d Provisioned", Duration::from_secs(60), || async {
+        let m = machine_json(&machines, "adopt-d").await;
+        (m["status"]["state"] == "Provisioned").then_some(m)
+    })
+    .await;
+    assert_eq!(m["status"]["adopted"]["claim"], "c-adopt", "{m}");
+    event(
+        &client,
+        "AdoptedProvisionedClaim",
+        Duration::from_secs(60),
+        |e| {
+            e.reason.as_deref() == Some("AdoptedProvisionedClaim")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("adopt-d")
+        },
+    )
+    .await;
+    // the next health pass (it queries the BMC) leaves it Provisioned
+    let seen = bmcvm.requests().len();
+    eventually(
+        "adopt-d's next health pass",
+        Duration::from_secs(60),
+        || async { bmcvm.requests().len() > seen },
+    )
+    .await;
+    let m = machine_json(&machines, "adopt-d").await;
+    assert_eq!(m["status"]["state"], "Provisioned", "{m}");
+    let changes: Vec<_> = bmcvm.requests()[before..]
+        .iter()
+        .filter(|e| e.method != "GET")
+        .cloned()
+        .collect();
+    assert!(
+        changes.is_empty(),
+        "the adoption touched the server: {changes:?}"
+    );
+    assert_eq!(rf.power_state().await.unwrap(), PowerState::On);
+    let runs = Api::<anneal_api::DeployRun>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(runs.items.is_empty(), "a deploy run for an adopted server");
     manager.kill();
 }

@@ -144,6 +144,15 @@ pub mod reasons {
     /// Machine Ready=False: its claim was deleted, reclaimPolicy Recycle
     /// waits for the wipe.
     pub const RECYCLE_PENDING: &str = "RecyclePending";
+    /// Machine Ready=False (Enrolling): the server is on and its spec does
+    /// not allow a restart into inspection; nothing is done to its power.
+    pub const RUNNING_AT_ENROLMENT: &str = "RunningAtEnrolment";
+    /// Machine Ready=False (Enrolling, `spec.externallyProvisioned`): no
+    /// claim binds it yet; nothing is done to its power.
+    pub const WAITING_FOR_CLAIM: &str = "WaitingForClaim";
+    /// Machine Event: an externally provisioned server became Provisioned
+    /// for the claim that binds it, without a deploy.
+    pub const ADOPTED_PROVISIONED_CLAIM: &str = "AdoptedProvisionedClaim";
     /// ReadinessRule Ready=True: every listed condition holds.
     pub const ALL_CONDITIONS_HOLD: &str = "AllConditionsHold";
     /// ReadinessRule Ready=False: some listed condition does not hold yet.
@@ -343,6 +352,9 @@ pub mod reasons {
         NOT_BOUND,
         RELEASED,
         RECYCLE_PENDING,
+        RUNNING_AT_ENROLMENT,
+        WAITING_FOR_CLAIM,
+        ADOPTED_PROVISIONED_CLAIM,
         ALL_CONDITIONS_HOLD,
         CONDITIONS_PENDING,
         CONNECTED,

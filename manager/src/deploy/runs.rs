@@ -135,6 +135,25 @@ pub async fn view(
     if !crate::claims::select::binding_holds(m, &claim) {
         return Ok(DeployView::NotRead);
     }
+    if state == MachineState::Enrolling {
+        // an externally provisioned server: adopted for this claim
+        return Ok(if m.spec.externally_provisioned {
+            DeployView::Adoptable {
+                claim: claim.name_any(),
+                generation: claim.metadata.generation.unwrap_or(0),
+            }
+        } else {
+            DeployView::NotRead
+        });
+    }
+    if state == MachineState::Provisioned
+        && let Some(a) = &st.adopted
+        && a.claim == claim.name_any()
+        && Some(a.claim_generation) == claim.metadata.generation
+    {
+        // the adopted server runs this intent already
+        return Ok(DeployView::UpToDate);
+    }
     let planned = match gather_and_plan(client, m, &claim, cfg).await? {
         Ok(p) => p,
         Err(e) => return Ok(DeployView::PlanFailed(e)),

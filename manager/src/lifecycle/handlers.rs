@@ -117,8 +117,17 @@ pub enum DeployView {
     /// Not read (no claim, or a state with nothing to deploy).
     #[default]
     NotRead,
-    /// The claim's intent equals the last successful run's snapshot.
+    /// The claim's intent equals the last successful run's snapshot (or
+    /// the adoption's, `status.adopted`).
     UpToDate,
+    /// An externally provisioned Machine in Enrolling whose claim binding
+    /// holds both ways: adopt it for that claim.
+    Adoptable {
+        /// The claim's name.
+        claim: String,
+        /// Its `metadata.generation`.
+        generation: i64,
+    },
     /// No run can be planned; the message names the cause and the fix.
     PlanFailed(String),
     /// A Pending DeployRun for the claim's new intent exists (the driver
@@ -190,6 +199,8 @@ fn fast_track_end(m: &Machine, window: Option<Duration>, now: Timestamp) -> Opti
 pub fn wants_deploy(m: &Machine) -> bool {
     match state_of(m) {
         MachineState::Available | MachineState::Provisioned => m.spec.claim_ref.is_some(),
+        // an externally provisioned one, to be adopted for its claim
+        MachineState::Enrolling => m.spec.externally_provisioned && m.spec.claim_ref.is_some(),
         MachineState::Provisioning => true,
         _ => false,
     }
@@ -707,6 +718,21 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
             true,
         );
     }
+    // A deploy's success needs no BMC either: Provisioning → Provisioned
+    // even while the BMC fails or backs off (the agent reboots the machine
+    // itself).
+    if p.state() == MachineState::Provisioning
+        && matches!(
+            snap.deploy,
+            DeployView::Current {
+                phase: Some(anneal_api::RunPhase::Succeeded),
+                ..
+            }
+        )
+    {
+        let outcome = provisioning(&mut p, false, false);
+        return p.finish(outcome, true);
+    }
     let detached = p.annotation(annotations::DETACHED).is_some();
     if !detached && let Some(wait) = snap.bmc_backoff {
         // A failing BMC is tried at its cadence only.
@@ -892,6 +918,9 @@ fn park(p: &mut Pass<'_, '_>, client: bool) -> Option<Outcome> {
 /// Enrolling: straight to Available with inspect-disable (and a boot MAC),
 /// else Inspecting with a boot armed.
 fn enrolling(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
+    if p.m().spec.externally_provisioned {
+        return adopt(p);
+    }
     if p.annotation(annotations::INSPECT_DISABLE).is_some() && p.m().spec.boot_mac_address.is_some()
     {
         p.transition(MachineState::Available);
@@ -899,6 +928,22 @@ fn enrolling(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
             next: MachineState::Available,
             event: "InspectionDisabled",
             requeue: Some(SOON),
+        };
+    }
+    if client && p.d.status.powered_on == Some(true) && !p.m().spec.restart_running_for_inspection {
+        // never a surprise power change: a running server stays up
+        let message = "the server is on: enrolment does not restart a running server. Power it \
+            off to have it inspected, or set spec.restartRunningForInspection: true to let \
+            anneal power-cycle it into a network boot";
+        p.cond(types::READY, false, reasons::RUNNING_AT_ENROLMENT, message);
+        p.event(
+            EventType::Warning,
+            reasons::RUNNING_AT_ENROLMENT,
+            message.to_string(),
+        );
+        return Outcome::Wait {
+            reason: "running at enrolment",
+            requeue: Some(p.cfg().health_interval),
         };
     }
     p.transition(MachineState::Inspecting);
@@ -912,6 +957,49 @@ fn enrolling(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
             requeue,
         },
         held => held,
+    }
+}
+
+/// Enrolling an externally provisioned server: never a BMC action; once the
+/// claim naming it binds both ways, Provisioned for that claim, recorded in
+/// `status.adopted`.
+fn adopt(p: &mut Pass<'_, '_>) -> Outcome {
+    let DeployView::Adoptable { claim, generation } = p.snap.deploy.clone() else {
+        p.cond(
+            types::READY,
+            false,
+            reasons::WAITING_FOR_CLAIM,
+            "externally provisioned: waiting for a MachineClaim naming this Machine \
+             (spec.machineName, with the Image it runs) to bind it; its power is not touched",
+        );
+        return Outcome::Wait {
+            reason: "waiting for the claim to adopt",
+            requeue: Some(p.cfg().health_interval),
+        };
+    };
+    p.transition(MachineState::Provisioned);
+    p.d.status.adopted = Some(anneal_api::Adoption {
+        claim: claim.clone(),
+        claim_generation: generation,
+        at: Some(anneal_api::Time(p.snap.now)),
+    });
+    p.cond(
+        types::READY,
+        true,
+        reasons::PROVISIONED,
+        &format!("adopted for MachineClaim {claim}: it already runs that claim's OS"),
+    );
+    p.event(
+        EventType::Normal,
+        reasons::ADOPTED_PROVISIONED_CLAIM,
+        format!(
+            "adopted for MachineClaim {claim} without a deploy: no power change, no network boot"
+        ),
+    );
+    Outcome::Transition {
+        next: MachineState::Provisioned,
+        event: reasons::ADOPTED_PROVISIONED_CLAIM,
+        requeue: Some(p.cfg().health_interval),
     }
 }
 
@@ -1259,10 +1347,12 @@ fn provisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome 
                 requeue: Some(health),
             }
         }
-        DeployView::UpToDate | DeployView::NotRead => Outcome::Wait {
-            reason: "nothing to deploy",
-            requeue: Some(health),
-        },
+        DeployView::UpToDate | DeployView::NotRead | DeployView::Adoptable { .. } => {
+            Outcome::Wait {
+                reason: "nothing to deploy",
+                requeue: Some(health),
+            }
+        }
     }
 }
 
@@ -1761,9 +1851,35 @@ mod tests {
     }
 
     #[test]
-    fn enrolling_force_restarts_a_machine_that_is_on_and_prefers_http_boot() {
+    fn enrolling_leaves_a_running_server_unless_allowed_and_prefers_http_boot() {
         let mut cfg = cfg();
+        // on, not allowed: no BMC action, no token, Ready=False, a Warning
         let m = machine(json!({}), json!({"bootTimeout": "30s"}), json!(null));
+        let d = apply(&snap(&m, &cfg, answer(true)));
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        assert_eq!(d.token, TokenOp::Keep);
+        assert_ne!(d.draft.status.state, Some(MachineState::Inspecting));
+        assert!(d.draft.status.net_boot.is_none());
+        let ready = cond(&d, types::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::RUNNING_AT_ENROLMENT)
+        );
+        assert!(
+            ready.message.contains("spec.restartRunningForInspection"),
+            "{}",
+            ready.message
+        );
+        assert!(reasons(&d).contains(&reasons::RUNNING_AT_ENROLMENT));
+        // off: powered on as usual
+        let d = apply(&snap(&m, &cfg, answer(false)));
+        assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
+        // allowed: restarted into the network boot
+        let m = machine(
+            json!({}),
+            json!({"bootTimeout": "30s", "restartRunningForInspection": true}),
+            json!(null),
+        );
         let d = apply(&snap(&m, &cfg, answer(true)));
         assert_eq!(actions(&d), vec![boot_once(ResetType::ForceRestart)]);
         // bootTimeout below the operator default does not shorten it
@@ -1790,6 +1906,91 @@ mod tests {
         let d = apply(&snap(&m, &cfg, answer(false)));
         let nb = d.draft.status.net_boot.clone().unwrap();
         assert_eq!(nb.expires_at.unwrap().0.as_millisecond(), T0 + 3_600_000);
+    }
+
+    #[test]
+    fn a_deploy_that_succeeded_ends_provisioned_while_the_bmc_fails() {
+        let cfg = cfg();
+        let m = machine(
+            json!({}),
+            json!({"claimRef": {"name": "c"}}),
+            json!({"state": "Provisioning", "poweredOn": true,
+                   "currentRunRef": {"name": "r1"}}),
+        );
+        let succeeded = DeployView::Current {
+            run: "r1".into(),
+            phase: Some(anneal_api::RunPhase::Succeeded),
+            message: String::new(),
+            image: Some("os".into()),
+            percent: Some(100),
+        };
+        // the BMC's query failed, or it is in its backoff
+        let mut failing = snap(&m, &cfg, failed(BmcReason::BmcUnreachable));
+        failing.deploy = succeeded.clone();
+        let mut backing_off = snap(&m, &cfg, Bmc::None);
+        backing_off.bmc_backoff = Some(Duration::from_secs(30));
+        backing_off.deploy = succeeded;
+        for s in [failing, backing_off] {
+            let d = apply(&s);
+            assert_eq!(state(&d), MachineState::Provisioned);
+            assert!(d.actions.is_empty(), "{:?}", d.actions);
+            assert_eq!(
+                d.draft
+                    .status
+                    .last_successful_run_ref
+                    .as_ref()
+                    .map(|r| r.name.as_str()),
+                Some("r1")
+            );
+            assert!(reasons(&d).contains(&reasons::DEPLOY_SUCCEEDED));
+        }
+    }
+
+    #[test]
+    fn an_externally_provisioned_server_is_adopted_without_a_bmc_action() {
+        let cfg = cfg();
+        let m = machine(
+            json!({}),
+            json!({"externallyProvisioned": true, "claimRef": {"name": "c"}}),
+            json!(null),
+        );
+        assert!(wants_deploy(&m));
+        // on or off, the claim not confirmed yet: waits, touches nothing
+        for on in [true, false] {
+            let d = apply(&snap(&m, &cfg, answer(on)));
+            assert!(d.actions.is_empty(), "{:?}", d.actions);
+            assert_eq!(d.token, TokenOp::Keep);
+            assert_ne!(d.draft.status.state, Some(MachineState::Inspecting));
+            assert!(d.draft.status.net_boot.is_none());
+            let ready = cond(&d, types::READY).unwrap();
+            assert_eq!(ready.reason, reasons::WAITING_FOR_CLAIM);
+        }
+        // the binding holds both ways: Provisioned for the claim, no action
+        let mut s = snap(&m, &cfg, answer(true));
+        s.deploy = DeployView::Adoptable {
+            claim: "c".into(),
+            generation: 3,
+        };
+        let d = apply(&s);
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        assert_eq!(d.token, TokenOp::Keep);
+        assert_eq!(state(&d), MachineState::Provisioned);
+        let a = d.draft.status.adopted.clone().unwrap();
+        assert_eq!((a.claim.as_str(), a.claim_generation), ("c", 3));
+        assert!(reasons(&d).contains(&reasons::ADOPTED_PROVISIONED_CLAIM));
+        assert_eq!(cond(&d, types::READY).unwrap().status, "True");
+        // adopted and up to date: Provisioned stays, still no action
+        let adopted = machine(
+            json!({}),
+            json!({"externallyProvisioned": true, "claimRef": {"name": "c"}}),
+            json!({"state": "Provisioned", "poweredOn": true,
+                   "adopted": {"claim": "c", "claimGeneration": 3}}),
+        );
+        let mut s = snap(&adopted, &cfg, answer(true));
+        s.deploy = DeployView::UpToDate;
+        let d = apply(&s);
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        assert_eq!(state(&d), MachineState::Provisioned);
     }
 
     #[test]
@@ -2631,7 +2832,7 @@ mod tests {
         let cfg = cfg();
         let m = machine(
             json!({"anneal.dev/reboot": "{\"mode\":\"hard\"}"}),
-            json!({}),
+            json!({"restartRunningForInspection": true}),
             json!(null),
         );
         let s = snap(&m, &cfg, answer(true));

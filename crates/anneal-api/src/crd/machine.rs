@@ -15,7 +15,6 @@ use super::common::{Condition, NameRef, Taint, Time};
     namespaced,
     status = "MachineStatus",
     shortname = "mach",
-    shortname = "ma",
     category = "anneal",
     doc = "One bare-metal machine: hardware facts and access (BMC, boot NIC, console), never deploy intent; a MachineClaim binds it.",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Where the machine is in its lifecycle"}"#,
@@ -98,6 +97,23 @@ pub struct MachineSpec {
     /// call.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub power_off_on_delete: bool,
+    /// Whether enrolment may power-cycle a server that is already on to
+    /// inspect it. `false` (default): a running server is left running; the
+    /// Machine waits in `Enrolling` (Ready=False, reason and Warning Event
+    /// `RunningAtEnrolment`) until the server is off or this is set. `true`:
+    /// the server is restarted into a network boot (the Machine says so in
+    /// its `NetBootArmed` Event).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart_running_for_inspection: bool,
+    /// Adopt a server that already runs its OS: enrolment neither powers
+    /// it nor network-boots it; it waits in `Enrolling` (Ready=False, reason
+    /// `WaitingForClaim`) until a MachineClaim naming it (`machineName`,
+    /// with the Image it runs) binds it, then becomes `Provisioned` without
+    /// a deploy (Event `AdoptedProvisionedClaim`, `status.adopted`). A later
+    /// change of that claim's intent deploys as usual (after an inspection
+    /// the operator asks for with `anneal.dev/re-inspect`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub externally_provisioned: bool,
     /// The MachineClaim bound to this machine. Written only by the claim
     /// controller, with the machine's resourceVersion as an optimistic lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +297,11 @@ pub struct MachineStatus {
     /// The most recent DeployRun that succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_successful_run_ref: Option<NameRef>,
+    /// Set when an externally provisioned server was adopted: the claim it
+    /// runs and that claim's generation then (its intent counts as
+    /// deployed while the generation is unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<Adoption>,
     /// The last DeployRun that ended, successful or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempted_run_ref: Option<NameRef>,
@@ -315,4 +336,17 @@ pub struct MachineDeploy {
     /// Whole percent of the bytes written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<i32>,
+}
+
+/// The record of an adoption (`status.adopted`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Adoption {
+    /// The MachineClaim the server was adopted for.
+    pub claim: String,
+    /// That claim's `metadata.generation` at the adoption.
+    pub claim_generation: i64,
+    /// When.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
 }
