@@ -1,14 +1,13 @@
 //! One content from the content server onto its slot: the index is fetched
-//! and checked against its SHA-256, then the stream arrives in HTTP ranges of
-//! whole pieces, verified and put in order, and goes to the content's
-//! `SlotWriter` (`anneal_image::write`, the one write pipeline: slot check,
-//! gaps zeroed, `O_DIRECT` writes at the slot's offset).
-//!
-//! Threads: one fetcher (ranges, piece by piece into aligned buffers), two
-//! SHA-1 verifiers (each piece against the index), the caller's thread as
-//! the writer (pieces in stream order, progress and abort), and one
-//! SHA-256 thread over the written pieces in order (the whole-stream hash).
-//! At most `BUFFERS` pieces are in memory.
+//! and checked against its SHA-256, then the stream's HTTP ranges of whole
+//! pieces ([`HttpRanges`], a `PieceSource`) are pumped into the content's
+//! `SlotWriter` by `anneal_image::write::pump`, the pipeline a restore
+//! from a stream file uses too (docs/content-format.md, "Writing a
+//! content"): one fetcher thread (piece by piece into the huge-page
+//! [`Arena`]'s buffers), two SHA-1 verifiers, the caller's thread as the
+//! writer (pieces in stream order, runs of up to [`MAX_WRITE`] bytes,
+//! progress and abort), one SHA-256 thread over the written pieces (the
+//! whole-stream hash, compared with the plan's).
 //!
 //! A range that fails (connect, status, short read) is re-fetched from the
 //! first piece not received; a piece that fails its SHA-1 makes the writer
@@ -16,17 +15,15 @@
 //! not written: everything of an older epoch still in flight is dropped.
 //! Each piece gets `retries` attempts after the first with doubling backoff.
 
-use std::collections::BTreeMap;
 use std::io::{self, Read as _};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use anneal_api::agent::PlannedContent;
 use anneal_image::format::ContentIndex;
 use anneal_image::restore::Target;
-use anneal_image::write::{SlotRange, SlotWriter, piece_matches};
+use anneal_image::write::{PieceSource, PumpError, PumpOptions, SlotRange, SlotWriter, pump};
 use sha2::Digest as _;
 
 use super::{DeployError, DeployOptions};
@@ -248,43 +245,10 @@ pub(super) fn fetch_index(
     Ok(index)
 }
 
-/// What the writer hears from the verifiers.
-enum Msg<'a> {
-    Piece { epoch: u64, i: u64, buf: Buf<'a> },
-    Bad { epoch: u64, i: u64, buf: Buf<'a> },
-    Fail { epoch: u64, err: DeployError },
-}
-
-/// Writer → fetcher: start again at `from` (the first piece not written).
-struct Refetch {
-    from: u64,
-    epoch: u64,
-    attempt: u32,
-}
-
 /// What the writer asks of its caller between pieces.
 pub(super) trait Tick {
     /// Bytes of this content written so far; `log` is a line to report now.
     fn tick(&mut self, written: u64, log: Option<String>) -> Result<(), DeployError>;
-}
-
-/// The doubling backoff before attempt `attempt` (1-based), capped at 8 s.
-fn backoff(first: Duration, attempt: u32) -> Duration {
-    first
-        .saturating_mul(1u32 << (attempt.saturating_sub(1)).min(10))
-        .min(Duration::from_secs(8))
-}
-
-/// Sleeps `d` unless `stop` is raised first.
-fn sleep_unless(stop: &AtomicBool, d: Duration) {
-    let end = Instant::now() + d;
-    while !stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        if now >= end {
-            return;
-        }
-        thread::sleep((end - now).min(Duration::from_millis(20)));
-    }
 }
 
 /// One content's HTTP source: the plan's entry, its verified index and how
@@ -302,32 +266,19 @@ pub(super) struct HttpSource<'a> {
     pub counters: &'a Counters,
 }
 
-impl HttpSource<'_> {
-    fn name(&self) -> &str {
-        &self.c.name
-    }
-
-    fn piece_length(&self) -> u64 {
-        u64::from(self.index.header.piece_length)
-    }
-
-    /// End (in the stream) of piece `i`.
-    fn piece_end(&self, i: u64) -> u64 {
-        ((i + 1) * self.piece_length()).min(self.index.header.used_bytes)
-    }
-}
-
 /// Streams content `src.c` (whose verified index is `src.index`) onto
-/// `slot` of `target` through the content's [`SlotWriter`] (the slot
-/// checked and the gaps zeroed before the first piece), then compares the
-/// stream's SHA-256 with the plan's.
+/// `slot` of `target`: HTTP ranges pumped into the content's
+/// [`SlotWriter`] (`anneal_image::write::pump`: the slot checked and the
+/// gaps zeroed before the first piece, pieces verified, re-fetched with
+/// backoff, written in order), then the stream's SHA-256 compared with the
+/// plan's.
 pub(super) fn write_content(
     target: &mut Target,
     slot: SlotRange,
     src: &HttpSource<'_>,
     tick: &mut dyn Tick,
 ) -> Result<(), DeployError> {
-    let name = src.name();
+    let name = src.c.name.as_str();
     let url = Url::parse(&src.c.stream_url).map_err(|source| DeployError::Fetch {
         content: name.to_string(),
         what: "stream",
@@ -341,268 +292,131 @@ pub(super) fn write_content(
         what: format!("allocating {nbuf} piece buffers of {pl} bytes"),
         source,
     })?;
-    let (free_tx, free_rx) = mpsc::channel::<Buf<'_>>();
-    for b in arena.buffers() {
-        let _ = free_tx.send(b);
-    }
-    let (read_tx, read_rx) = mpsc::sync_channel::<Msg>(2);
-    let read_rx = Mutex::new(read_rx);
-    // room for every buffer: what the verifiers finish while a write runs
-    // waits here, and the next write takes all of it at once
-    let (ok_tx, ok_rx) = mpsc::sync_channel::<Msg>(nbuf);
-    let (ctl_tx, ctl_rx) = mpsc::channel::<Refetch>();
-    let (log_tx, log_rx) = mpsc::channel::<String>();
-    let (sha_tx, sha_rx) = mpsc::channel::<(Buf<'_>, usize)>();
-    let stop = AtomicBool::new(false);
-    let (stop, read_rx) = (&stop, &read_rx);
-
-    thread::scope(|s| -> Result<(), DeployError> {
-        let fetcher = Fetcher {
-            src,
-            url: &url,
-            stop,
-            free_rx,
-            free_tx: free_tx.clone(),
-            read_tx,
-            ctl_rx,
-            log_tx,
-        };
-        s.spawn(move || fetcher.run());
-        for _ in 0..VERIFIERS {
-            let ok_tx = ok_tx.clone();
-            s.spawn(move || verify(src.index, read_rx, &ok_tx));
+    let ranges = HttpRanges {
+        src,
+        url: &url,
+        body: None,
+    };
+    let opts = PumpOptions {
+        retries: src.opts.retries,
+        backoff: src.opts.backoff,
+        max_write: MAX_WRITE,
+        verifiers: VERIFIERS,
+        stream_sha256: true,
+        helper_start: yield_to_writer,
+    };
+    let mut abort = None;
+    let mut on_tick = |written: u64, log: Option<String>| match tick.tick(written, log) {
+        Ok(()) => true,
+        Err(e) => {
+            abort = Some(e);
+            false
         }
-        drop(ok_tx);
-        // whole-stream SHA-256, in order, after the write
-        let sha_free_tx = free_tx.clone();
-        let sha = s.spawn(move || {
-            yield_to_writer();
-            let mut h = sha2::Sha256::new();
-            for (buf, len) in sha_rx {
-                h.update(&buf[..len]);
-                let _ = sha_free_tx.send(buf);
-            }
-            hex::encode(h.finalize())
+    };
+    let began = Instant::now();
+    let res = pump(&writer, ranges, arena.buffers(), &opts, &mut on_tick);
+    let done = res.map_err(|e| pump_error(e, abort.take()))?;
+    tracing::info!(
+        content = %name,
+        bytes = done.bytes,
+        seconds = began.elapsed().as_secs_f64(),
+        write_seconds = done.writing.as_secs_f64(),
+        "content written"
+    );
+    let digest = done.stream_sha256.unwrap_or_default();
+    if !digest.eq_ignore_ascii_case(src.c.stream_sha256.trim()) {
+        return Err(DeployError::StreamHash {
+            content: name.to_string(),
+            want: src.c.stream_sha256.clone(),
+            got: digest,
         });
-        let mut w = InOrder {
-            src,
-            writer: &writer,
-            tick,
-            free_tx,
-            sha_tx,
-            ctl_tx,
-            epoch: 0,
-            done: 0,
-            written: 0,
-            bad: (u64::MAX, 0),
-            pending: BTreeMap::new(),
-            writing: Duration::ZERO,
-        };
-        let began = Instant::now();
-        let result = w.run(&ok_rx, &log_rx);
-        stop.store(true, Ordering::Relaxed);
-        drop(ok_rx);
-        let (written, writing) = (w.written, w.writing);
-        let tick = w.finish();
-        let digest = sha.join().map_err(|_| {
-            DeployError::Mismatch(format!("content {name}: the SHA-256 thread panicked"))
-        })?;
-        result?;
-        tracing::info!(
-            content = %name,
-            bytes = written,
-            seconds = began.elapsed().as_secs_f64(),
-            write_seconds = writing.as_secs_f64(),
-            "content written"
-        );
-        tick.tick(written, None)?;
-        if !digest.eq_ignore_ascii_case(src.c.stream_sha256.trim()) {
-            return Err(DeployError::StreamHash {
-                content: name.to_string(),
-                want: src.c.stream_sha256.clone(),
-                got: digest,
-            });
-        }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
-/// The fetcher thread of [`write_content`]: ranges of `src.opts.range_bytes`,
-/// piece by piece into free buffers, to the verifiers; starts again where
-/// the writer asks (a piece that failed its SHA-1), retries a failed range
-/// with backoff.
-struct Fetcher<'s, 'b> {
+/// The deploy's error for a pump that stopped (`abort`: the tick's own
+/// error, when the tick stopped it).
+fn pump_error(e: PumpError, abort: Option<DeployError>) -> DeployError {
+    match e {
+        PumpError::Read {
+            content,
+            piece,
+            start,
+            end,
+            attempts,
+            source,
+        } => DeployError::Range {
+            content,
+            piece,
+            start,
+            end,
+            attempts,
+            reason: source.to_string(),
+        },
+        PumpError::PieceHash {
+            content,
+            piece,
+            start,
+            end,
+            attempts,
+        } => DeployError::PieceHash {
+            content,
+            piece,
+            start,
+            end,
+            attempts,
+        },
+        PumpError::Slot(e) => DeployError::Slot(e),
+        PumpError::Aborted => abort.unwrap_or_else(|| {
+            DeployError::Mismatch("the content's write stopped on request".into())
+        }),
+        PumpError::Stopped {
+            content,
+            done,
+            pieces,
+        } => DeployError::Mismatch(format!(
+            "content {content}: the fetcher stopped after {done} of {pieces} pieces"
+        )),
+    }
+}
+
+/// The content's stream as a [`PieceSource`]: HTTP ranges of
+/// `opts.range_bytes` (whole pieces), read piece by piece; a range is
+/// reopened where the pump asks for a piece the open one does not hold
+/// next.
+struct HttpRanges<'s> {
     src: &'s HttpSource<'s>,
     url: &'s Url,
-    stop: &'s AtomicBool,
-    free_rx: mpsc::Receiver<Buf<'b>>,
-    free_tx: mpsc::Sender<Buf<'b>>,
-    read_tx: mpsc::SyncSender<Msg<'b>>,
-    ctl_rx: mpsc::Receiver<Refetch>,
-    log_tx: mpsc::Sender<String>,
+    /// the open range: its body, its first piece, the next piece it holds
+    body: Option<(fetch::Body, u64, u64)>,
 }
 
-/// Where the fetcher is.
-struct FetchState {
-    next: u64,
-    epoch: u64,
-    /// failed attempts of the piece `fails.0`
-    fails: (u64, u32),
-    pending_refetch: Option<Refetch>,
-    /// the open range and its first piece
-    body: Option<(fetch::Body, u64)>,
-}
-
-impl<'b> Fetcher<'_, 'b> {
-    fn run(self) {
-        yield_to_writer();
-        let pieces = self.src.index.piece_count();
-        let mut st = FetchState {
-            next: 0,
-            epoch: 0,
-            fails: (u64::MAX, 0),
-            pending_refetch: None,
-            body: None,
-        };
-        loop {
-            if self.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let ctl = st
-                .pending_refetch
-                .take()
-                .or_else(|| self.ctl_rx.try_iter().last());
-            if let Some(r) = ctl {
-                st.next = r.from;
-                st.epoch = r.epoch;
-                st.body = None;
-                sleep_unless(self.stop, backoff(self.src.opts.backoff, r.attempt));
-                continue;
-            }
-            if st.next >= pieces {
-                // everything sent: wait for a refetch or the end
-                match self.ctl_rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(r) => st.pending_refetch = Some(r),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                }
-                continue;
-            }
-            let Some(b) = self.free_buffer(&mut st) else {
-                if self.stop.load(Ordering::Relaxed) || st.pending_refetch.is_none() {
-                    return;
-                }
-                continue;
-            };
-            if !self.fetch_piece(&mut st, b) {
-                return;
-            }
-        }
-    }
-
-    /// A free buffer; none when stopping, when the buffers are gone, or
-    /// when a refetch arrived first (in `st.pending_refetch`).
-    fn free_buffer(&self, st: &mut FetchState) -> Option<Buf<'b>> {
-        loop {
-            if self.stop.load(Ordering::Relaxed) {
-                return None;
-            }
-            if let Some(r) = self.ctl_rx.try_iter().last() {
-                st.pending_refetch = Some(r);
-                return None;
-            }
-            match self.free_rx.recv_timeout(Duration::from_millis(20)) {
-                Ok(b) => return Some(b),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-    }
-
-    /// Fetches piece `st.next` into `b` and sends it on, or counts the
-    /// failure (backoff, or the error once the retries are spent). False
-    /// when the fetcher must end.
-    fn fetch_piece(&self, st: &mut FetchState, b: Buf<'b>) -> bool {
+impl PieceSource for HttpRanges<'_> {
+    fn read_piece(&mut self, i: u64, buf: &mut [u8], len: usize) -> io::Result<()> {
         let src = self.src;
-        let opts = src.opts;
-        match self.read_piece(st, b) {
-            Ok(b) => {
-                let i = st.next;
-                st.next += 1;
-                let per_range = (opts.range_bytes / src.piece_length()).max(1);
-                if st
-                    .body
-                    .as_ref()
-                    .is_some_and(|(_, first)| st.next - first >= per_range)
-                {
-                    st.body = None;
-                }
-                let epoch = st.epoch;
-                self.read_tx.send(Msg::Piece { epoch, i, buf: b }).is_ok()
-            }
-            Err((b, reason)) => {
-                let _ = self.free_tx.send(b);
-                st.body = None;
-                let next = st.next;
-                if st.fails.0 != next {
-                    st.fails = (next, 0);
-                }
-                st.fails.1 += 1;
-                let (a, e) = (next * src.piece_length(), src.piece_end(next));
-                if st.fails.1 > opts.retries {
-                    let err = DeployError::Range {
-                        content: src.name().to_string(),
-                        piece: next,
-                        start: a,
-                        end: e,
-                        attempts: st.fails.1,
-                        reason,
-                    };
-                    let _ = self.read_tx.send(Msg::Fail {
-                        epoch: st.epoch,
-                        err,
-                    });
-                    return false;
-                }
-                let d = backoff(opts.backoff, st.fails.1);
-                let _ = self.log_tx.send(format!(
-                    "retry: content {} piece {next} (stream bytes {a}..{e}) from {}: {reason}; attempt {} of {} in {:.1} s",
-                    src.name(),
-                    self.url,
-                    st.fails.1 + 1,
-                    opts.retries + 1,
-                    d.as_secs_f64()
-                ));
-                sleep_unless(self.stop, d);
-                true
-            }
+        let pl = u64::from(src.index.header.piece_length);
+        let per_range = (src.opts.range_bytes / pl).max(1);
+        if self.body.as_ref().is_some_and(|(_, _, next)| *next != i) {
+            self.body = None;
         }
-    }
-
-    /// Reads piece `st.next` from the open range (opening the next range
-    /// first when none is open).
-    fn read_piece(&self, st: &mut FetchState, b: Buf<'b>) -> Result<Buf<'b>, (Buf<'b>, String)> {
-        let src = self.src;
-        let pieces = src.index.piece_count();
-        let start = st.next * src.piece_length();
-        let len = (src.piece_end(st.next) - start) as usize;
-        if st.body.is_none() {
-            let per_range = (src.opts.range_bytes / src.piece_length()).max(1);
-            let last = (st.next + per_range).min(pieces);
-            let range_end = src.piece_end(last - 1);
-            match fetch::get_range(self.url, start, range_end, src.opts.timeout, src.tls) {
-                Ok(bd) => st.body = Some((bd, st.next)),
-                Err(e) => return Err((b, crate::jsonl::chain(&e))),
-            }
+        let start = i * pl;
+        if self.body.is_none() {
+            let last = (i + per_range).min(src.index.piece_count());
+            let range_end = ((last * pl).min(src.index.header.used_bytes)).max(start);
+            let bd = fetch::get_range(self.url, start, range_end, src.opts.timeout, src.tls)
+                .map_err(|e| io::Error::other(crate::jsonl::chain(&e)))?;
+            self.body = Some((bd, i, i));
         }
-        let Some((bd, _)) = st.body.as_mut() else {
-            return Err((b, "no connection".into()));
+        let Some((bd, first, next)) = self.body.as_mut() else {
+            return Err(io::Error::other("no connection"));
         };
         let mut got = 0usize;
         while got < len {
-            match bd.read(&mut b[got..len]) {
+            match bd.read(&mut buf[got..len]) {
                 Ok(0) => {
-                    return Err((b, format!("connection closed after {got} of {len} bytes")));
+                    return Err(io::Error::other(format!(
+                        "connection closed after {got} of {len} bytes"
+                    )));
                 }
                 Ok(n) => {
                     got += n;
@@ -611,205 +425,21 @@ impl<'b> Fetcher<'_, 'b> {
                         .fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err((b, e.to_string())),
+                Err(e) => return Err(e),
             }
         }
-        Ok(b)
-    }
-}
-
-/// A verifier thread of [`write_content`]: each piece against the index's
-/// SHA-1, good or bad, on to the writer.
-fn verify<'b>(
-    index: &ContentIndex,
-    read_rx: &Mutex<mpsc::Receiver<Msg<'b>>>,
-    ok_tx: &mpsc::SyncSender<Msg<'b>>,
-) {
-    yield_to_writer();
-    loop {
-        let msg = match read_rx.lock() {
-            Ok(rx) => rx.recv(),
-            Err(_) => return,
-        };
-        let Ok(msg) = msg else { return };
-        let out = match msg {
-            Msg::Piece { epoch, i, buf } => {
-                let len = index.piece_len(i) as usize;
-                if piece_matches(index, i, &buf[..len]) {
-                    Msg::Piece { epoch, i, buf }
-                } else {
-                    Msg::Bad { epoch, i, buf }
-                }
-            }
-            other => other,
-        };
-        if ok_tx.send(out).is_err() {
-            return;
-        }
-    }
-}
-
-/// The writer of [`write_content`] (the caller's thread): puts the
-/// verified pieces back in stream order and hands each run ready in order
-/// (up to [`MAX_WRITE`] bytes) to the [`SlotWriter`] at once; a bad piece
-/// bumps the epoch and asks the fetcher to start again from the first
-/// piece not written.
-struct InOrder<'s, 'w, 't, 'b> {
-    src: &'s HttpSource<'s>,
-    writer: &'w SlotWriter<&'w Target, &'w ContentIndex>,
-    tick: &'t mut dyn Tick,
-    free_tx: mpsc::Sender<Buf<'b>>,
-    sha_tx: mpsc::Sender<(Buf<'b>, usize)>,
-    ctl_tx: mpsc::Sender<Refetch>,
-    epoch: u64,
-    /// pieces written (the first not written)
-    done: u64,
-    /// stream bytes written
-    written: u64,
-    /// failed attempts of piece `bad.0`
-    bad: (u64, u32),
-    pending: BTreeMap<u64, Buf<'b>>,
-    /// time inside the target's writes: the restore part of the deploy
-    writing: Duration,
-}
-
-impl<'t, 'b> InOrder<'_, '_, 't, 'b> {
-    fn run(
-        &mut self,
-        ok_rx: &mpsc::Receiver<Msg<'b>>,
-        log_rx: &mpsc::Receiver<String>,
-    ) -> Result<(), DeployError> {
-        let pieces = self.src.index.piece_count();
-        while self.done < pieces {
-            for line in log_rx.try_iter() {
-                self.tick.tick(self.written, Some(line))?;
-            }
-            self.tick.tick(self.written, None)?;
-            let first = match ok_rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(m) => m,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(DeployError::Mismatch(format!(
-                        "content {}: the fetcher stopped after {} of {pieces} pieces",
-                        self.src.name(),
-                        self.done
-                    )));
-                }
-            };
-            // this message and every one already waiting: the pieces
-            // ready in order then go out in as few writes as they can
-            let mut next = Some(first);
-            while let Some(msg) = next.take() {
-                self.receive(msg)?;
-                next = ok_rx.try_recv().ok();
-            }
-            while self.pending.contains_key(&self.done) {
-                self.write_ready()?;
-            }
+        *next = i + 1;
+        if *next - *first >= per_range {
+            self.body = None;
         }
         Ok(())
     }
 
-    /// Files one verifier message: a piece of this epoch waits for its
-    /// turn, a bad one asks for a refetch (or fails once its retries are
-    /// spent), anything of an older epoch is dropped.
-    fn receive(&mut self, msg: Msg<'b>) -> Result<(), DeployError> {
-        let epoch = self.epoch;
-        match msg {
-            Msg::Piece { epoch: e, buf, .. } | Msg::Bad { epoch: e, buf, .. } if e != epoch => {
-                let _ = self.free_tx.send(buf);
-            }
-            Msg::Fail { epoch: e, .. } if e != epoch => {}
-            Msg::Fail { err, .. } => return Err(err),
-            Msg::Bad { i, buf, .. } => {
-                let _ = self.free_tx.send(buf);
-                self.refetch(i)?;
-            }
-            Msg::Piece { i, buf, .. } => {
-                self.pending.insert(i, buf);
-            }
-        }
-        Ok(())
+    fn restart(&mut self) {
+        self.body = None;
     }
 
-    /// Piece `i` failed its SHA-1: a new epoch from the first piece not
-    /// written, after a backoff.
-    fn refetch(&mut self, i: u64) -> Result<(), DeployError> {
-        let src = self.src;
-        if self.bad.0 != i {
-            self.bad = (i, 0);
-        }
-        self.bad.1 += 1;
-        let (a, e) = (i * src.piece_length(), src.piece_end(i));
-        if self.bad.1 > src.opts.retries {
-            return Err(DeployError::PieceHash {
-                content: src.name().to_string(),
-                piece: i,
-                start: a,
-                end: e,
-                attempts: self.bad.1,
-            });
-        }
-        self.epoch += 1;
-        for (_, b) in std::mem::take(&mut self.pending) {
-            let _ = self.free_tx.send(b);
-        }
-        let d = backoff(src.opts.backoff, self.bad.1);
-        self.tick.tick(
-            self.written,
-            Some(format!(
-                "retry: content {} piece {i} (stream bytes {a}..{e}) failed its SHA-1; re-fetching from piece {}, attempt {} of {} in {:.1} s",
-                src.name(),
-                self.done,
-                self.bad.1 + 1,
-                src.opts.retries + 1,
-                d.as_secs_f64()
-            )),
-        )?;
-        let _ = self.ctl_tx.send(Refetch {
-            from: self.done,
-            epoch: self.epoch,
-            attempt: self.bad.1,
-        });
-        Ok(())
-    }
-
-    /// Writes the run of pieces ready in order from `done` (up to
-    /// [`MAX_WRITE`] bytes), then passes them to the SHA-256 thread.
-    fn write_ready(&mut self) -> Result<(), DeployError> {
-        let src = self.src;
-        let mut batch: Vec<(u64, Buf<'b>)> = Vec::new();
-        let mut bytes = 0u64;
-        while bytes < MAX_WRITE
-            && let Some(buf) = self.pending.remove(&(self.done + batch.len() as u64))
-        {
-            let i = self.done + batch.len() as u64;
-            bytes += src.piece_end(i) - i * src.piece_length();
-            batch.push((i, buf));
-        }
-        let t = Instant::now();
-        let bufs: Vec<&[u8]> = batch.iter().map(|(_, b)| &b[..]).collect();
-        let res = self.writer.write_pieces(self.done, &bufs);
-        drop(bufs);
-        self.writing += t.elapsed();
-        if let Err(e) = res {
-            for (_, b) in batch {
-                let _ = self.free_tx.send(b);
-            }
-            return Err(DeployError::Slot(e));
-        }
-        for (i, buf) in batch {
-            let len = src.piece_end(i) - i * src.piece_length();
-            let _ = self.sha_tx.send((buf, len as usize));
-            self.written += len;
-            self.done += 1;
-        }
-        Ok(())
-    }
-
-    /// Ends the writer's part: the SHA-256 thread and the fetcher are let
-    /// go (their channels closed); gives the caller's tick back.
-    fn finish(self) -> &'t mut dyn Tick {
-        self.tick
+    fn origin(&self) -> String {
+        self.url.to_string()
     }
 }

@@ -15,6 +15,12 @@
 //! 4. the pieces written are recorded (each counted once, whichever source
 //!    brought it) for progress and for whoever waits on a piece;
 //! 5. [`SlotWriter::sync`] flushes the target.
+//!
+//! The sources that deliver pieces in stream order (the stream file, HTTP
+//! ranges) share the rest of the pipeline too: [`pump`] reads them into
+//! aligned buffers, verifies, restores the order, retries, and feeds the
+//! writer. BitTorrent delivers verified pieces in any order and calls the
+//! writer from its storage.
 
 use std::borrow::Borrow;
 use std::io;
@@ -26,6 +32,9 @@ use sha1::Digest as _;
 
 use crate::format::{ContentIndex, FLAG_GAPS_ZERO, extent_starts, ranges_in};
 use crate::restore::Target;
+
+mod pump;
+pub use pump::{PieceSource, PumpError, PumpOptions, Pumped, pump};
 
 /// Where a content goes on its target: `size` bytes from `offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
