@@ -103,3 +103,40 @@ fn every_kind_is_namespaced_with_status_and_short_names() {
         );
     }
 }
+
+/// No short name (or plural/singular) of ours shadows the short name of a
+/// built-in kind, or of a peer a cluster running anneal commonly holds
+/// (Cluster API, Tinkerbell, Metal3, Istio, cert-manager, Crossplane,
+/// KubeVirt): `kubectl get pc` must keep listing PriorityClasses.
+#[test]
+fn short_names_shadow_no_common_kind() {
+    // kubectl api-resources of Kubernetes 1.34 (built-ins) and of the peers
+    const TAKEN: &[&str] = &[
+        // built-in
+        "cs", "cm", "ep", "ev", "limits", "ns", "no", "pvc", "pv", "po", "rc", "quota", "sa",
+        "svc", "crd", "crds", "ds", "deploy", "rs", "sts", "hpa", "cj", "csr", "ing", "netpol",
+        "pdb", "pc", "sc", "ingclass", "vac", "ipa",
+        // Cluster API
+        "ma", "ms", "md", "mp", "mhc", "cl", "kcp", "cc",
+        // Tinkerbell
+        "hw", "tpl", "wf",
+        // Metal3
+        "bmh", "bmc", "hfs", "ppimg",
+        // Istio
+        "dr", "vs", "gw", "se", "pa", "ra",
+        // cert-manager
+        "cert", "certs", "cr", "crs",
+        // KubeVirt
+        "vm", "vms", "vmi", "vmis", "dv",
+    ];
+    for crd in anneal_api::crds() {
+        let n = &crd.spec.names;
+        for s in n.short_names.iter().flatten() {
+            assert!(
+                !TAKEN.contains(&s.as_str()),
+                "{}: short name {s} is another kind's",
+                n.kind
+            );
+        }
+    }
+}

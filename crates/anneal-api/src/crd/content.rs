@@ -213,7 +213,7 @@ pub struct ImageImportStatus {
     kind = "PartitionContent",
     namespaced,
     status = "PartitionContentStatus",
-    shortname = "pc",
+    shortname = "pcontent",
     category = "anneal",
     doc = "The immutable record of one partition's data (used blocks only), published as a torrent.",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
