@@ -930,3 +930,36 @@ fn a_raw_partition_over_http_zeroes_its_gaps_and_a_smaller_slot_is_refused() {
     let got = std::fs::read(&target).unwrap();
     assert!(got.iter().all(|x| *x == 0xFF), "the target was written");
 }
+
+/// The same raw partition through the swarm deploy onto a disk full of
+/// 0xFF: its tracker is down, so after the stall every piece comes over the
+/// swarm's HTTP fallback and is written by the swarm's writer; the slot
+/// equals the source partition byte for byte (the gaps zeroed).
+#[test]
+fn a_raw_partition_through_the_swarm_deploy_zeroes_its_gaps() {
+    let dir = base();
+    let (raw, part) = raw_disk(dir.path());
+    let f = served(dir, raw, &["p1"]);
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let target = f.dir.path().join("target.img");
+    std::fs::write(&target, vec![0xFFu8; 24 << 20]).unwrap();
+    let mut p = plan(&f, f.addr, &target);
+    with_swarm(&mut p, &f, &[format!("http://{closed}/announce")], 2, true);
+    let out = deploy(f.dir.path(), &p, &[]);
+    assert!(out.ok, "{}", out.stdout);
+    let result = events(&out, "result")[0];
+    let reason = result["transfer"]["fallbackReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("stalled"), "{result}");
+    let got = std::fs::read(&target).unwrap();
+    let (a, b) = (RAW_AT as usize, (RAW_AT + RAW_LEN) as usize);
+    assert!(
+        got[a..b] == part[..],
+        "the slot differs from the source partition (first at partition offset {:?})",
+        got[a..b].iter().zip(&part).position(|(x, y)| x != y)
+    );
+}
