@@ -93,6 +93,55 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
         .await
         .unwrap_err();
     assert_eq!(status_code(&e), Some(403), "{e}");
+    // its workloads only in its own namespace (a Role there): no Deployment,
+    // Job or pod log anywhere else
+    {
+        use k8s_openapi::api::apps::v1::Deployment;
+        use k8s_openapi::api::batch::v1::Job;
+        use k8s_openapi::api::core::v1::Pod;
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "probe"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}},
+                     "template": {"metadata": {"labels": {"a": "b"}},
+                                  "spec": {"containers": [{"name": "c", "image": "x"}]}}}
+        }))
+        .unwrap();
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "probe"},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": "x"}]}}}
+        }))
+        .unwrap();
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        for ns in ["tenant-b", "tenant-c", "default"] {
+            let e = Api::<Deployment>::namespaced(manager.clone(), ns)
+                .create(&dry, &deployment)
+                .await
+                .unwrap_err();
+            assert_eq!(status_code(&e), Some(403), "Deployment in {ns}: {e}");
+            let e = Api::<Job>::namespaced(manager.clone(), ns)
+                .create(&dry, &job)
+                .await
+                .unwrap_err();
+            assert_eq!(status_code(&e), Some(403), "Job in {ns}: {e}");
+            let e = Api::<Pod>::namespaced(manager.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .unwrap_err();
+            assert_eq!(status_code(&e), Some(403), "pods in {ns}: {e}");
+        }
+        Api::<Deployment>::namespaced(manager.clone(), "anneal-system")
+            .create(&dry, &deployment)
+            .await
+            .unwrap();
+        Api::<Job>::namespaced(manager.clone(), "anneal-system")
+            .create(&dry, &job)
+            .await
+            .unwrap();
+    }
     let (_, bootd) = service_account(&cp, "site-a", "anneal-bootd").await;
 
     // bootd's ServiceAccount: no Secret of another namespace, no

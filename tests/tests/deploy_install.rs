@@ -219,7 +219,7 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
         // its workloads' protocol lines (an ingest's result, a seeder's
         // readiness)
         &["get", "pods", "--subresource=log", "-n", "anneal-system"],
-        &["create", "deployments.apps", "-n", "site-a"],
+        &["create", "deployments.apps", "-n", "anneal-system"],
         &["create", "events.events.k8s.io", "-n", "tenant-a"],
         &["create", "tokenreviews.authentication.k8s.io"],
     ];
@@ -263,6 +263,11 @@ async fn the_cluster_overlay_installs_two_replicas_and_the_manager_is_least_priv
         &["patch", "nodes"],
         &["create", "serviceaccounts/token", "-n", "anneal-system"],
         &["delete", "persistentvolumeclaims", "-n", "anneal-system"],
+        // its workloads run in its own namespace only (a Role there)
+        &["create", "deployments.apps", "-n", "site-a"],
+        &["create", "jobs.batch", "-n", "tenant-a"],
+        &["get", "pods", "--subresource=log", "-n", "tenant-a"],
+        &["list", "pods", "-n", "kube-system"],
     ];
     for a in refused {
         let (yes, said) = can(a);
