@@ -126,6 +126,13 @@ impl Context {
         }
     }
 
+    /// Takes machine `ns/name` for one bind attempt of this process; false
+    /// when another reconcile already took it ([`reserve`]).
+    fn reserve(&self, ns: &str, name: &str) -> bool {
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        reserve(&mut taken, key(ns, name), Instant::now())
+    }
+
     fn note_written(&self, claim: &MachineClaim, status: &MachineClaimStatus) {
         if let Some(uid) = claim.metadata.uid.clone() {
             let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
@@ -143,6 +150,24 @@ impl std::fmt::Debug for Context {
 
 /// How long a local "bound" or "taken" note outlives the cache lag.
 const NOTE_TTL: Duration = Duration::from_secs(30);
+/// How long a machine this process bound, lost or is binding stays out of
+/// its candidate lists.
+const TAKEN_TTL: Duration = Duration::from_secs(2);
+
+/// Takes machine `key` in `taken` for one bind attempt at `now`, unless a
+/// concurrent reconcile of this process took it less than [`TAKEN_TTL`]
+/// ago. Concurrent claims picking from the same snapshot of free machines
+/// otherwise both sent the bind, and the loser's write came back 409 (the
+/// only bind conflicts left with one leader).
+fn reserve(taken: &mut HashMap<String, Instant>, key: String, now: Instant) -> bool {
+    match taken.get(&key) {
+        Some(at) if now.saturating_duration_since(*at) < TAKEN_TTL => false,
+        _ => {
+            taken.insert(key, now);
+            true
+        }
+    }
+}
 
 fn key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
@@ -490,12 +515,15 @@ async fn bind_selected(
     let ck = key(ns, &claim.name_any());
     let taken: std::collections::HashSet<String> = {
         let mut taken = ctx.taken.lock().unwrap_or_else(|e| e.into_inner());
-        taken.retain(|_, at| at.elapsed() < Duration::from_secs(2));
+        taken.retain(|_, at| at.elapsed() < TAKEN_TTL);
         taken.keys().cloned().collect()
     };
     let mut candidates = free_candidates(claim, ns, &ck, &taken, ctx);
     if !candidates.is_empty() {
         for m in candidates {
+            if !ctx.reserve(ns, &m.name_any()) {
+                continue;
+            }
             if let Some(bound) = try_bind(&m, claim, ns, ctx).await? {
                 write_bound(claim, &bound, ctx).await?;
                 return Ok(Action::requeue(Duration::from_secs(600)));
@@ -556,6 +584,9 @@ async fn bind_selected(
     }
     select::rotate(&mut candidates, &ck);
     for m in candidates {
+        if !ctx.reserve(ns, &m.name_any()) {
+            continue;
+        }
         if let Some(bound) = try_bind(&m, claim, ns, ctx).await? {
             write_bound(claim, &bound, ctx).await?;
             return Ok(Action::requeue(Duration::from_secs(600)));
@@ -953,5 +984,22 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
         }
         Err(e) if is_conflict(&e) => Err(ClaimError::ReleaseConflict(name)),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_is_sent_to_one_bind_at_a_time() {
+        let mut taken = HashMap::new();
+        let t0 = Instant::now();
+        assert!(reserve(&mut taken, "default/m0".into(), t0));
+        // a concurrent claim from the same snapshot skips it: no 409 write
+        assert!(!reserve(&mut taken, "default/m0".into(), t0));
+        assert!(reserve(&mut taken, "default/m1".into(), t0));
+        // once the note is stale (the bind failed without a trace), again
+        assert!(reserve(&mut taken, "default/m0".into(), t0 + TAKEN_TTL));
     }
 }
