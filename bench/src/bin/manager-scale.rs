@@ -303,8 +303,7 @@ async fn main() -> anyhow::Result<()> {
     let machine_status_writes: f64 = writes
         .iter()
         .filter(|(k, _)| k.ends_with(" machines/status"))
-        .map(|(_, v)| v)
-        .sum();
+        .fold(0.0, |sum, (_, v)| sum + v);
     println!("claims created (reference, API server only): {create_secs:.2} s");
     println!(
         "all {n} claims Bound after: {bind_secs:.2} s  (ratio to reference {ratio:.2}x; goal < {GOAL_SECS} s)"
