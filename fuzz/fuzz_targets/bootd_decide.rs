@@ -20,6 +20,7 @@ fn table(mode: Mode, answer_all: bool) -> BootTable {
         MachineEntry {
             name: "lab/m1".into(),
             address: Some(Ipv4Addr::new(10, 77, 0, 50)),
+            loader: anneal_dhcp::Loader::default(),
         },
     );
     BootTable {
