@@ -111,29 +111,32 @@ fn every_kind_is_namespaced_with_status_and_short_names() {
 #[test]
 fn short_names_shadow_no_common_kind() {
     // kubectl api-resources of Kubernetes 1.34 (built-ins) and of the peers
-    const TAKEN: &[&str] = &[
-        // built-in
+    const BUILT_IN: &[&str] = &[
         "cs", "cm", "ep", "ev", "limits", "ns", "no", "pvc", "pv", "po", "rc", "quota", "sa",
         "svc", "crd", "crds", "ds", "deploy", "rs", "sts", "hpa", "cj", "csr", "ing", "netpol",
         "pdb", "pc", "sc", "ingclass", "vac", "ipa",
-        // Cluster API
-        "ma", "ms", "md", "mp", "mhc", "cl", "kcp", "cc",
-        // Tinkerbell
-        "hw", "tpl", "wf",
-        // Metal3
-        "bmh", "bmc", "hfs", "ppimg",
-        // Istio
-        "dr", "vs", "gw", "se", "pa", "ra",
-        // cert-manager
-        "cert", "certs", "cr", "crs",
-        // KubeVirt
-        "vm", "vms", "vmi", "vmis", "dv",
     ];
+    const CLUSTER_API: &[&str] = &["ma", "ms", "md", "mp", "mhc", "cl", "kcp", "cc"];
+    const TINKERBELL: &[&str] = &["hw", "tpl", "wf"];
+    const METAL3: &[&str] = &["bmh", "bmc", "hfs", "ppimg"];
+    const ISTIO: &[&str] = &["dr", "vs", "gw", "se", "pa", "ra"];
+    const CERT_MANAGER: &[&str] = &["cert", "certs", "cr", "crs"];
+    const KUBEVIRT: &[&str] = &["vm", "vms", "vmi", "vmis", "dv"];
+    let taken: Vec<&str> = [
+        BUILT_IN,
+        CLUSTER_API,
+        TINKERBELL,
+        METAL3,
+        ISTIO,
+        CERT_MANAGER,
+        KUBEVIRT,
+    ]
+    .concat();
     for crd in anneal_api::crds() {
         let n = &crd.spec.names;
         for s in n.short_names.iter().flatten() {
             assert!(
-                !TAKEN.contains(&s.as_str()),
+                !taken.contains(&s.as_str()),
                 "{}: short name {s} is another kind's",
                 n.kind
             );
