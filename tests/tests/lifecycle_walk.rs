@@ -515,6 +515,16 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     manager.kill();
 }
 
+/// The BMC requests since the `before`th that could change the server
+/// (anything but a GET).
+fn changes_since(b: &BmcVm, before: usize) -> Vec<anneal_qemu_bmc::LogEntry> {
+    b.requests()
+        .into_iter()
+        .skip(before)
+        .filter(|e| e.method != "GET")
+        .collect()
+}
+
 fn client_for(b: &BmcVm) -> anneal_manager::redfish::RedfishClient {
     client(&b.address(), BMC_PASSWORD, TlsPolicy::SystemRoots)
 }
@@ -666,11 +676,7 @@ async fn enrolling_or_deleting_a_machine_leaves_its_running_server_on() {
     assert!(note.contains("spec.restartRunningForInspection"), "{note}");
     let m = machine_json(&machines, "enr-c").await;
     assert_ne!(m["status"]["state"], "Inspecting", "{m}");
-    let changes: Vec<_> = bmcvm.requests()[before..]
-        .iter()
-        .filter(|e| e.method != "GET")
-        .cloned()
-        .collect();
+    let changes = changes_since(&bmcvm, before);
     assert!(
         changes.is_empty(),
         "enrolment touched the running server: {changes:?}"
@@ -786,11 +792,7 @@ async fn enrolling_or_deleting_a_machine_leaves_its_running_server_on() {
     .await;
     let m = machine_json(&machines, "adopt-d").await;
     assert_eq!(m["status"]["state"], "Provisioned", "{m}");
-    let changes: Vec<_> = bmcvm.requests()[before..]
-        .iter()
-        .filter(|e| e.method != "GET")
-        .cloned()
-        .collect();
+    let changes = changes_since(&bmcvm, before);
     assert!(
         changes.is_empty(),
         "the adoption touched the server: {changes:?}"

@@ -153,6 +153,9 @@ pub mod reasons {
     /// Machine Event: an externally provisioned server became Provisioned
     /// for the claim that binds it, without a deploy.
     pub const ADOPTED_PROVISIONED_CLAIM: &str = "AdoptedProvisionedClaim";
+    /// Machine Event (Warning): deleted while a claim holds it; nothing is
+    /// done until the claim releases it (or `anneal.dev/force-release`).
+    pub const DELETING_CLAIMED_HOST: &str = "DeletingClaimedHost";
     /// ReadinessRule Ready=True: every listed condition holds.
     pub const ALL_CONDITIONS_HOLD: &str = "AllConditionsHold";
     /// ReadinessRule Ready=False: some listed condition does not hold yet.
@@ -355,6 +358,7 @@ pub mod reasons {
         RUNNING_AT_ENROLMENT,
         WAITING_FOR_CLAIM,
         ADOPTED_PROVISIONED_CLAIM,
+        DELETING_CLAIMED_HOST,
         ALL_CONDITIONS_HOLD,
         CONDITIONS_PENDING,
         CONNECTED,

@@ -1661,7 +1661,11 @@ pub fn delete(snap: &Snapshot<'_>) -> Decision {
              BMC call, annotate it anneal.dev/force-release",
             claim.name
         );
-        p.event(EventType::Warning, DELETING_CLAIMED_HOST, message.clone());
+        p.event(
+            EventType::Warning,
+            reasons::DELETING_CLAIMED_HOST,
+            message.clone(),
+        );
         return p.finish(Outcome::CleanupPending { message }, true);
     }
     let power_off = snap.machine.spec.power_off_on_delete;
@@ -1694,9 +1698,6 @@ pub fn delete(snap: &Snapshot<'_>) -> Decision {
         _ => p.finish(Outcome::Release, false),
     }
 }
-
-/// The Warning Event of a claimed Machine's deletion.
-pub const DELETING_CLAIMED_HOST: &str = "DeletingClaimedHost";
 
 /// Whether a delete skips the BMC cleanup: force-release, detached, or no
 /// BMC.
@@ -3148,7 +3149,7 @@ mod tests {
                 d.draft.status.state.map(|s| format!("{s:?}")),
                 Some(state_.to_string())
             );
-            assert!(reasons(&d).contains(&DELETING_CLAIMED_HOST));
+            assert!(reasons(&d).contains(&reasons::DELETING_CLAIMED_HOST));
             match &d.outcome {
                 Outcome::CleanupPending { message } => {
                     assert!(message.contains("MachineClaim c"), "{message}");
