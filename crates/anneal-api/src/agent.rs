@@ -364,6 +364,99 @@ pub struct DeployPlan {
     /// only); absent: the agent stops serving at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seeding: Option<SeedPolicy>,
+    /// The cloud-init config drive written on the OS disk (issue 45); absent:
+    /// none is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_drive: Option<PlannedConfigDrive>,
+}
+
+/// GPT type GUID of the config drive partition (Microsoft basic data, what
+/// a FAT file system carries).
+pub const CONFIG_DRIVE_TYPE_GUID: &str = "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7";
+/// MBR type byte of the config drive partition (FAT32 LBA).
+pub const CONFIG_DRIVE_MBR_TYPE: u8 = 0x0c;
+/// GPT partition name of the config drive.
+pub const CONFIG_DRIVE_PART_NAME: &str = "config-drive";
+
+/// A cloud-init NoCloud config drive: a FAT file system labelled
+/// [`label`](Self::label) (`CIDATA`) in its own partition at the end of the
+/// OS disk, holding `user-data`, `meta-data` and `network-config` as given.
+///
+/// The agent reserves the partition when it writes the OS disk's table: it
+/// ends at the last usable sector (1 MiB aligned start), a growing last slot
+/// of the layout stops before it, and `growLastPartition` never grows past it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlannedConfigDrive {
+    /// Partition number on the OS disk (the layout's highest slot + 1).
+    pub partition: u32,
+    /// Size of the partition in bytes (a multiple of 1 MiB).
+    pub size_bytes: u64,
+    /// File system label (`CIDATA`; cloud-init matches it in either case).
+    pub label: String,
+    /// The files in the root directory, by name (`user-data`, `meta-data`,
+    /// `network-config`).
+    pub files: std::collections::BTreeMap<String, SecretBytes>,
+}
+
+/// Bytes that may hold a secret (user data): base64 on the wire, never shown
+/// by `Debug`, overwritten with zeros when dropped.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct SecretBytes(Vec<u8>);
+
+impl SecretBytes {
+    /// Wraps the bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(bytes.into())
+    }
+
+    /// The bytes, for the one place that writes them.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Length in bytes (safe to log).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretBytes(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
+impl Drop for SecretBytes {
+    fn drop(&mut self) {
+        for b in self.0.iter_mut() {
+            *b = 0;
+        }
+        std::hint::black_box(&self.0);
+    }
+}
+
+impl Serialize for SecretBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine as _;
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use base64::Engine as _;
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map(Self)
+            .map_err(|e| serde::de::Error::custom(format!("not base64: {e}")))
+    }
 }
 
 /// What the agent does after a successful run.
@@ -793,5 +886,29 @@ mod tests {
         let s = sanitize_reason(&long);
         assert_eq!(s.chars().count(), MAX_REASON_CHARS);
         assert!(s.ends_with('…'));
+    }
+
+    #[test]
+    fn config_drive_files_travel_as_base64_and_never_show_in_debug() {
+        let mut files = std::collections::BTreeMap::new();
+        files.insert(
+            "user-data".to_string(),
+            SecretBytes::new(&b"#cloud-config\npassword: hunter2\n"[..]),
+        );
+        let cd = PlannedConfigDrive {
+            partition: 4,
+            size_bytes: 16 << 20,
+            label: "CIDATA".into(),
+            files,
+        };
+        let json = serde_json::to_string(&cd).unwrap();
+        assert!(!json.contains("hunter2"), "{json}");
+        assert!(json.contains("I2Nsb3VkLWNvbmZpZw"), "{json}");
+        let back: PlannedConfigDrive = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, cd);
+        assert!(!format!("{cd:?}").contains("hunter2"));
+        assert!(format!("{cd:?}").contains("redacted"));
+        let bad = json.replace("I2Nsb3VkLWNvbmZpZw", "!!");
+        assert!(serde_json::from_str::<PlannedConfigDrive>(&bad).is_err());
     }
 }

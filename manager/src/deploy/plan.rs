@@ -644,6 +644,7 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
         progress_interval_seconds: inp.progress_interval_seconds,
         architecture: inp.architecture.to_string(),
         seeding: inp.swarm.map(|s| s.seeding),
+        config_drive: None,
     };
     Ok(Planned { spec, plan })
 }
