@@ -29,6 +29,25 @@ pub enum LayoutError {
     /// A layout that cannot be written.
     #[error("invalid layout: {0}")]
     Invalid(String),
+    /// A partition reserved at the end of the disk (the config drive) does
+    /// not fit after the layout's last slot.
+    #[error(
+        "no room for partition {number} ({size} bytes from byte {start} to the end of the {target}-byte target): slot {slot} ends at byte {slot_end}; use a larger disk, a smaller last slot or a smaller config drive"
+    )]
+    NoRoomAtEnd {
+        /// the reserved partition's number
+        number: u32,
+        /// its size in bytes
+        size: u64,
+        /// its first byte
+        start: u64,
+        /// target size
+        target: u64,
+        /// the slot in the way
+        slot: u32,
+        /// where that slot ends (its minimum size for a growing slot)
+        slot_end: u64,
+    },
     /// The layout does not fit the target.
     #[error("layout needs {need} bytes, target has {have}")]
     TooLarge {
@@ -411,6 +430,122 @@ pub fn final_sizes(l: &Layout, target_size: u64) -> Vec<u64> {
         .collect()
 }
 
+/// A partition to reserve at the end of the disk, after the layout's slots
+/// (the cloud-init config drive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailSlot<'a> {
+    /// Partition number: greater than every slot's (at most 4 on MBR).
+    pub number: u32,
+    /// Requested size in bytes (the partition gets at least this much).
+    pub size_bytes: u64,
+    /// GPT type GUID.
+    pub type_guid: &'a str,
+    /// MBR type byte.
+    pub mbr_type: u8,
+    /// GPT partition name.
+    pub name: &'a str,
+}
+
+/// One past the last byte a partition may use on a target of `target_size`
+/// bytes (GPT: before the backup entries and header; MBR: within 2 TiB).
+fn usable_end(l: &Layout, target_size: u64) -> u64 {
+    let end = match l.partition_table {
+        TableKind::Gpt => target_size.saturating_sub(tail_reserve(l)),
+        TableKind::Mbr => target_size.min(u64::from(u32::MAX) * 512),
+    };
+    end - end % l.sector_size.max(1)
+}
+
+/// `l` with `tail` added as its last slot on a target of `target_size`
+/// bytes: the slot starts on a 1 MiB boundary and ends at the last usable
+/// byte, so it is `tail.size_bytes` plus less than 1 MiB. A growing last
+/// slot is materialised to end where it starts (`grow` cleared, size set);
+/// a last slot that would overlap it is [`LayoutError::NoRoomAtEnd`].
+pub fn with_config_drive(
+    l: &Layout,
+    target_size: u64,
+    tail: &TailSlot<'_>,
+) -> Result<Layout, LayoutError> {
+    const ALIGN: u64 = 1 << 20;
+    let n = tail.number;
+    if let Some(max) = l.slots.iter().map(|s| s.number).max()
+        && n <= max
+    {
+        return Err(LayoutError::Invalid(format!(
+            "partition {n} for the config drive: the layout already has slots up to {max}; it must come after the last one"
+        )));
+    }
+    match l.partition_table {
+        TableKind::Mbr if !(1..=4).contains(&n) => {
+            return Err(LayoutError::Invalid(format!(
+                "partition {n} for the config drive: an MBR table holds primary partitions 1 to 4 only; use an Image with a GPT layout or fewer partitions"
+            )));
+        }
+        TableKind::Gpt if !(1..=128).contains(&n) => {
+            return Err(LayoutError::Invalid(format!(
+                "partition {n} for the config drive: a GPT holds partitions 1 to 128"
+            )));
+        }
+        _ => {}
+    }
+    if tail.size_bytes == 0 {
+        return Err(LayoutError::Invalid(format!(
+            "partition {n} for the config drive has size 0"
+        )));
+    }
+    let end = usable_end(l, target_size);
+    let start = end
+        .checked_sub(tail.size_bytes)
+        .map(|s| s - s % ALIGN)
+        .filter(|s| *s > 0)
+        .ok_or(LayoutError::TooLarge {
+            need: tail.size_bytes.saturating_add(ALIGN),
+            have: target_size,
+        })?;
+    let mut out = l.clone();
+    if let Some(last) = out.slots.last_mut() {
+        let min_end = last.start_bytes.saturating_add(last.size_bytes);
+        if min_end > start {
+            return Err(LayoutError::NoRoomAtEnd {
+                number: n,
+                size: end - start,
+                start,
+                target: target_size,
+                slot: last.number,
+                slot_end: min_end,
+            });
+        }
+        if last.grow {
+            last.grow = false;
+            last.size_bytes = start - last.start_bytes;
+        }
+    }
+    let gpt = l.partition_table == TableKind::Gpt;
+    out.slots.push(Slot {
+        number: n,
+        role: Role::Data,
+        start_bytes: start,
+        size_bytes: end - start,
+        grow: false,
+        type_guid: gpt.then(|| tail.type_guid.to_ascii_uppercase()),
+        part_uuid: None,
+        mbr_type: (!gpt).then_some(tail.mbr_type),
+        bootable: false,
+        name: if gpt {
+            tail.name.to_string()
+        } else {
+            String::new()
+        },
+        attributes: 0,
+        fs_type: None,
+        uuid: None,
+        label: None,
+        content_ref: None,
+    });
+    validate(&out, target_size)?;
+    Ok(out)
+}
+
 fn random_bytes<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
@@ -590,5 +725,145 @@ mod tests {
         ));
         l2.slots[0].start_bytes = 512; // on the gpt
         assert!(validate(&l2, 8 << 20).is_err());
+    }
+
+    const CD_GUID: &str = "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7";
+
+    fn drive(number: u32, size_bytes: u64) -> TailSlot<'static> {
+        TailSlot {
+            number,
+            size_bytes,
+            type_guid: CD_GUID,
+            mbr_type: 0x0c,
+            name: "config-drive",
+        }
+    }
+
+    fn gpt(slots: Vec<Slot>) -> Layout {
+        Layout {
+            partition_table: TableKind::Gpt,
+            sector_size: 512,
+            disk_size: 64 << 20,
+            disk_guid: None,
+            disk_signature: None,
+            slots,
+        }
+    }
+
+    #[test]
+    fn config_drive_on_gpt_ends_at_the_last_usable_byte() {
+        let target = 64u64 << 20;
+        let l = gpt(vec![slot(1, 1 << 20, 8 << 20), slot(2, 9 << 20, 16 << 20)]);
+        let got = with_config_drive(&l, target, &drive(3, 4 << 20)).unwrap();
+        assert_eq!(got.slots.len(), 3);
+        assert_eq!(&got.slots[..2], &l.slots[..]);
+        let cd = &got.slots[2];
+        let end = target - 33 * 512;
+        // 4 MiB back from the last usable byte, rounded down to 1 MiB
+        assert_eq!(cd.start_bytes, 59 << 20);
+        assert_eq!(cd.start_bytes + cd.size_bytes, end);
+        assert!(cd.size_bytes >= 4 << 20 && cd.size_bytes < 5 << 20);
+        assert_eq!(cd.number, 3);
+        assert_eq!(cd.type_guid.as_deref(), Some(CD_GUID));
+        assert_eq!(cd.name, "config-drive");
+        assert_eq!(cd.mbr_type, None);
+        assert!(!cd.grow);
+        // the table written and read back has it at the end
+        let mut disk = std::io::Cursor::new(vec![0u8; target as usize]);
+        write_table(&got, &mut disk, target).unwrap();
+        let back = read_layout(&mut disk).unwrap();
+        assert_eq!(back.slots[2].start_bytes, cd.start_bytes);
+        assert_eq!(back.slots[2].size_bytes, cd.size_bytes);
+        assert_eq!(back.slots[2].name, "config-drive");
+        assert_eq!(back.slots[2].type_guid.as_deref(), Some(CD_GUID));
+    }
+
+    #[test]
+    fn a_growing_last_slot_stops_before_the_config_drive() {
+        let target = 64u64 << 20;
+        let mut l = gpt(vec![slot(1, 1 << 20, 8 << 20), slot(2, 9 << 20, 16 << 20)]);
+        l.slots[1].grow = true;
+        let got = with_config_drive(&l, target, &drive(3, 2 << 20)).unwrap();
+        let root = &got.slots[1];
+        assert!(!root.grow);
+        assert_eq!(root.start_bytes + root.size_bytes, got.slots[2].start_bytes);
+        assert_eq!(got.slots[2].start_bytes, 61 << 20);
+        assert_eq!(final_sizes(&got, target)[1], (61 - 9) << 20);
+        // the input is unchanged
+        assert!(l.slots[1].grow);
+    }
+
+    #[test]
+    fn config_drive_on_mbr() {
+        let target = 32u64 << 20;
+        let mut l = gpt(vec![slot(1, 1 << 20, 8 << 20)]);
+        l.partition_table = TableKind::Mbr;
+        l.slots[0].type_guid = None;
+        l.slots[0].mbr_type = Some(0x83);
+        l.slots[0].grow = true;
+        let got = with_config_drive(&l, target, &drive(2, 1 << 20)).unwrap();
+        let cd = &got.slots[1];
+        assert_eq!(cd.start_bytes, 31 << 20);
+        assert_eq!(cd.size_bytes, 1 << 20);
+        assert_eq!(cd.mbr_type, Some(0x0c));
+        assert_eq!(cd.type_guid, None);
+        assert_eq!(got.slots[0].size_bytes, 30 << 20);
+        let mut disk = std::io::Cursor::new(vec![0u8; target as usize]);
+        write_table(&got, &mut disk, target).unwrap();
+        let back = read_layout(&mut disk).unwrap();
+        assert_eq!(back.slots[1].mbr_type, Some(0x0c));
+        assert_eq!(back.slots[1].start_bytes, 31 << 20);
+        // MBR holds four primaries
+        let e = with_config_drive(&l, target, &drive(5, 1 << 20)).unwrap_err();
+        assert!(e.to_string().contains("primary partitions 1 to 4"), "{e}");
+    }
+
+    #[test]
+    fn config_drive_without_room_names_the_sizes() {
+        let target = 32u64 << 20;
+        let l = gpt(vec![slot(1, 1 << 20, 28 << 20)]);
+        let e = with_config_drive(&l, target, &drive(2, 4 << 20)).unwrap_err();
+        let LayoutError::NoRoomAtEnd {
+            number,
+            start,
+            slot,
+            slot_end,
+            target: t,
+            ..
+        } = e
+        else {
+            panic!("{e}");
+        };
+        assert_eq!((number, slot, slot_end, t), (2, 1, 29 << 20, target));
+        assert_eq!(start, 27 << 20);
+        let msg = e.to_string();
+        assert!(msg.contains("slot 1 ends at byte 30408704"), "{msg}");
+        // a growing slot is no smaller than its size in the layout
+        let mut g = l.clone();
+        g.slots[0].grow = true;
+        assert!(matches!(
+            with_config_drive(&g, target, &drive(2, 4 << 20)),
+            Err(LayoutError::NoRoomAtEnd { .. })
+        ));
+        // a drive larger than the disk
+        assert!(with_config_drive(&l, 1 << 20, &drive(2, 4 << 20)).is_err());
+    }
+
+    #[test]
+    fn config_drive_number_must_follow_the_slots() {
+        let l = gpt(vec![slot(1, 1 << 20, 1 << 20), slot(3, 2 << 20, 1 << 20)]);
+        for n in [0, 1, 2, 3] {
+            let e = with_config_drive(&l, 64 << 20, &drive(n, 1 << 20)).unwrap_err();
+            assert!(e.to_string().contains("slots up to 3"), "{n}: {e}");
+        }
+        assert!(with_config_drive(&l, 64 << 20, &drive(129, 1 << 20)).is_err());
+        assert!(with_config_drive(&l, 64 << 20, &drive(4, 0)).is_err());
+        assert_eq!(
+            with_config_drive(&l, 64 << 20, &drive(4, 1 << 20))
+                .unwrap()
+                .slots[2]
+                .number,
+            4
+        );
     }
 }
