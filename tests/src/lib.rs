@@ -24,6 +24,7 @@
 pub mod agent_vm;
 pub mod artifacts;
 pub mod bmc;
+pub mod cloudos;
 pub mod dhcp_probe;
 pub mod disks;
 pub mod e2e;
