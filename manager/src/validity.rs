@@ -49,7 +49,7 @@ pub enum ValidityError {
 /// A failed rule: (reason, message naming the field).
 pub type Problem = (&'static str, String);
 
-fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
+pub(crate) fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
     let (addr, len) = cidr.split_once('/')?;
     let addr: Ipv4Addr = addr.parse().ok()?;
     let len: u32 = len.parse().ok()?;

@@ -108,6 +108,10 @@ pub enum PlanError {
     /// Nothing to deploy.
     #[error("the claim names no imageRef and no dataImages: nothing to deploy")]
     Nothing,
+    /// The Day-1 data (userData, networkData, metaData) cannot be made; the
+    /// message names the field.
+    #[error("{0}")]
+    Day1(String),
 }
 
 /// Everything a plan is made from.
@@ -138,6 +142,8 @@ pub struct Inputs<'a> {
     pub seed: &'a str,
     /// The swarm of the Machine's Site (None: contents over HTTP only).
     pub swarm: Option<&'a SwarmInputs>,
+    /// What the claim's Day-1 data (cloud-init) is rendered from.
+    pub day1: Option<&'a super::cloudinit::Day1<'a>>,
 }
 
 /// The Site's swarm, as the plan hands it to the agent.
@@ -625,6 +631,11 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
     }
     let steps = steps(inp, os_image, targets.first().map(|t| t.1))?;
     let hooks_hash = hooks_hash(&steps);
+    let os_disk_size = targets
+        .first()
+        .filter(|t| t.2)
+        .map(|t| u64::try_from(t.1.size_bytes).unwrap_or(0));
+    let day1 = config_drive(inp, os_image.zip(planned_disks.first()), os_disk_size)?;
     let spec = DeployRunSpec {
         machine_ref: NameRef::new(inp.machine.rsplit('/').next().unwrap_or(inp.machine)),
         claim_ref: NameRef::new(claim.name_any()),
@@ -632,6 +643,7 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
         data_images: claim.spec.data_images.clone(),
         resolved_disks,
         hooks_hash: Some(hooks_hash),
+        config_hash: day1.as_ref().map(|r| r.hash.clone()),
     };
     let plan = DeployPlan {
         run_id: String::new(),
@@ -644,9 +656,70 @@ pub fn plan(inp: &Inputs<'_>) -> Result<Planned, PlanError> {
         progress_interval_seconds: inp.progress_interval_seconds,
         architecture: inp.architecture.to_string(),
         seeding: inp.swarm.map(|s| s.seeding),
-        config_drive: None,
+        config_drive: day1.map(|r| r.drive),
     };
     Ok(Planned { spec, plan })
+}
+
+/// The config drive of a claim that asks for one: the partition after the
+/// OS layout's last, checked to fit the OS disk.
+fn config_drive(
+    inp: &Inputs<'_>,
+    os: Option<(&Image, &PlannedDisk)>,
+    disk_size: Option<u64>,
+) -> Result<Option<super::cloudinit::Rendered>, PlanError> {
+    use super::cloudinit;
+    let claim = inp.claim;
+    if !cloudinit::wanted(claim) {
+        return Ok(None);
+    }
+    let Some((image, disk)) = os else {
+        return Err(PlanError::Day1(
+            "spec.userData, spec.networkData and spec.metaData need spec.imageRef: the config drive goes on the OS disk".into(),
+        ));
+    };
+    let layout: Layout = serde_json::from_value(disk.layout.clone()).map_err(|e| {
+        PlanError::Day1(format!(
+            "the layout of Image {} does not read back: {e}",
+            image.name_any()
+        ))
+    })?;
+    let number = layout.slots.iter().map(|s| s.number).max().unwrap_or(0) + 1;
+    let limit = match layout.partition_table {
+        TableKind::Gpt => 128,
+        TableKind::Mbr => 4,
+    };
+    if number > limit {
+        return Err(PlanError::Day1(format!(
+            "Image {} uses partition {} already: its {:?} table has no entry left for the config drive",
+            image.name_any(),
+            number - 1,
+            layout.partition_table
+        )));
+    }
+    let end = layout
+        .slots
+        .iter()
+        .map(|s| s.start_bytes + s.size_bytes)
+        .max()
+        .unwrap_or(MIB);
+    let need = end.div_ceil(MIB) * MIB + cloudinit::SIZE_BYTES + GPT_TAIL;
+    let have = disk_size;
+    if have.is_some_and(|h| need > h) {
+        return Err(PlanError::TooSmall {
+            image: format!("{} with its config drive", image.name_any()),
+            disk: disk.device_name.clone(),
+            need,
+            have: have.unwrap_or_default(),
+        });
+    }
+    let d = inp
+        .day1
+        .ok_or_else(|| PlanError::Day1("the manager read no Day-1 inputs for this claim".into()))?;
+    let salt = claim.uid().unwrap_or_default();
+    cloudinit::render(claim, d, number, &salt)
+        .map(Some)
+        .map_err(PlanError::Day1)
 }
 
 fn steps(
@@ -748,6 +821,7 @@ pub fn intent_differs(last: &DeployRunSpec, next: &DeployRunSpec) -> bool {
     last.image_ref.as_ref().map(|r| &r.name) != next.image_ref.as_ref().map(|r| &r.name)
         || last.data_images != next.data_images
         || last.hooks_hash != next.hooks_hash
+        || last.config_hash != next.config_hash
 }
 
 #[cfg(test)]
@@ -862,6 +936,7 @@ mod tests {
                 progress_interval_seconds: 2,
                 seed: "uid-1",
                 swarm,
+                day1: None,
             })
         }
     }
@@ -1143,5 +1218,87 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("Image gone does not exist"), "{e}");
+    }
+
+    /// A claim with Day-1 data gets a config drive after the layout's last
+    /// partition, its files hashed into the intent; the user data itself is
+    /// never in the spec.
+    #[test]
+    fn day1_data_makes_a_config_drive_and_a_changed_user_data_a_new_intent() {
+        use super::super::cloudinit::Day1;
+        let w = World::new();
+        let c = claim(
+            json!({"imageRef": {"name": "os"}, "targetDisk": {"serialNumber": "A1"}, "userData": {"name": "ud"},
+            "metaData": {"publicKeysSecretRef": {"name": "keys", "key": "k"}}}),
+        );
+        let with = |ud: &str| {
+            let mut d = Day1 {
+                namespace: "ns",
+                machine: "m1",
+                ..Day1::default()
+            };
+            d.secrets
+                .insert("secret/ud/userData".into(), ud.as_bytes().to_vec());
+            d.secrets
+                .insert("secret/keys/k".into(), b"ssh-ed25519 AAAA op@x\n".to_vec());
+            d
+        };
+        let d1 = with("#cloud-config\nruncmd: [echo s3cr3t-one]\n");
+        let mut inp = Inputs {
+            claim: &c,
+            machine: "ns/m1",
+            architecture: "x86_64",
+            disks: Some(&w.disks),
+            images: &w.images,
+            contents: &w.contents,
+            hooks: &w.hooks,
+            scripts: &w.scripts,
+            content_url: "http://10.0.0.1:8081",
+            progress_interval_seconds: 2,
+            seed: "uid-1",
+            swarm: None,
+            day1: Some(&d1),
+        };
+        let one = plan(&inp).unwrap();
+        let cd = one.plan.config_drive.as_ref().unwrap();
+        assert_eq!(cd.partition, 4, "after slot 3");
+        assert_eq!(cd.label, "CIDATA");
+        assert_eq!(
+            cd.files.keys().collect::<Vec<_>>(),
+            ["meta-data", "user-data"]
+        );
+        let meta: Value = serde_json::from_slice(cd.files["meta-data"].expose()).unwrap();
+        assert_eq!(meta["local-hostname"], "m1");
+        assert_eq!(meta["public-keys"], json!(["ssh-ed25519 AAAA op@x"]));
+        let spec = serde_json::to_string(&one.spec).unwrap();
+        assert!(!spec.contains("s3cr3t"), "{spec}");
+        assert!(one.spec.config_hash.is_some());
+        let again = plan(&inp).unwrap();
+        assert!(!intent_differs(&one.spec, &again.spec));
+        let d2 = with("#cloud-config\nruncmd: [echo s3cr3t-two]\n");
+        inp.day1 = Some(&d2);
+        let two = plan(&inp).unwrap();
+        assert!(intent_differs(&one.spec, &two.spec));
+        // a missing Secret key names the field and the Secret, no value
+        let empty = Day1 {
+            namespace: "ns",
+            machine: "m1",
+            ..Day1::default()
+        };
+        inp.day1 = Some(&empty);
+        let err = plan(&inp).unwrap_err().to_string();
+        assert!(
+            err.contains("spec.userData") && err.contains("Secret ud") && err.contains("userData"),
+            "{err}"
+        );
+        // no OS image: refused
+        let data_only = claim(
+            json!({"dataImages": [{"imageRef": {"name": "data"}, "targetDisk": {"serialNumber": "B1"}}],
+            "userData": {"name": "ud"}}),
+        );
+        inp.claim = &data_only;
+        inp.day1 = Some(&d1);
+        let err = plan(&inp).unwrap_err().to_string();
+        assert!(err.contains("need spec.imageRef"), "{err}");
     }
 }

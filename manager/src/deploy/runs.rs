@@ -324,6 +324,11 @@ async fn gather_and_plan(
     let seed = m.uid().unwrap_or_default();
     let disks = hw.as_ref().map(|h| h.spec.disks.as_slice());
     let swarm = crate::swarm::plan_inputs(client, m, &cfg.swarm).await?;
+    let day1 = if super::cloudinit::wanted(claim) {
+        Some(gather_day1(client, m, claim, hw.as_ref(), &secrets).await?)
+    } else {
+        None
+    };
     let inputs = Inputs {
         claim,
         machine: &machine,
@@ -337,8 +342,49 @@ async fn gather_and_plan(
         progress_interval_seconds: cfg.progress_interval_seconds.max(1),
         seed: &seed,
         swarm: swarm.as_ref(),
+        day1: day1.as_ref(),
     };
     Ok(plan::plan(&inputs).map_err(|e| e.to_string()))
+}
+
+/// Reads what a claim's cloud-init data is made from: its Secrets (the
+/// claim's namespace only), the Machine's labels, boot MAC and Subnet, the
+/// inventory's NICs.
+async fn gather_day1<'a>(
+    client: &Client,
+    m: &'a Machine,
+    claim: &MachineClaim,
+    hw: Option<&'a MachineHardware>,
+    secrets: &Api<Secret>,
+) -> Result<super::cloudinit::Day1<'a>, kube::Error> {
+    let mut data = BTreeMap::new();
+    for (name, key) in super::cloudinit::wanted_secrets(claim) {
+        if let Some(s) = secrets.get_opt(&name).await?
+            && let Some(v) = s.data.as_ref().and_then(|d| d.get(&key))
+        {
+            data.insert(format!("secret/{name}/{key}"), v.0.clone());
+        }
+    }
+    let ns = m.metadata.namespace.as_deref().unwrap_or_default();
+    let subnet_ns = m.spec.subnet_ref.namespace_or(ns).to_string();
+    let subnet = Api::<anneal_api::Subnet>::namespaced(client.clone(), &subnet_ns)
+        .get_opt(&m.spec.subnet_ref.name)
+        .await?;
+    let reservation_key = if subnet_ns == ns {
+        m.name_any()
+    } else {
+        format!("{ns}/{}", m.name_any())
+    };
+    Ok(super::cloudinit::Day1 {
+        secrets: data,
+        namespace: ns,
+        machine: m.metadata.name.as_deref().unwrap_or_default(),
+        labels: m.labels().clone(),
+        boot_mac: m.spec.boot_mac_address.as_deref(),
+        nics: hw.map(|h| h.spec.nics.as_slice()).unwrap_or_default(),
+        subnet,
+        reservation_key,
+    })
 }
 
 /// Finds or writes the Pending run of this intent; returns its name.
@@ -391,6 +437,25 @@ async fn ensure_run(
     };
     let mut plan = planned.plan;
     plan.run_id = name.clone();
+    if let Some(cd) = plan.config_drive.as_mut() {
+        super::cloudinit::stamp_instance_id(cd, &name);
+    }
+    let config_drive = plan
+        .config_drive
+        .as_ref()
+        .map(|cd| anneal_api::ConfigDriveStatus {
+            format: "NoCloud".into(),
+            disk: plan
+                .disks
+                .iter()
+                .find(|d| d.os)
+                .map(|d| d.device_name.clone())
+                .unwrap_or_default(),
+            partition: i32::try_from(cd.partition).unwrap_or_default(),
+            filesystem: "vfat".into(),
+            label: cd.label.clone(),
+            files: cd.files.keys().cloned().collect(),
+        });
     let body = serde_json::to_vec(&plan).unwrap_or_default();
     let secret = Secret {
         metadata: ObjectMeta {
@@ -417,6 +482,7 @@ async fn ensure_run(
     }
     let status = DeployRunStatus {
         phase: Some(RunPhase::Pending),
+        config_drive,
         ..DeployRunStatus::default()
     };
     runs.patch_status(

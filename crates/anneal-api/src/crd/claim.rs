@@ -69,6 +69,158 @@ pub struct MachineClaimSpec {
     /// `PowerOff`.
     #[serde(default)]
     pub after_deploy: AfterDeploy,
+    /// cloud-init user data (cloud-config, a script or a MIME multipart
+    /// archive), written as is to the config drive's `user-data`. Key
+    /// `userData` unless `key` says otherwise; at most 256 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<SecretDataRef>,
+    /// The deployed OS's network configuration (cloud-init network-config
+    /// version 2): from a Secret as is, or generated from the links listed
+    /// here (NICs resolved from the Machine's MachineHardware).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<NetworkData>,
+    /// What the generated cloud-init meta-data carries besides the
+    /// instance id and the Machine's name, namespace and labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_data: Option<MetaDataSpec>,
+}
+
+/// A key of a Secret in the claim's own namespace (there is no namespace
+/// field: another namespace's Secret is never read).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretDataRef {
+    /// Secret name (the claim's namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret's data; each field names its default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+/// The deployed OS's network: `secretRef` (network-config v2 passed as is)
+/// or generated links, not both.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.secretRef) || (size(self.ethernets) == 0 && size(self.bonds) == 0 && size(self.vlans) == 0)").message("spec.networkData: set secretRef or the generated links (ethernets, bonds, vlans), not both").field_path(".secretRef"))]
+pub struct NetworkData {
+    /// A Secret key holding a cloud-init network-config (version 2, or
+    /// version 1), written as is. Key `networkData` unless `key` says
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretDataRef>,
+    /// Physical links, each one NIC of the Machine.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub ethernets: Vec<NetEthernet>,
+    /// Bonds of ethernets.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub bonds: Vec<NetBond>,
+    /// VLANs on an ethernet or a bond.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub vlans: Vec<NetVlan>,
+}
+
+/// Addressing of one link (network-config v2 names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetAddressing {
+    /// DHCPv4 on this link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp4: Option<bool>,
+    /// Static addresses in CIDR form (`10.0.0.50/24`). On the boot NIC (and
+    /// a bond holding it) each must lie in the Machine's Subnet with its
+    /// prefix length, off its bootd address, gateway, lease range and other
+    /// Machines' reservations.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub addresses: Vec<String>,
+    /// The default route's gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway4: Option<String>,
+    /// DNS servers.
+    #[serde(default)]
+    #[schemars(length(max = 8))]
+    pub nameservers: Vec<String>,
+    /// DNS search domains.
+    #[serde(default)]
+    #[schemars(length(max = 8))]
+    pub search: Vec<String>,
+    /// MTU in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 576, max = 65535))]
+    pub mtu: Option<i32>,
+}
+
+/// A physical link.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetEthernet {
+    /// The interface name in the deployed OS (`set-name`; at most 15
+    /// characters).
+    #[schemars(length(min = 1, max = 15))]
+    pub name: String,
+    /// Which NIC: `boot` (the Machine's `spec.bootMACAddress`), a MAC
+    /// address, or a NIC's name in the MachineHardware.
+    #[schemars(length(min = 1, max = 64))]
+    pub nic: String,
+    /// Its addressing.
+    #[serde(default, flatten)]
+    pub addressing: NetAddressing,
+}
+
+/// A bond.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetBond {
+    /// The bond's interface name (at most 15 characters).
+    #[schemars(length(min = 1, max = 15))]
+    pub name: String,
+    /// Names of the ethernets it bonds.
+    #[schemars(length(min = 1, max = 8))]
+    pub interfaces: Vec<String>,
+    /// Bonding mode: balance-rr, active-backup, balance-xor, broadcast,
+    /// 802.3ad, balance-tlb or balance-alb (default active-backup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Its addressing.
+    #[serde(default, flatten)]
+    pub addressing: NetAddressing,
+}
+
+/// A VLAN.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetVlan {
+    /// The VLAN's interface name (at most 15 characters).
+    #[schemars(length(min = 1, max = 15))]
+    pub name: String,
+    /// VLAN id.
+    #[schemars(range(min = 1, max = 4094))]
+    pub id: i32,
+    /// The ethernet or bond it is tagged on.
+    #[schemars(length(min = 1, max = 15))]
+    pub link: String,
+    /// Its addressing.
+    #[serde(default, flatten)]
+    pub addressing: NetAddressing,
+}
+
+/// Generated meta-data settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaDataSpec {
+    /// `local-hostname` (default: the Machine's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub hostname: Option<String>,
+    /// A Secret key holding SSH public keys, one per line (`public-keys`).
+    /// Key `authorized_keys` unless `key` says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_keys_secret_ref: Option<SecretDataRef>,
 }
 
 /// Chooses a candidate Machine.
@@ -483,6 +635,11 @@ pub struct DeployRunSpec {
     /// Content hash of every resolved hook step; a change starts a new run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hooks_hash: Option<String>,
+    /// Digest of the cloud-init data (user data, network config and the
+    /// meta-data without its instance id), salted with the claim's UID: a
+    /// change redeploys like any other intent change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
 }
 
 /// The disk one image of a run resolved to.
@@ -611,10 +768,31 @@ pub struct DeployRunStatus {
     /// Transfer counters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<TransferStatus>,
+    /// Where the cloud-init config drive was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_drive: Option<ConfigDriveStatus>,
     /// Conditions: Succeeded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// Where a run writes its cloud-init config drive.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigDriveStatus {
+    /// `NoCloud`.
+    pub format: String,
+    /// The OS disk (`/dev/...`).
+    pub disk: String,
+    /// Partition number on that disk.
+    pub partition: i32,
+    /// File system (`vfat`) and its label (`CIDATA`).
+    pub filesystem: String,
+    /// File system label.
+    pub label: String,
+    /// The files written (names only).
+    pub files: Vec<String>,
 }
