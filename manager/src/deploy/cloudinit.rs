@@ -143,7 +143,21 @@ pub fn render(
     files.insert("meta-data".to_string(), meta.to_string().into_bytes());
     let mut h = Sha256::new();
     h.update(salt.as_bytes());
-    for (name, body) in &files {
+    // the intent: what the claim says (the Machine's labels, also in the
+    // meta-data, are not: relabelling a Machine never redeploys it)
+    let intent =
+        json!({"local-hostname": meta["local-hostname"], "public-keys": meta["public-keys"]});
+    let hashed = files.iter().map(|(k, v)| {
+        (
+            k.as_str(),
+            if k == "meta-data" {
+                intent.to_string().into_bytes()
+            } else {
+                v.clone()
+            },
+        )
+    });
+    for (name, body) in hashed {
         h.update((name.len() as u64).to_le_bytes());
         h.update(name.as_bytes());
         h.update((body.len() as u64).to_le_bytes());
@@ -784,6 +798,13 @@ mod tests {
         assert_eq!(meta["anneal"]["labels"]["rack"], "r7");
         assert_eq!(meta["anneal"]["namespace"], "ns");
         assert!(!r.hash.contains("s3cr3t"));
+        // relabelling the Machine is not a new intent; a new hostname is
+        let mut relabelled = day1(&n);
+        relabelled.secrets = d.secrets.clone();
+        assert_eq!(render(&claim, &relabelled, 4, "u1").unwrap().hash, r.hash);
+        let mut renamed = claim.clone();
+        renamed.spec.meta_data.as_mut().unwrap().hostname = Some("web-2".into());
+        assert_ne!(render(&renamed, &d, 4, "u1").unwrap().hash, r.hash);
         // too large: the message gives the size, not the bytes
         d.secrets
             .insert("secret/ud/cfg".into(), vec![b's'; MAX_USER_DATA + 1]);
