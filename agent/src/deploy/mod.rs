@@ -8,11 +8,14 @@
 //! disk's old partition table is invalidated (the first write), each
 //! content is streamed from the content server into verified writes at its
 //! slot ([`stream`]), blank slots get their swap header or filesystem, the
+//! cloud-init config drive (when the plan has one) its FAT file system in the
+//! partition reserved for it at the end of the OS disk ([`configdrive`]), the
 //! partition table is written last and the disk synced. The post-install
 //! steps run after every disk is written, through the hook runner the
 //! caller passes. On any failure after the first write every disk touched
 //! is invalidated again (no partition table: it cannot boot half-written).
 
+mod configdrive;
 mod stream;
 #[cfg(feature = "swarm")]
 mod swarm;
@@ -26,7 +29,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anneal_api::agent::{DeployPlan, PartitionProgress, PlannedDisk, PlannedStep};
+use anneal_api::agent::{
+    DeployPlan, PartitionProgress, PlannedConfigDrive, PlannedDisk, PlannedStep,
+};
 use anneal_image::format::{ContentIndex, FormatError};
 use anneal_image::layout::{self, Layout, LayoutError};
 use anneal_image::restore::{RestoreError, Target};
@@ -477,6 +482,9 @@ struct Prepared<'p> {
     sizes: Vec<u64>,
     /// Per slot: the content (plan entry, index, progress row).
     contents: Vec<Option<(&'p anneal_api::agent::PlannedContent, ContentIndex, usize)>>,
+    /// The config drive (OS disk only): its partition is the layout's last
+    /// slot.
+    config_drive: Option<&'p PlannedConfigDrive>,
     wrote: bool,
 }
 
@@ -577,6 +585,12 @@ fn run_inner<'p>(
             plan.run_id
         )));
     }
+    if plan.config_drive.is_some() && !plan.disks.iter().any(|d| d.os) {
+        return Err(DeployError::Plan(format!(
+            "run {} has a config drive but no OS disk to put it on",
+            plan.run_id
+        )));
+    }
     let tls = if plan
         .disks
         .iter()
@@ -604,7 +618,8 @@ fn run_inner<'p>(
                 d.device_name
             )));
         }
-        disks.push(prepare(d, opts, rep, tls.as_ref())?);
+        let cd = plan.config_drive.as_ref().filter(|_| d.os);
+        disks.push(prepare(d, cd, opts, rep, tls.as_ref())?);
     }
     for d in disks.iter_mut() {
         let size = d.target.size();
@@ -666,7 +681,11 @@ fn run_inner<'p>(
     }
     rep.phase(Phase::Finalizing)?;
     for d in disks.iter_mut() {
-        finalize(d)?;
+        let line = finalize(d)?;
+        if let Some(l) = line {
+            tracing::info!(disk = %d.disk.device_name, line = %l, "deploy");
+            rep.progress.log_lines.push(l);
+        }
         rep.send(false)?;
     }
     // The run's other machines fetch from this one until the seed policy
@@ -707,6 +726,7 @@ fn same_path(a: &str, b: &str) -> bool {
 /// Identity, layout, target and indexes of one disk; writes nothing.
 fn prepare<'p>(
     d: &'p PlannedDisk,
+    config_drive: Option<&'p PlannedConfigDrive>,
     opts: &DeployOptions,
     rep: &mut Reporter<'_>,
     tls: Option<&Arc<rustls::ClientConfig>>,
@@ -745,6 +765,21 @@ fn prepare<'p>(
         source,
     })?;
     let size = target.size();
+    let layout = match config_drive {
+        None => layout,
+        Some(cd) => {
+            let l =
+                configdrive::reserve(&layout, size, cd).map_err(|source| DeployError::Layout {
+                    device: dev.to_string(),
+                    size,
+                    source,
+                })?;
+            let part = l.slots.last().map_or(0, |s| s.size_bytes);
+            configdrive::check(cd, part)
+                .map_err(|e| DeployError::Plan(format!("disk {dev}: {e}")))?;
+            l
+        }
+    };
     layout::validate(&layout, size).map_err(|source| DeployError::Layout {
         device: dev.to_string(),
         size,
@@ -816,6 +851,7 @@ fn prepare<'p>(
         layout,
         sizes,
         contents,
+        config_drive,
         wrote: false,
     })
 }
@@ -874,8 +910,9 @@ fn check_identity(d: &PlannedDisk, opts: &DeployOptions) -> Result<(), DeployErr
     Ok(())
 }
 
-/// Blank slots, flush, the partition table last, flush.
-fn finalize(d: &mut Prepared<'_>) -> Result<(), DeployError> {
+/// Blank slots, the config drive, flush, the partition table last, flush.
+/// Returns the config drive's log line (names and sizes only).
+fn finalize(d: &mut Prepared<'_>) -> Result<Option<String>, DeployError> {
     let dev = d.disk.device_name.clone();
     let step = |step: String| {
         let device = dev.clone();
@@ -917,6 +954,21 @@ fn finalize(d: &mut Prepared<'_>) -> Result<(), DeployError> {
             .map_err(step(format!("mkfs {fs} on slot {}", slot.number)))?;
         }
     }
+    let mut line = None;
+    if let Some(cd) = d.config_drive {
+        let what = format!("writing the config drive (partition {})", cd.partition);
+        d.target.sync().map_err(step(what.clone()))?;
+        let (slot, size) = d
+            .layout
+            .slots
+            .iter()
+            .zip(&d.sizes)
+            .find(|(s, _)| s.number == cd.partition)
+            .ok_or_else(|| DeployError::Plan(format!("{what}: no such slot")))?;
+        let w =
+            configdrive::write(d.target.file(), slot.start_bytes, *size, cd).map_err(step(what))?;
+        line = Some(configdrive::summary(cd, *size, &w));
+    }
     d.target
         .sync()
         .map_err(step("flushing the contents".into()))?;
@@ -933,5 +985,5 @@ fn finalize(d: &mut Prepared<'_>) -> Result<(), DeployError> {
             tracing::warn!(disk = %dev, error = %e, "re-reading the partition table failed");
         }
     }
-    Ok(())
+    Ok(line)
 }

@@ -42,6 +42,9 @@ pub struct Context {
     /// (`e2fsck`, `resize2fs`) and the script shell's `PATH`; empty means the
     /// agent's own `PATH`.
     pub tool_path: Option<String>,
+    /// The partition number of the cloud-init config drive the plan put at
+    /// the end of the OS disk (`growLastPartition` stops before it).
+    pub config_drive: Option<u32>,
 }
 
 impl Context {
@@ -56,6 +59,7 @@ impl Context {
             image: String::new(),
             efivars: PathBuf::from(DEFAULT_EFIVARS),
             tool_path: None,
+            config_drive: None,
         }
     }
 
@@ -282,6 +286,7 @@ pub fn runner<'p>(
             .find(|d| d.os)
             .map(|d| d.image.clone())
             .unwrap_or_default();
+        ctx.config_drive = plan.config_drive.as_ref().map(|c| c.partition);
         let mut log = |line: &str| crate::say!("{line}");
         run_steps(&ctx, steps, &mut log).map_err(|e| e.reason())
     }
