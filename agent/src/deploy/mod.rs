@@ -765,21 +765,7 @@ fn prepare<'p>(
         source,
     })?;
     let size = target.size();
-    let layout = match config_drive {
-        None => layout,
-        Some(cd) => {
-            let l =
-                configdrive::reserve(&layout, size, cd).map_err(|source| DeployError::Layout {
-                    device: dev.to_string(),
-                    size,
-                    source,
-                })?;
-            let part = l.slots.last().map_or(0, |s| s.size_bytes);
-            configdrive::check(cd, part)
-                .map_err(|e| DeployError::Plan(format!("disk {dev}: {e}")))?;
-            l
-        }
-    };
+    let layout = with_config_drive(layout, size, config_drive, dev)?;
     layout::validate(&layout, size).map_err(|source| DeployError::Layout {
         device: dev.to_string(),
         size,
@@ -854,6 +840,27 @@ fn prepare<'p>(
         config_drive,
         wrote: false,
     })
+}
+
+/// The layout with the config drive's partition reserved at the end of a
+/// `size`-byte disk, its label, names and sizes checked (nothing written).
+fn with_config_drive(
+    layout: Layout,
+    size: u64,
+    config_drive: Option<&PlannedConfigDrive>,
+    dev: &str,
+) -> Result<Layout, DeployError> {
+    let Some(cd) = config_drive else {
+        return Ok(layout);
+    };
+    let l = configdrive::reserve(&layout, size, cd).map_err(|source| DeployError::Layout {
+        device: dev.to_string(),
+        size,
+        source,
+    })?;
+    let part = l.slots.last().map_or(0, |s| s.size_bytes);
+    configdrive::check(cd, part).map_err(|e| DeployError::Plan(format!("disk {dev}: {e}")))?;
+    Ok(l)
 }
 
 /// The serial number / WWN the plan resolved, against sysfs.
