@@ -101,6 +101,11 @@ if [ ! -s "$cloudos_dir/disk.raw" ] || [ ! -s "$cloudos_dir/info.json" ]; then
     printf 'UUID=%s / ext4 rw,discard,errors=remount-ro,x-systemd.growfs 0 1\nUUID=%s-%s /boot/efi vfat umask=0077,nofail 0 2\n' \
       "$root_uuid" "${esp_volid:0:4}" "${esp_volid:4:4}" >"$root/etc/fstab"
     mkdir -p "$root/boot/efi"
+    # cloud-init's locale module sets its default, en_US.UTF-8 (cloud-init
+    # depends on locales): generated here, as the system's locale.
+    sed -i 's/^# *\(en_US.UTF-8 UTF-8\)/\1/' "$root/etc/locale.gen"
+    chroot "$root" locale-gen >/dev/null
+    echo 'LANG=en_US.UTF-8' >"$root/etc/default/locale"
     chroot "$root" systemctl enable systemd-networkd.service systemd-resolved.service >/dev/null 2>&1
     ln -sf /run/systemd/resolve/resolv.conf "$root/etc/resolv.conf"
     # Locked root: no password hash at all.

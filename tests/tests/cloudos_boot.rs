@@ -262,8 +262,10 @@ async fn the_debian_cloud_image_boots_on_ovmf_and_cloud_init_applies_a_nocloud_s
     );
     assert!(
         status.lines().any(|l| l.trim() == "status: done"),
-        "cloud-init did not finish cleanly:\n{status}\n{}",
-        ssh("sudo tail -n 40 /var/log/cloud-init.log").unwrap_or_default()
+        "cloud-init did not finish cleanly:\n{status}\n{}\nconsole:\n{}",
+        ssh("sudo grep -E 'WARNING|ERROR|Traceback' /var/log/cloud-init.log | tail -n 40")
+            .unwrap_or_default(),
+        console_tail(&vm)
     );
 
     let hostname = ssh("hostname").unwrap();
