@@ -732,3 +732,98 @@ async fn register_refuses_another_boot_mac() {
     cancel.cancel();
     api.join().await;
 }
+
+/// Issue 44: a session in use is renewed (its expiry moves to now + the TTL
+/// once `session_renew_after` has passed since it was set), so a deploy
+/// longer than the TTL keeps its session; an expired one is refused and
+/// never renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_session_is_renewed_and_an_expired_one_is_not() {
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "anneal-system"}})).unwrap(),
+        )
+        .await;
+    let machines = Api::<Machine>::namespaced(client.clone(), "default");
+    let m: Machine = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": "m-renew", "namespace": "default"},
+        "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:7f:40:01"},
+    }))
+    .unwrap();
+    machines.create(&PostParams::default(), &m).await.unwrap();
+    let token = "ef".repeat(32);
+    set_status(
+        &client,
+        "m-renew",
+        json!({"state": "Inspecting", "netBoot": {"tokenHash": token_hash(&token),
+               "expiresAt": time_in(Timestamp::now(), 600_000)}}),
+    )
+    .await;
+    let cancel = CancellationToken::new();
+    let renew_after = Duration::from_secs(1);
+    let cfg = AgentApiConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        namespace: "anneal-system".into(),
+        server_names: vec!["127.0.0.1".into()],
+        session_ttl: Duration::from_secs(600),
+        session_renew_after: renew_after,
+        ..AgentApiConfig::default()
+    };
+    let api = start_with_limits(client.clone(), cfg, limits(), cancel.clone())
+        .await
+        .unwrap();
+    let tls = Tls::new(&api.pki().ca_pem, api.addr());
+    let reg = json!({"bootToken": token, "bootMac": "52:54:00:7f:40:01", "agentVersion": "test"});
+    let (code, _, body) = tls
+        .call(src(40), "POST", "/v1/agent/register", None, Some(reg))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let session = body["sessionToken"].as_str().unwrap().to_string();
+    let expiry = |m: Machine| {
+        m.status
+            .and_then(|s| s.agent)
+            .and_then(|a| a.expires_at)
+            .map(|t| t.0.as_millisecond())
+            .unwrap()
+    };
+    let first = expiry(machines.get("m-renew").await.unwrap());
+    // the renewal period passes (more time only makes it surer), then the
+    // session is used
+    tokio::time::sleep(renew_after + Duration::from_millis(100)).await;
+    let (code, _, body) = tls
+        .call(
+            src(40),
+            "PUT",
+            "/v1/agent/hardware",
+            Some(&session),
+            Some(hardware(1 << 30)),
+        )
+        .await;
+    assert_eq!(code, 204, "{body}");
+    let renewed = expiry(machines.get("m-renew").await.unwrap());
+    assert!(
+        renewed >= first + 1000,
+        "the used session's expiry did not move: {first} -> {renewed}"
+    );
+
+    // an expired session: refused, and its expiry stays in the past
+    let past = time_in(Timestamp::now(), -60_000);
+    set_status(&client, "m-renew", json!({"agent": {"expiresAt": past}})).await;
+    let (code, _, body) = tls
+        .call(src(40), "GET", "/v1/agent/next", Some(&session), None)
+        .await;
+    assert_eq!(code, 401, "an expired session acted: {body}");
+    let after = expiry(machines.get("m-renew").await.unwrap());
+    assert!(
+        after < Timestamp::now().as_millisecond(),
+        "an expired session was renewed"
+    );
+    cancel.cancel();
+    api.join().await;
+}

@@ -341,6 +341,7 @@ impl Lab {
                 namespace: "anneal-system".into(),
                 server_names: vec![SERVER_IP.into(), "127.0.0.1".into(), "localhost".into()],
                 session_ttl: Duration::from_secs(600),
+                session_renew_after: Duration::from_secs(300),
                 long_poll: Duration::from_secs(5),
                 fast_track_window: opts.fast_track_window,
             },

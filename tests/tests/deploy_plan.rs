@@ -41,6 +41,7 @@ fn configs() -> (LifecycleConfig, AgentApiConfig) {
             namespace: "anneal-system".into(),
             server_names: vec!["127.0.0.1".into()],
             session_ttl: Duration::from_secs(600),
+            session_renew_after: Duration::from_secs(300),
             long_poll: Duration::from_secs(2),
             fast_track_window: None,
         },

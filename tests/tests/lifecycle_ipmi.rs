@@ -67,6 +67,7 @@ async fn lifecycle_walk_over_ipmi() {
         namespace: "anneal-system".into(),
         server_names: vec!["127.0.0.1".into(), "localhost".into()],
         session_ttl: Duration::from_secs(600),
+        session_renew_after: Duration::from_secs(300),
         long_poll: Duration::from_secs(3),
         fast_track_window: None,
     };

@@ -116,6 +116,7 @@ async fn lease_mode_power_on_waits_for_the_live_reservation() {
             namespace: "anneal-system".into(),
             server_names: vec!["127.0.0.1".into()],
             session_ttl: Duration::from_secs(600),
+            session_renew_after: Duration::from_secs(300),
             long_poll: Duration::from_secs(3),
             fast_track_window: None,
         },

@@ -105,8 +105,14 @@ pub struct AgentApiConfig {
     pub namespace: String,
     /// DNS names and IP addresses of the serving certificate.
     pub server_names: Vec<String>,
-    /// Session token lifetime.
+    /// Session token lifetime without use: a request authenticated with a
+    /// session at least [`session_renew_after`](Self::session_renew_after)
+    /// after its last renewal moves its expiry to now + this (a deploy that
+    /// reports progress never outlives its session; an unused one expires).
     pub session_ttl: Duration,
+    /// How long after its last renewal a used session is renewed again (one
+    /// status write per agent per this period at most).
+    pub session_renew_after: Duration,
     /// Longest hold of `GET /v1/agent/next`.
     pub long_poll: Duration,
     /// Fast-track: an Available machine's agent is kept running (`next`
@@ -122,6 +128,7 @@ impl Default for AgentApiConfig {
             namespace: "anneal-system".into(),
             server_names: vec!["localhost".into(), "127.0.0.1".into()],
             session_ttl: Duration::from_secs(3600),
+            session_renew_after: Duration::from_secs(300),
             long_poll: Duration::from_secs(25),
             fast_track_window: None,
         }
@@ -1043,12 +1050,55 @@ impl Server {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .retain(|_, r| r.session_hash != hash);
+                self.renew(&m).await;
                 Ok((m, hash))
             }
             Ok(None) => Err(unauthorized(ErrorCode::InvalidToken)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read machines");
                 Err(internal())
+            }
+        }
+    }
+
+    /// Moves a used session's expiry to now + the TTL once
+    /// `session_renew_after` has passed since it was last set. Only the
+    /// expiry of the same session is written (a merge patch guarded by the
+    /// Machine's resourceVersion: a concurrent change wins, and the next
+    /// request renews). Best effort: a failed write leaves the old expiry.
+    async fn renew(&self, m: &Machine) {
+        let ttl = i64::try_from(self.cfg.session_ttl.as_millis()).unwrap_or(i64::MAX);
+        let after = i64::try_from(self.cfg.session_renew_after.as_millis()).unwrap_or(i64::MAX);
+        let Some(expires) = m
+            .status
+            .as_ref()
+            .and_then(|s| s.agent.as_ref())
+            .and_then(|a| a.expires_at.as_ref())
+            .map(|t| t.0.as_millisecond())
+        else {
+            return;
+        };
+        let now = Timestamp::now();
+        if expires.saturating_sub(now.as_millisecond()) > ttl.saturating_sub(after) {
+            return;
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "status": {"agent": {"expiresAt": time_in(now, ttl), "lastSeen": time_in(now, 0)}},
+        });
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let api =
+            Api::<Machine>::namespaced(self.client.clone(), &m.namespace().unwrap_or_default());
+        match api
+            .patch_status(&m.name_any(), &pp, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => tracing::debug!(machine = %m.name_any(), "agent session renewed"),
+            Err(e) => {
+                tracing::debug!(machine = %m.name_any(), error = %e, "agent session not renewed this time")
             }
         }
     }

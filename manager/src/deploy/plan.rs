@@ -703,7 +703,7 @@ fn config_drive(
         .map(|s| s.start_bytes + s.size_bytes)
         .max()
         .unwrap_or(MIB);
-    let need = end.div_ceil(MIB) * MIB + cloudinit::SIZE_BYTES + GPT_TAIL;
+    let need = end.div_ceil(MIB) * MIB + cloudinit::SIZE_BYTES + MIB + GPT_TAIL;
     let have = disk_size;
     if have.is_some_and(|h| need > h) {
         return Err(PlanError::TooSmall {
