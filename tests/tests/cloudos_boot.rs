@@ -290,6 +290,31 @@ async fn the_debian_cloud_image_boots_on_ovmf_and_cloud_init_applies_a_nocloud_s
         "root password not locked: {root_pw:?}"
     );
 
+    // The whole system came up: no failed unit (the ESP mount by its
+    // volume id, networkd, resolved, ssh, cloud-init's four stages).
+    let state = ssh("systemctl is-system-running --wait; true").unwrap();
+    assert_eq!(
+        state.trim(),
+        "running",
+        "{}",
+        ssh("systemctl --failed --no-legend; true").unwrap_or_default()
+    );
+    // growpart (cloud-guest-utils) took the free space after the root: on
+    // this disk nothing follows it.
+    let root_bytes: u64 = ssh("lsblk -bdno SIZE /dev/disk/by-partuuid/$(findmnt -no PARTUUID /)")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        root_bytes > os.partitions_end - os.root_offset,
+        "the root partition was not grown: {root_bytes} bytes"
+    );
+    println!(
+        "{}",
+        ssh("systemd-analyze; systemd-analyze blame | head -n 12; df -h /; true").unwrap()
+    );
+
     vm.kill();
     assert!(!process_alive(vm.pid()), "QEMU {} still running", vm.pid());
     let ns_name = ns.name().to_string();
