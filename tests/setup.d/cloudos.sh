@@ -203,6 +203,10 @@ EOF
     rm -rf "$cloudos_dir"
     mkdir -p "$cloudos_dir"
     mv "$disk" "$work/info.json" "$cloudos_dir/"
+    # Images of earlier recipes are of no use to this checkout.
+    for old in "$parent"/????????????????; do
+      [ "$old" = "$cloudos_dir" ] || [ ! -d "$old" ] || rm -rf "$old"
+    done
     say "ready in ${built}s: $cloudos_dir/disk.raw ($((alloc_kib / 1024)) MiB allocated), cloud-init $v_ci, openssh-server $v_ssh, kernel $kver"
   )
 fi
