@@ -243,7 +243,9 @@ pub fn static_network_config(name: &str, mac: &str, cidr: &str, gateway: Option<
         mac.to_ascii_lowercase()
     );
     if let Some(gw) = gateway {
-        s.push_str(&format!("    routes:\n      - to: 0.0.0.0/0\n        via: {gw}\n"));
+        s.push_str(&format!(
+            "    routes:\n      - to: 0.0.0.0/0\n        via: {gw}\n"
+        ));
     }
     s
 }

@@ -86,10 +86,7 @@ fn check_layout(os: &CloudOs) {
         .arg(&os.disk))
     .unwrap();
     assert!(probe.contains("TYPE=ext4"), "{probe}");
-    assert!(
-        probe.contains(&format!("UUID={}", os.root_uuid)),
-        "{probe}"
-    );
+    assert!(probe.contains(&format!("UUID={}", os.root_uuid)), "{probe}");
     for (pkg, v) in &os.packages {
         assert!(!v.is_empty(), "no version of {pkg} in info.json");
     }
@@ -124,9 +121,7 @@ fn boot_failure(serial: &str) -> Option<&str> {
         "Gave up waiting for root file system",
         "Cannot open access to console",
     ];
-    serial
-        .lines()
-        .find(|l| FATAL.iter().any(|f| l.contains(f)))
+    serial.lines().find(|l| FATAL.iter().any(|f| l.contains(f)))
 }
 
 fn console_tail(vm: &Vm) -> String {
@@ -283,7 +278,10 @@ async fn the_debian_cloud_image_boots_on_ovmf_and_cloud_init_applies_a_nocloud_s
     assert!(ds.contains("nocloud"), "{ds}");
     assert!(ds.contains("50-cloud-init.yaml"), "{ds}");
     let whoami = ssh("id -un; sudo -n true && echo sudo-ok").unwrap();
-    assert_eq!(whoami.split_whitespace().collect::<Vec<_>>(), ["ops", "sudo-ok"]);
+    assert_eq!(
+        whoami.split_whitespace().collect::<Vec<_>>(),
+        ["ops", "sudo-ok"]
+    );
     let root_pw = ssh("sudo -n getent shadow root | cut -d: -f2").unwrap();
     assert!(
         root_pw.trim().starts_with('*') || root_pw.trim().starts_with('!'),
