@@ -129,7 +129,7 @@ trap 'kill -- "-$arm_pid" 2>/dev/null || true; kill -- "-$deny_pid" 2>/dev/null 
 # ~300-400 s (sampled from /proc/stat, docs/testing.md). node_failover
 # (its takeover is timed) comes before that.
 long=(
-  e2e_deploy_faults e2e_deploy node_install e2e_swarm bootd_vm e2e_inspect agent_vm node_failover
+  e2e_deploy_faults e2e_day1 e2e_deploy node_install e2e_swarm bootd_vm e2e_inspect agent_vm node_failover
   e2e_arm64 lifecycle_faults agent_tokens agent_initramfs images_import lifecycle_ipmi
   manager_leader swarm_site redfish_conformance node_smoke dhcpv6_ovmf lifecycle_walk cli_import
   posthook_vm testos_boot manager_claims lifecycle_power_gate vm_smoke swarm_tracker

@@ -427,10 +427,10 @@ fn resolve_nic(field: &str, nic: &str, d: &Day1<'_>) -> Result<String, String> {
         {
             return Ok(mac);
         }
-    } else if let Some(n) = d.nics.iter().find(|n| n.name == nic) {
-        if let Some(mac) = crate::ipam::canonical_mac(&n.mac) {
-            return Ok(mac);
-        }
+    } else if let Some(n) = d.nics.iter().find(|n| n.name == nic)
+        && let Some(mac) = crate::ipam::canonical_mac(&n.mac)
+    {
+        return Ok(mac);
     }
     Err(format!(
         "{field}: {nic:?} is not a NIC of Machine {}/{} (use boot, {})",
