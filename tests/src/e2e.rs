@@ -118,6 +118,9 @@ pub struct LabOptions {
     /// The manager's deploy stall timeout (`--deploy-stall-timeout`; the
     /// default when None).
     pub stall_timeout: Option<Duration>,
+    /// The agent API's session TTL and renewal period (600 s and 300 s when
+    /// None): a short TTL shows that a run outliving it keeps its session.
+    pub session: Option<(Duration, Duration)>,
     /// UEFI Secure Boot with the Microsoft keys (OVMF's Secure Boot code and
     /// `OVMF_VARS_4M.ms.fd`), the Machine with `bootLoader: shim`: Debian's
     /// signed shim, network GRUB and kernel (tests/setup.d/secureboot.sh).
@@ -340,8 +343,8 @@ impl Lab {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 namespace: "anneal-system".into(),
                 server_names: vec![SERVER_IP.into(), "127.0.0.1".into(), "localhost".into()],
-                session_ttl: Duration::from_secs(600),
-                session_renew_after: Duration::from_secs(300),
+                session_ttl: opts.session.map_or(Duration::from_secs(600), |s| s.0),
+                session_renew_after: opts.session.map_or(Duration::from_secs(300), |s| s.1),
                 long_poll: Duration::from_secs(5),
                 fast_track_window: opts.fast_track_window,
             },

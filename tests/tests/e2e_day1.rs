@@ -32,6 +32,9 @@ const STATIC: &str = "10.77.0.60";
 const MARKER_1: &str = "day1-marker-7c41e9-first";
 const MARKER_2: &str = "day1-marker-0b8d2a-second";
 const USER: &str = "ops";
+/// The agent sessions' TTL, shorter than a deploy here (issue 44: a run
+/// that outlives it completes, its session renewed while it reports).
+const SESSION_TTL: Duration = Duration::from_secs(30);
 
 fn user_data(public_key: &str, marker: &str) -> String {
     format!(
@@ -151,6 +154,7 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
         &|s| println!("e2e-day1: {s}"),
         LabOptions {
             deploy: true,
+            session: Some((SESSION_TTL, Duration::from_secs(5))),
             ..LabOptions::default()
         },
     )
@@ -219,10 +223,50 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
     .await
     .unwrap_or_else(|e| panic!("{e:#}\nconsole:\n{}", e2e::tail(&lab.console(), 80)));
     let provisioned = claimed.elapsed().as_secs_f64();
+    let run = runs(&lab).await.into_iter().next().expect("the run");
+    let timings = run.status.clone().unwrap_or_default().phase_timings;
+    let (start, end) = (
+        timings
+            .first()
+            .and_then(|t| t.start.clone())
+            .expect("the run's first phase start"),
+        timings
+            .last()
+            .and_then(|t| t.end.clone().or(t.start.clone()))
+            .expect("the run's end"),
+    );
+    let ran = end.0.duration_since(start.0).as_secs_f64();
+    println!(
+        "e2e-day1: the run took {ran:.1} s with sessions of {} s",
+        SESSION_TTL.as_secs()
+    );
+    assert!(
+        ran > SESSION_TTL.as_secs_f64(),
+        "the run ({ran:.1} s) did not outlive the session TTL: nothing was shown"
+    );
     let (host, addrs) = login(&lab, &key.private, MARKER_1, Duration::from_secs(900)).await;
     let ssh = claimed.elapsed().as_secs_f64();
     println!("e2e-day1: claim → Provisioned {provisioned:.1} s, → SSH login {ssh:.1} s");
     assert_eq!(host, MACHINE, "hostname from the generated meta-data");
+    let (ns, private) = (lab.ns.name().to_string(), key.private.clone());
+    let status = tokio::task::spawn_blocking(move || {
+        ssh_run(
+            Some(&ns),
+            STATIC,
+            USER,
+            &private,
+            "cloud-init status --wait --long; cloud-id",
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        status.contains("status: done")
+            && status.contains("DataSourceNoCloud")
+            && status.contains("nocloud"),
+        "cloud-init did not finish cleanly from the NoCloud drive: {status}"
+    );
     assert!(
         addrs.contains(&format!("prov0    inet {STATIC}/24"))
             || addrs.contains(&format!("prov0 inet {STATIC}/24")),
@@ -289,7 +333,17 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
         ),
         ("DeployRuns", serde_json::to_string(&all).unwrap()),
         // the runs' console logs (ConfigMaps `<run>-log`)
-        ("ConfigMaps", serde_json::to_string(&Api::<ConfigMap>::namespaced(lab.cp.client(), NAMESPACE).list(&Default::default()).await.unwrap().items).unwrap()),
+        (
+            "ConfigMaps",
+            serde_json::to_string(
+                &Api::<ConfigMap>::namespaced(lab.cp.client(), NAMESPACE)
+                    .list(&Default::default())
+                    .await
+                    .unwrap()
+                    .items,
+            )
+            .unwrap(),
+        ),
         (
             "Machine",
             serde_json::to_string(&machines.get(MACHINE).await.unwrap()).unwrap(),

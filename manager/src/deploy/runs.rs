@@ -20,6 +20,7 @@ use anneal_api::{
 };
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource as _, ResourceExt};
 use serde_json::json;
@@ -47,6 +48,9 @@ pub struct DeployConfig {
     /// A started run whose agent reports nothing for this long fails (the
     /// machine lost power, the agent died); None: never.
     pub stall_timeout: Option<std::time::Duration>,
+    /// How long a run may take from its creation before it fails (a claim's
+    /// `spec.deployDeadline` overrides it); None: no deadline.
+    pub deadline: Option<std::time::Duration>,
     /// Distribution settings: a Machine whose Site has a tracker gets its
     /// contents over BitTorrent.
     pub swarm: crate::swarm::SwarmConfig,
@@ -91,7 +95,8 @@ pub async fn view(
         return Ok(match runs.get_opt(&cur.name).await? {
             Some(r) => {
                 let mut rs = r.status.clone().unwrap_or_default();
-                if let Some(stalled) = stalled(&rs, cfg) {
+                if let Some(stalled) = stalled(&rs, cfg).or_else(|| overdue(&rs, Timestamp::now()))
+                {
                     fail_run(&runs, &r, &mut rs, &stalled).await?;
                 }
                 let message = rs
@@ -170,6 +175,7 @@ pub async fn view(
         client,
         m,
         &claim,
+        cfg,
         planned,
         st.last_attempted_run_ref.as_ref().map(|r| r.name.as_str()),
     )
@@ -197,6 +203,43 @@ fn stalled(rs: &DeployRunStatus, cfg: &DeployConfig) -> Option<String> {
             rs.phase.unwrap_or(RunPhase::Pending)
         )
     })
+}
+
+/// The failure message of a started run past its deadline (from its first
+/// phase's start, `status.deadlineSeconds`).
+fn overdue(rs: &DeployRunStatus, now: Timestamp) -> Option<String> {
+    if matches!(
+        rs.phase,
+        None | Some(RunPhase::Pending | RunPhase::Succeeded | RunPhase::Failed)
+    ) {
+        return None;
+    }
+    let secs = rs.deadline_seconds?;
+    let start = rs.phase_timings.first()?.start.as_ref()?;
+    let ran = now.duration_since(start.0).as_secs();
+    (ran > secs).then(|| {
+        format!(
+            "{:?}: the run did not end within its deadline of {secs} s (it started {ran} s ago; set the claim's spec.deployDeadline, or the manager's --deploy-deadline, to allow more); a new run follows",
+            rs.phase.unwrap_or(RunPhase::Pending),
+        )
+    })
+}
+
+/// A claim's deadline, or the manager's: `Err` names the field.
+fn deadline_of(
+    claim: &MachineClaim,
+    cfg: &DeployConfig,
+) -> Result<Option<std::time::Duration>, String> {
+    match claim.spec.deploy_deadline.as_deref() {
+        Some(s) => crate::lifecycle::status::parse_duration_ms(s)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .filter(|ms| *ms >= 1000)
+            .map(|ms| Some(std::time::Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                format!("spec.deployDeadline: {s:?} is not a duration of at least 1s (write e.g. 45m or 1h30m)")
+            }),
+        None => Ok(cfg.deadline),
+    }
 }
 
 async fn fail_run(
@@ -242,6 +285,9 @@ async fn gather_and_plan(
     cfg: &DeployConfig,
 ) -> Result<Result<plan::Planned, String>, kube::Error> {
     let ns = claim.namespace().unwrap_or_default();
+    if let Err(e) = deadline_of(claim, cfg) {
+        return Ok(Err(e));
+    }
     let Some(content_url) = cfg.content_url.as_deref() else {
         return Ok(Err(
             "the manager has no content server URL for agents (start it with --content-url or --content-listen on a routable address)".into(),
@@ -392,6 +438,7 @@ async fn ensure_run(
     client: &Client,
     m: &Machine,
     claim: &MachineClaim,
+    cfg: &DeployConfig,
     planned: plan::Planned,
     last_attempted: Option<&str>,
 ) -> Result<String, kube::Error> {
@@ -483,6 +530,10 @@ async fn ensure_run(
     let status = DeployRunStatus {
         phase: Some(RunPhase::Pending),
         config_drive,
+        deadline_seconds: deadline_of(claim, cfg)
+            .ok()
+            .flatten()
+            .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
         ..DeployRunStatus::default()
     };
     runs.patch_status(
@@ -514,4 +565,69 @@ pub async fn read_plan(
         .as_ref()
         .and_then(|d| d.get(PLAN_KEY))
         .and_then(|b| serde_json::from_slice(&b.0).ok()))
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::*;
+    use anneal_api::PhaseTiming;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn claim(deadline: Option<&str>) -> MachineClaim {
+        let mut c = MachineClaim::new("c", Default::default());
+        c.spec.deploy_deadline = deadline.map(str::to_string);
+        c
+    }
+
+    #[test]
+    fn a_started_run_past_its_deadline_fails_with_its_reason() {
+        let now = Timestamp::now();
+        let started = now - std::time::Duration::from_secs(1300);
+        let mut rs = DeployRunStatus {
+            phase: Some(RunPhase::WritingContent),
+            deadline_seconds: Some(1200),
+            phase_timings: vec![PhaseTiming {
+                phase: "Partitioning".into(),
+                start: Some(Time(started)),
+                end: None,
+            }],
+            ..DeployRunStatus::default()
+        };
+        let why = overdue(&rs, now).expect("overdue");
+        assert!(
+            why.contains("WritingContent")
+                && why.contains("deadline of 1200 s")
+                && why.contains("spec.deployDeadline"),
+            "{why}"
+        );
+        rs.deadline_seconds = Some(1400);
+        assert_eq!(overdue(&rs, now), None, "within its deadline");
+        rs.deadline_seconds = Some(1200);
+        for done in [RunPhase::Pending, RunPhase::Succeeded, RunPhase::Failed] {
+            rs.phase = Some(done);
+            assert_eq!(overdue(&rs, now), None, "{done:?} has no deadline");
+        }
+        rs.phase = Some(RunPhase::Finalizing);
+        rs.deadline_seconds = None;
+        assert_eq!(overdue(&rs, now), None, "no deadline set");
+    }
+
+    #[test]
+    fn the_claims_deadline_overrides_the_managers_and_a_bad_one_names_the_field() {
+        let cfg = DeployConfig {
+            deadline: Some(std::time::Duration::from_secs(1200)),
+            ..DeployConfig::default()
+        };
+        assert_eq!(
+            deadline_of(&claim(None), &cfg),
+            Ok(Some(std::time::Duration::from_secs(1200)))
+        );
+        assert_eq!(
+            deadline_of(&claim(Some("1h30m")), &cfg),
+            Ok(Some(std::time::Duration::from_secs(5400)))
+        );
+        let e = deadline_of(&claim(Some("soon")), &cfg).unwrap_err();
+        assert!(e.starts_with("spec.deployDeadline: \"soon\""), "{e}");
+        assert!(deadline_of(&claim(Some("10ms")), &cfg).is_err());
+    }
 }

@@ -109,6 +109,7 @@ impl Default for LifecycleConfig {
                 content_url: None,
                 progress_interval_seconds: 2,
                 stall_timeout: Some(Duration::from_secs(600)),
+                deadline: Some(Duration::from_secs(1200)),
                 swarm: crate::swarm::SwarmConfig::default(),
             },
             fast_track_window: None,
@@ -542,6 +543,11 @@ pub struct LifecycleArgs {
     /// retried (`10m`).
     #[arg(long, default_value = "10m")]
     pub deploy_stall_timeout: String,
+    /// A deploy that has not ended this long after its agent started it
+    /// fails and is retried (`20m`; a claim's `spec.deployDeadline`
+    /// overrides it).
+    #[arg(long, default_value = "20m")]
+    pub deploy_deadline: String,
     /// Fast-track: keep an Available machine's agent running, powered on,
     /// this long after it registered (`30m`), so a claim bound meanwhile
     /// deploys without a power cycle; unset: off.
@@ -592,6 +598,7 @@ impl LifecycleArgs {
                 )
                 .unwrap_or(2),
                 stall_timeout: Some(dur(&self.deploy_stall_timeout)?),
+                deadline: Some(dur(&self.deploy_deadline)?),
                 swarm: self.swarm.clone(),
             },
             fast_track_window: self.fast_track_window.as_deref().map(dur).transpose()?,

@@ -69,6 +69,12 @@ pub struct MachineClaimSpec {
     /// `PowerOff`.
     #[serde(default)]
     pub after_deploy: AfterDeploy,
+    /// How long a run of this claim may take from its start before it fails
+    /// (a Go duration such as `45m`; default: the manager's
+    /// `--deploy-deadline`, 20m), beside the stall timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32))]
+    pub deploy_deadline: Option<String>,
     /// cloud-init user data (cloud-config, a script or a MIME multipart
     /// archive), written as is to the config drive's `user-data`. Key
     /// `userData` unless `key` says otherwise; at most 256 KiB.
@@ -771,6 +777,11 @@ pub struct DeployRunStatus {
     /// Where the cloud-init config drive was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_drive: Option<ConfigDriveStatus>,
+    /// Seconds the run may take from its start (the agent's first phase)
+    /// before it fails: the claim's `deployDeadline`, else the manager's
+    /// `--deploy-deadline`; absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<i64>,
     /// Conditions: Succeeded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
