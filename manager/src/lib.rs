@@ -1,10 +1,12 @@
 //! The anneal manager: one runtime ([`Runtime`]) running the controllers
-//! (claims, readiness rules, reservations, validity, the Machine lifecycle)
+//! (claims, readiness rules, reservations, validity, the Machine lifecycle,
+//! the Cluster API provider when Cluster API is installed)
 //! behind leader election, the agent API, and the CRD YAML generator.
 
 pub mod agentapi;
 pub mod bmc;
 pub mod bootd;
+pub mod capi;
 pub mod claims;
 pub mod conditions;
 pub mod content;

@@ -10,7 +10,8 @@
 //! - on every replica: `/metrics` and the agent API (agents may reach any
 //!   replica; the agent API writes only under optimistic locks);
 //! - only while this replica holds the leader Lease: EVERY controller —
-//!   claims, readiness, ipam, validity and the Machine lifecycle (the one
+//!   claims, readiness, ipam, validity, the Cluster API provider (idle
+//!   unless Cluster API is installed) and the Machine lifecycle (the one
 //!   that calls BMCs and mints boot tokens).
 //!
 //! Losing the Lease cancels the controllers (a child token of the root one
@@ -182,6 +183,8 @@ impl Runtime {
             crate::readiness::controller(scope.clone()),
         );
         self.spawn(crate::ipam::ID.name, crate::ipam::controller(scope.clone()));
+        // off (one info line) while Cluster API's kinds are not served
+        self.spawn(crate::capi::ID.name, crate::capi::controller(scope.clone()));
         if let Some(cfg) = &self.content {
             self.spawn(
                 "content",

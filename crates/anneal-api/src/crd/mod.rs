@@ -1,5 +1,7 @@
-//! The custom resources of anneal.dev/v1alpha1.
+//! The custom resources of anneal.dev/v1alpha1, and the Cluster API
+//! provider's kinds of infrastructure.cluster.x-k8s.io/v1alpha1 ([`capi`]).
 
+pub mod capi;
 mod claim;
 mod common;
 mod content;
@@ -8,6 +10,7 @@ mod machine;
 mod network;
 pub mod tenancy;
 
+pub use capi::{AnnealCluster, AnnealMachine, AnnealMachineTemplate};
 pub use claim::*;
 pub use common::*;
 pub use content::*;
@@ -19,9 +22,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 /// Every CustomResourceDefinition of anneal.dev, in the order an operator
-/// meets the kinds (docs/api.md).
+/// meets the kinds (docs/api.md), then the Cluster API provider's
+/// ([`capi::crds`]).
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    let mut crds = vec![
         Site::crd(),
         Subnet::crd(),
         ImageImport::crd(),
@@ -33,5 +37,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         DeployRun::crd(),
         PostHook::crd(),
         ReadinessRule::crd(),
-    ]
+    ];
+    crds.extend(capi::crds());
+    crds
 }
