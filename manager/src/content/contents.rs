@@ -9,17 +9,20 @@
 //!   (VerificationFailed, the message names the piece). The same result
 //!   gives `status.infoHash`: the BitTorrent v1 info hash of the content's
 //!   torrent, made from its index (`anneal_image::torrent`).
-//! - **Deletion**: while an Image slot references the content, the finalizer
-//!   stays and condition DeletionBlocked=True names the referrers (a Warning
-//!   Event too); once none does, a remove workload deletes the stored files
-//!   and the finalizer is released.
+//! - **Deletion**: while an Image slot references the content, or an active
+//!   DeployRun streams it (the run's `anneal.dev/contents` annotation), the
+//!   finalizer stays and condition DeletionBlocked=True names the referrers
+//!   and runs (a Warning Event too); once none does, a remove workload
+//!   deletes the stored files and the finalizer is released.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anneal_api::conditions::{reasons, types};
-use anneal_api::{ContentState, Image, NameRef, PartitionContent, PartitionContentStatus};
+use anneal_api::{
+    ContentState, DeployRun, Image, NameRef, PartitionContent, PartitionContentStatus, RunPhase,
+};
 use kube::ResourceExt;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
@@ -182,17 +185,64 @@ async fn set_finalizers(
     Ok(())
 }
 
+/// The active DeployRuns (not Succeeded or Failed) whose plan streams `pc`
+/// (their [`CONTENTS_ANNOTATION`](crate::deploy::runs::CONTENTS_ANNOTATION)),
+/// as `name (phase)`, sorted.
+pub fn active_runs_using(runs: &[DeployRun], pc: &PartitionContent) -> Vec<String> {
+    let name = pc.name_any();
+    let mut out: Vec<String> = runs
+        .iter()
+        .filter(|r| r.namespace() == pc.namespace())
+        .filter(|r| {
+            !matches!(
+                r.status.as_ref().and_then(|s| s.phase),
+                Some(RunPhase::Succeeded | RunPhase::Failed)
+            )
+        })
+        .filter(|r| {
+            r.annotations()
+                .get(crate::deploy::runs::CONTENTS_ANNOTATION)
+                .is_some_and(|v| v.split(',').any(|c| c == name))
+        })
+        .map(|r| {
+            let phase = r
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or(RunPhase::Pending);
+            format!("{} ({phase:?})", r.name_any())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 async fn delete(pc: &PartitionContent, ctx: &Ctx) -> Result<Action, ContentError> {
     let c = &ctx.content;
     let refs = referrers(&ctx.images, pc);
+    let runs = Api::<DeployRun>::namespaced(c.client.clone(), &pc.namespace().unwrap_or_default())
+        .list(&Default::default())
+        .await?
+        .items;
+    let active = active_runs_using(&runs, pc);
     let mut status = pc.status.clone().unwrap_or_default();
     let generation = pc.metadata.generation;
-    if !refs.is_empty() {
-        let message = format!(
-            "referenced by Image {}; delete {} first",
-            refs.join(", "),
-            if refs.len() == 1 { "it" } else { "them" }
-        );
+    if !refs.is_empty() || !active.is_empty() {
+        let mut why = Vec::new();
+        if !refs.is_empty() {
+            why.push(format!(
+                "referenced by Image {}; delete {} first",
+                refs.join(", "),
+                if refs.len() == 1 { "it" } else { "them" }
+            ));
+        }
+        if !active.is_empty() {
+            why.push(format!(
+                "in use by DeployRun {}: removed once the run ends",
+                active.join(", ")
+            ));
+        }
+        let message = why.join("; ");
         let changed = conditions::set(
             &mut status.conditions,
             types::DELETION_BLOCKED,
@@ -206,8 +256,13 @@ async fn delete(pc: &PartitionContent, ctx: &Ctx) -> Result<Action, ContentError
             info!(content = %pc.name_any(), %message, "deletion blocked");
             event(c, pc, EventType::Warning, types::DELETION_BLOCKED, message);
         }
-        // The Image watch wakes us when a referrer goes.
-        return Ok(Action::requeue(Duration::from_secs(60)));
+        // The Image watch wakes us when a referrer goes; a run's end is
+        // polled.
+        return Ok(Action::requeue(Duration::from_secs(if active.is_empty() {
+            60
+        } else {
+            5
+        })));
     }
     if conditions::set(
         &mut status.conditions,
@@ -372,4 +427,44 @@ pub async fn controller(scope: Scope, content: Arc<ContentContext>) {
         });
     let ctx = Arc::new(Ctx { content, images });
     drive(ID, &scope, controller, reconcile, ctx).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(name: &str, ns: &str, contents: &str, phase: Option<&str>) -> DeployRun {
+        serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "DeployRun",
+            "metadata": {"name": name, "namespace": ns,
+                "annotations": {"anneal.dev/contents": contents}},
+            "spec": {"machineRef": {"name": "m"}, "claimRef": {"name": "c"}},
+            "status": phase.map_or(json!({}), |p| json!({"phase": p})),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_active_runs_of_the_namespace_that_stream_the_content_hold_it() {
+        let pc: PartitionContent = serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "PartitionContent",
+            "metadata": {"name": "deb-p3", "namespace": "ns"},
+            "spec": {"fsType": "ext4", "usedBytes": 1, "sizeBytes": 1, "lastExtentEnd": 1,
+                     "blockSize": 4096, "pieceLength": 4194304}
+        }))
+        .unwrap();
+        let runs = [
+            run("m-1", "ns", "deb-p1,deb-p3", Some("WritingContent")),
+            run("m-2", "ns", "deb-p3", None),
+            run("m-3", "ns", "deb-p3", Some("Succeeded")),
+            run("m-4", "ns", "deb-p3", Some("Failed")),
+            run("m-5", "other", "deb-p3", Some("WritingContent")),
+            run("m-6", "ns", "deb-p33,xdeb-p3", Some("WritingContent")),
+        ];
+        assert_eq!(
+            active_runs_using(&runs, &pc),
+            ["m-1 (WritingContent)", "m-2 (Pending)"]
+        );
+    }
 }

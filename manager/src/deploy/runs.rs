@@ -12,7 +12,7 @@
 //! Secrets) is kept in Secret `<run>-plan`, owned by the run, read only by
 //! the agent API.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anneal_api::{
     Architecture, DeployRun, DeployRunSpec, DeployRunStatus, Image, Machine, MachineClaim,
@@ -33,6 +33,10 @@ use crate::lifecycle::handlers::DeployView;
 pub const MACHINE_LABEL: &str = "anneal.dev/machine";
 /// Label on DeployRuns carrying the intent hash (8 hex digits).
 pub const INTENT_LABEL: &str = "anneal.dev/intent";
+/// Annotation on DeployRuns listing the PartitionContents their plan
+/// streams (comma separated): a content an active run uses cannot be
+/// deleted (docs/api.md, PartitionContent).
+pub const CONTENTS_ANNOTATION: &str = "anneal.dev/contents";
 /// Key of the plan JSON in Secret `<run>-plan`.
 pub const PLAN_KEY: &str = "plan.json";
 /// The field manager of run writes.
@@ -477,6 +481,16 @@ async fn ensure_run(
         (INTENT_LABEL.to_string(), intent),
     ]));
     run.metadata.owner_references = m.controller_owner_ref(&()).map(|o| vec![o]);
+    let contents: BTreeSet<&str> = planned
+        .plan
+        .disks
+        .iter()
+        .flat_map(|d| d.contents.iter().map(|c| c.name.as_str()))
+        .collect();
+    run.metadata.annotations = Some(BTreeMap::from([(
+        CONTENTS_ANNOTATION.to_string(),
+        contents.into_iter().collect::<Vec<_>>().join(","),
+    )]));
     let created = match runs.create(&PostParams::default(), &run).await {
         Ok(r) => r,
         Err(kube::Error::Api(e)) if e.code == 409 => runs.get(&name).await?,
