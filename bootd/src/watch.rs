@@ -1,7 +1,8 @@
-//! The cluster source of truth: Machines (by `subnetRef`), the Subnet and the
-//! boot-token Secrets of the Subnet's namespace (the only Secrets bootd
-//! reads: the manager publishes a copy there for Machines of other
-//! namespaces), watched on the API server and rebuilt into one
+//! The cluster source of truth: Machines (by `subnetRef`), the Subnet and
+//! Secret `anneal-boot-tokens` of the Subnet's namespace (the only Secret
+//! bootd reads, by name: the manager writes there the boot token of every
+//! Machine booting from a Subnet of that namespace, one key per Machine),
+//! watched on the API server and rebuilt into one
 //! [`Snapshot`]. `status.dhcp.appliedRevision` is written only after the
 //! table built from that revision is live.
 
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{self, ConfigError, DhcpSpec, LeaseRange, StaticConfig, SubnetInput};
 use crate::state::{BootToken, MachineBoot, Shared, Snapshot, Token};
 
-pub use anneal_api::tenancy::{BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL};
+pub use anneal_api::tenancy::{BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, BOOT_TOKENS_SECRET};
 /// Field manager of bootd's status writes.
 pub const FIELD_MANAGER: &str = "anneal-bootd";
 
@@ -134,18 +135,16 @@ pub async fn build(
     let mut entries = BTreeMap::new();
     let mut boots = BTreeMap::new();
     let listed = machines.list(&ListParams::default()).await?.items;
-    // the boot tokens, from the Subnet's namespace only (one LIST)
+    // the boot tokens: one Secret of the Subnet's namespace, read by name
+    // (bootd's Role allows no other Secret, and no list)
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
     let tokens: BTreeMap<String, Token> = secrets
-        .list(&ListParams::default().labels(BOOT_TOKEN_LABEL))
+        .get_opt(BOOT_TOKENS_SECRET)
         .await?
-        .items
+        .and_then(|s| s.data)
+        .unwrap_or_default()
         .into_iter()
-        .filter_map(|s| {
-            let name = s.metadata.name?;
-            let b = s.data?.remove(BOOT_TOKEN_KEY)?;
-            Some((name, Token::new(String::from_utf8(b.0).ok()?)))
-        })
+        .filter_map(|(key, b)| Some((key, Token::new(String::from_utf8(b.0).ok()?))))
         .collect();
     // One Machine per boot MAC: the first enrolled on this Subnet from a
     // namespace it grants (the manager's reservations follow the same
@@ -240,8 +239,9 @@ pub async fn build(
     ))
 }
 
-/// Rebuilds on every change of a Machine, the Subnet or a boot-token Secret
-/// (and every 30 s), installs the table, then writes `appliedRevision`.
+/// Rebuilds on every change of a Machine, the Subnet or Secret
+/// `anneal-boot-tokens` (and every 30 s), installs the table, then writes
+/// `appliedRevision`.
 pub async fn run(
     client: kube::Client,
     cfg: WatchConfig,
@@ -257,7 +257,13 @@ pub async fn run(
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.subnet)),
     )
     .map(|_| ());
-    let t = watcher(secrets, watcher::Config::default().labels(BOOT_TOKEN_LABEL)).map(|_| ());
+    // by name: RBAC's resourceNames authorises a list or watch only with
+    // this field selector
+    let t = watcher(
+        secrets,
+        watcher::Config::default().fields(&format!("metadata.name={BOOT_TOKENS_SECRET}")),
+    )
+    .map(|_| ());
     let mut events = std::pin::pin!(futures::stream::select(futures::stream::select(m, s), t));
     let mut tick = tokio::time::interval(Duration::from_secs(30));
     loop {

@@ -109,11 +109,11 @@ pub enum Error {
         "the staged-upload endpoint authenticates bearer tokens only and the kubeconfig user has none: pass --token $(kubectl create token SERVICEACCOUNT -n NAMESPACE) (or set ANNEAL_TOKEN) for a subject allowed to create imageimports"
     )]
     NoToken,
-    /// The manager's CA Secret cannot be read.
+    /// The manager's CA ConfigMap cannot be read.
     #[error(
-        "cannot read the manager's CA from Secret {namespace}/anneal-agent-api-ca ({detail}): pass --upload-ca FILE, or --pki-namespace NS if the manager runs elsewhere"
+        "cannot read the manager's CA certificate from ConfigMap {namespace}/anneal-agent-api-ca ({detail}): pass --upload-ca FILE, or --pki-namespace NS if the manager runs elsewhere"
     )]
-    CaSecret {
+    CaConfigMap {
         /// The namespace looked in.
         namespace: String,
         /// Why not.
@@ -121,7 +121,7 @@ pub enum Error {
     },
     /// The CA is not usable PEM.
     #[error(
-        "the upload CA holds no usable PEM certificate (check --upload-ca or Secret anneal-agent-api-ca key ca.crt)"
+        "the upload CA holds no usable PEM certificate (check --upload-ca or ConfigMap anneal-agent-api-ca key ca.crt)"
     )]
     BadCa,
     /// A local file cannot be read.
@@ -146,7 +146,7 @@ pub enum Error {
     },
     /// TLS with the endpoint failed.
     #[error(
-        "TLS with {url} failed: the CA (--upload-ca or Secret anneal-agent-api-ca) must have signed the manager's certificate and the URL's host must be one of its names (the manager's --agent-api-name)"
+        "TLS with {url} failed: the CA (--upload-ca or ConfigMap anneal-agent-api-ca) must have signed the manager's certificate and the URL's host must be one of its names (the manager's --agent-api-name)"
     )]
     UploadTls {
         /// The upload URL.

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -25,8 +25,12 @@ use tokio::io::AsyncReadExt;
 use crate::progress::{self, Board};
 use crate::{Error, FIELD_MANAGER};
 
-/// Secret holding the manager's CA (key `ca.crt`), in the manager's namespace.
-pub const CA_SECRET: &str = "anneal-agent-api-ca";
+/// ConfigMap publishing the manager's CA certificate (key `ca.crt`), in the
+/// manager's namespace (the CA's private key stays in a Secret only the
+/// manager reads).
+pub const CA_CONFIGMAP: &str = "anneal-agent-api-ca";
+/// Key of the CA certificate (PEM) in [`CA_CONFIGMAP`].
+pub const CA_CERT_KEY: &str = "ca.crt";
 
 /// Size of one upload frame.
 const CHUNK: usize = 1 << 20;
@@ -56,7 +60,7 @@ pub struct Request {
     pub upload_url: Option<String>,
     /// A PEM file with the CA of the endpoint.
     pub upload_ca: Option<PathBuf>,
-    /// Namespace of Secret `anneal-agent-api-ca` (when no `upload_ca`).
+    /// Namespace of ConfigMap `anneal-agent-api-ca` (when no `upload_ca`).
     pub pki_namespace: String,
     /// The bearer token for the endpoint.
     pub token: Option<String>,
@@ -182,6 +186,27 @@ where
     Ok(())
 }
 
+/// The manager's CA certificate (PEM) as it publishes it: ConfigMap
+/// [`CA_CONFIGMAP`], key [`CA_CERT_KEY`], in `namespace`.
+pub async fn manager_ca(client: &Client, namespace: &str) -> Result<Vec<u8>, Error> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    maps.get_opt(CA_CONFIGMAP)
+        .await
+        .map_err(|source| Error::CaConfigMap {
+            namespace: namespace.to_string(),
+            detail: crate::error::chain(&source),
+        })?
+        .and_then(|c| c.data)
+        .and_then(|mut d| d.remove(CA_CERT_KEY))
+        .map(String::into_bytes)
+        .ok_or_else(|| Error::CaConfigMap {
+            namespace: namespace.to_string(),
+            detail: format!(
+                "it does not exist or has no key {CA_CERT_KEY}; the manager writes it when it starts"
+            ),
+        })
+}
+
 /// Where and how to upload.
 struct Endpoint {
     url: String,
@@ -221,23 +246,7 @@ async fn endpoint(
             path: path.display().to_string(),
             source,
         })?,
-        None => {
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), &req.pki_namespace);
-            secrets
-                .get_opt(CA_SECRET)
-                .await
-                .map_err(|source| Error::CaSecret {
-                    namespace: req.pki_namespace.clone(),
-                    detail: crate::error::chain(&source),
-                })?
-                .and_then(|s| s.data)
-                .and_then(|mut d| d.remove("ca.crt"))
-                .map(|b| b.0)
-                .ok_or_else(|| Error::CaSecret {
-                    namespace: req.pki_namespace.clone(),
-                    detail: "it does not exist or has no key ca.crt".into(),
-                })?
-        }
+        None => manager_ca(client, &req.pki_namespace).await?,
     };
     let mut roots = rustls::RootCertStore::empty();
     use rustls::pki_types::pem::PemObject as _;

@@ -178,11 +178,11 @@ pub enum Command {
         /// https://manager.example:8444.
         #[arg(long, env = "ANNEAL_UPLOAD_URL")]
         upload_url: Option<String>,
-        /// PEM file of the endpoint's CA (default: Secret
-        /// anneal-agent-api-ca in --pki-namespace).
+        /// PEM file of the endpoint's CA (default: ConfigMap
+        /// anneal-agent-api-ca, key ca.crt, in --pki-namespace).
         #[arg(long, env = "ANNEAL_UPLOAD_CA")]
         upload_ca: Option<PathBuf>,
-        /// The manager's namespace (where its CA Secret is).
+        /// The manager's namespace (where its CA ConfigMap is).
         #[arg(long, default_value = "anneal-system")]
         pki_namespace: String,
         /// Bearer token for the endpoint (default: the kubeconfig user's

@@ -3,10 +3,12 @@
 //! real API server (RBAC on). A Machine of namespace `tenant-b` boots from
 //! Subnet `lab` of `site-a`, where bootd runs: the manager, acting as
 //! `anneal-manager`, mints the boot token in `tenant-b` and publishes bootd's
-//! copy into `site-a`; bootd, acting as `anneal-bootd`, builds its table from
-//! that copy and holds the token unused; the registration spends it and the
-//! copy is deleted. bootd's token cannot read (get or list) a Secret of
-//! another namespace, nor list Secrets cluster-wide; the manager's uses
+//! copy into `site-a` (key `tenant-b.m-x.boot-token` of Secret
+//! `anneal-boot-tokens`, the one Secret bootd may read); bootd, acting as
+//! `anneal-bootd`, builds its table from that copy and holds the token
+//! unused; the registration spends it and the copy is removed. bootd's token
+//! cannot read (get or list) a Secret of another namespace, nor list
+//! Secrets cluster-wide, nor in its own namespace; the manager's uses
 //! Secrets only where an operator bound `anneal-manager-secrets` (tenant-b,
 //! site-a, anneal-system): a Secret of tenant-c is refused, and so is a
 //! cluster-wide list.
@@ -29,6 +31,7 @@ use kube::api::{Api, ListParams, PostParams};
 const MAC: &str = "52:54:00:7f:40:01";
 const MAC_BYTES: Mac = Mac([0x52, 0x54, 0, 0x7f, 0x40, 1]);
 const COPY: &str = "tenant-b.m-x.boot-token";
+const TOKENS: &str = "anneal-boot-tokens";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn status_code(e: &kube::Error) -> Option<u16> {
@@ -36,6 +39,17 @@ fn status_code(e: &kube::Error) -> Option<u16> {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
     }
+}
+
+/// Key `key` of Secret `namespace/anneal-boot-tokens` (bootd's copy of a
+/// boot token), as text.
+async fn bootd_copy(client: &kube::Client, namespace: &str, key: &str) -> Option<String> {
+    let s = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(TOKENS)
+        .await
+        .unwrap()?;
+    let b = s.data?.remove(key)?;
+    Some(String::from_utf8(b.0).unwrap())
 }
 
 fn boot_token(w: &Watcher) -> Option<BootToken> {
@@ -161,6 +175,35 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
         .await
         .unwrap_err();
     assert_eq!(status_code(&e), Some(403), "{e}");
+    // Hardening 2: in its own namespace too, no list (a label selector is
+    // no RBAC boundary) and no Secret but anneal-boot-tokens
+    let site_secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "other", "namespace": "site-a"},
+        "stringData": {"key": "site-a's"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), "site-a")
+        .create(&PostParams::default(), &site_secret)
+        .await
+        .unwrap();
+    let e = Api::<Secret>::namespaced(bootd.clone(), "site-a")
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status_code(&e),
+        Some(403),
+        "bootd lists the Secrets of site-a (deploy/base/rbac-bootd.yaml must grant Secret anneal-boot-tokens by resourceNames only): {e}"
+    );
+    let e = Api::<Secret>::namespaced(bootd.clone(), "site-a")
+        .get("other")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status_code(&e),
+        Some(403),
+        "bootd reads Secret site-a/other: {e}"
+    );
     Api::<Machine>::all(bootd.clone())
         .list(&ListParams::default())
         .await
@@ -190,25 +233,24 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
         .await
         .unwrap();
 
-    // the token in the Machine's namespace, bootd's copy in the Subnet's
+    // the token in the Machine's namespace, bootd's copy in the Subnet's:
+    // a key of Secret anneal-boot-tokens, no Secret of its own
     let token = eventually("the boot token in tenant-b", WAIT, || async {
         secret_token(&admin, "tenant-b", "m-x-boot-token").await
     })
     .await;
     let copy = eventually("bootd's copy in site-a", WAIT, || async {
+        bootd_copy(&admin, "site-a", COPY).await
+    })
+    .await;
+    assert_eq!(copy, token);
+    assert!(
         Api::<Secret>::namespaced(admin.clone(), "site-a")
             .get_opt(COPY)
             .await
             .unwrap()
-    })
-    .await;
-    let labels = copy.metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels["anneal.dev/boot-token-for"], "m-x");
-    assert_eq!(labels["anneal.dev/boot-token-namespace"], "tenant-b");
-    assert!(copy.metadata.owner_references.is_none(), "{copy:?}");
-    assert_eq!(
-        secret_token(&admin, "site-a", COPY).await.as_deref(),
-        Some(token.as_str())
+            .is_none(),
+        "a copy Secret {COPY} besides Secret {TOKENS}"
     );
 
     // bootd, as its ServiceAccount, serves that token (unused)
@@ -225,11 +267,9 @@ async fn bootd_reads_tokens_only_in_its_namespace_under_least_privilege() {
     let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
     let (code, body) = agent.register_as(&token, Some("tenant-b/m-x"), MAC).await;
     assert_eq!(code, 200, "{body}");
-    eventually("the copy deleted", WAIT, || async {
-        Api::<Secret>::namespaced(admin.clone(), "site-a")
-            .get_opt(COPY)
+    eventually("the copy removed from anneal-boot-tokens", WAIT, || async {
+        bootd_copy(&admin, "site-a", COPY)
             .await
-            .unwrap()
             .is_none()
             .then_some(())
     })
@@ -463,4 +503,149 @@ async fn tenant_cannot_write_claim_ref() {
         .await
         .unwrap();
     assert!(runs.items.is_empty(), "runs in tenant-b: {:?}", runs.items);
+}
+
+/// `ca.crt` of ConfigMap `anneal-system/anneal-agent-api-ca`, read as
+/// `client`.
+async fn published_ca(client: &kube::Client) -> Option<String> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    Api::<ConfigMap>::namespaced(client.clone(), "anneal-system")
+        .get_opt("anneal-agent-api-ca")
+        .await
+        .unwrap()?
+        .data?
+        .remove("ca.crt")
+}
+
+/// Hardening 2, "the agent API CA private key sits in the Secret users and
+/// bootd are told to read": with deploy/base's RBAC as installed (bootd in
+/// the manager's namespace), the manager (as `anneal-manager`) keeps the CA
+/// in Secret `anneal-agent-api-ca` and publishes its certificate in
+/// ConfigMap `anneal-agent-api-ca` (key `ca.crt`): the certificate the live
+/// agent API's chain verifies against. bootd's ServiceAccount reads that
+/// ConfigMap but neither the Secret nor a list of Secrets. A ConfigMap
+/// edited, or deleted, is put right at the manager's next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_api_ca_key_is_the_managers_alone() {
+    use anneal_manager::agentapi;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+    use tokio_util::sync::CancellationToken;
+
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = prepare(&cp, &[]).await;
+    apply_manifest(&cp, "deploy/base/rbac-manager.yaml", "anneal-system");
+    apply_manifest(&cp, "deploy/base/rbac-bootd.yaml", "anneal-system");
+    let (_, manager) = service_account(&cp, "anneal-system", "anneal-manager").await;
+    let (_, bootd) = service_account(&cp, "anneal-system", "anneal-bootd").await;
+
+    // the manager's agent API, as its ServiceAccount
+    let cancel = CancellationToken::new();
+    let api = agentapi::start(manager.clone(), loopback_agent_api(), cancel.clone())
+        .await
+        .unwrap();
+    let ca_pem = api.pki().ca_pem.clone();
+    let published = published_ca(&admin).await.expect(
+        "ConfigMap anneal-system/anneal-agent-api-ca (key ca.crt) after the agent API started: \
+         the manager publishes the CA certificate there (agentapi::ca::load_or_create)",
+    );
+    assert_eq!(published, ca_pem, "the ConfigMap holds another certificate");
+    let secret = Api::<Secret>::namespaced(admin.clone(), "anneal-system")
+        .get("anneal-agent-api-ca")
+        .await
+        .unwrap();
+    let data = secret.data.unwrap_or_default();
+    assert_eq!(
+        data["ca.crt"].0,
+        ca_pem.as_bytes(),
+        "the Secret's certificate"
+    );
+    assert!(data.contains_key("ca.key"), "the key stays in the Secret");
+    // the live chain: a client trusting only the ConfigMap's certificate
+    // completes the TLS handshake and gets an HTTP answer
+    let (code, body) = AgentClient::new(api.addr(), &published)
+        .register("not-a-boot-token", None)
+        .await;
+    assert!((400..500).contains(&code), "{code} {body}");
+
+    // bootd's ServiceAccount: the ConfigMap, not the Secret, no list
+    let seen = eventually(
+        "bootd reads ConfigMap anneal-agent-api-ca",
+        WAIT,
+        || async {
+            match Api::<ConfigMap>::namespaced(bootd.clone(), "anneal-system")
+                .get("anneal-agent-api-ca")
+                .await
+            {
+                Ok(c) => c.data?.remove("ca.crt"),
+                Err(e) if status_code(&e) == Some(403) => None,
+                Err(e) => panic!("reading ConfigMap anneal-agent-api-ca as anneal-bootd: {e}"),
+            }
+        },
+    )
+    .await;
+    assert_eq!(seen, ca_pem);
+    let secrets = Api::<Secret>::namespaced(bootd.clone(), "anneal-system");
+    let e = secrets.get("anneal-agent-api-ca").await.unwrap_err();
+    assert_eq!(
+        status_code(&e),
+        Some(403),
+        "bootd reads Secret anneal-agent-api-ca, the CA's private key (deploy/base/rbac-bootd.yaml): {e}"
+    );
+    let e = secrets.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(
+        status_code(&e),
+        Some(403),
+        "bootd lists the Secrets of the manager's namespace (deploy/base/rbac-bootd.yaml): {e}"
+    );
+    let e = secrets
+        .list(&ListParams::default().labels("anneal.dev/boot-token-for"))
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&e), Some(403), "a label selector lists: {e}");
+    // what bootd reads: anneal-boot-tokens, by name
+    let e = secrets.get("anneal-boot-tokens").await.unwrap_err();
+    assert_eq!(status_code(&e), Some(404), "allowed, not yet written: {e}");
+    secrets
+        .list(&ListParams::default().fields("metadata.name=anneal-boot-tokens"))
+        .await
+        .unwrap();
+    cancel.cancel();
+    drop(api);
+
+    // an edited ConfigMap is corrected at the next start, a deleted one
+    // written again; the CA stays the Secret's
+    let maps = Api::<ConfigMap>::namespaced(admin.clone(), "anneal-system");
+    maps.patch(
+        "anneal-agent-api-ca",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"ca.crt": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}})),
+    )
+    .await
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let api = agentapi::start(manager.clone(), loopback_agent_api(), cancel.clone())
+        .await
+        .unwrap();
+    assert_eq!(api.pki().ca_pem, ca_pem, "the CA changed across a restart");
+    let fixed = eventually("the edited ConfigMap corrected", WAIT, || async {
+        published_ca(&admin).await.filter(|p| *p == ca_pem)
+    })
+    .await;
+    assert_eq!(fixed, ca_pem);
+    cancel.cancel();
+    drop(api);
+    maps.delete("anneal-agent-api-ca", &Default::default())
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let api = agentapi::start(manager.clone(), loopback_agent_api(), cancel.clone())
+        .await
+        .unwrap();
+    eventually("the deleted ConfigMap written again", WAIT, || async {
+        published_ca(&admin).await.filter(|p| *p == ca_pem)
+    })
+    .await;
+    cancel.cancel();
+    drop(api);
 }

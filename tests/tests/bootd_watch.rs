@@ -138,6 +138,7 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
         .await
         .unwrap();
     const STRANGER: &str = "52:54:00:c0:00:03";
+    let mut tokens = std::collections::BTreeMap::new();
     for (ns, name, mac) in [
         ("default", "first", MAC),
         ("tenant-b", "thief", MAC),
@@ -153,16 +154,10 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
             .create(&PostParams::default(), &m)
             .await
             .unwrap();
-        let token: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("{name}-boot-token"), "namespace": ns,
-                         "labels": {"anneal.dev/boot-token-for": name}},
-            "stringData": {"token": format!("token-of-{name}")}
-        }))
-        .unwrap();
-        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &token)
-            .await
-            .unwrap();
+        // the token where bootd reads it (as the manager writes it): a key
+        // of Secret anneal-boot-tokens in the Subnet's namespace
+        let key = anneal_api::tenancy::boot_token_secret(ns, name, "default");
+        tokens.insert(key, format!("token-of-{name}"));
         // armed: bootd serves a token only while status.netBoot.tokenHash
         // is its hash (issue 15)
         let hash = anneal_bootd::watch::token_hash(&anneal_bootd::state::Token::new(format!(
@@ -177,6 +172,16 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
             .await
             .unwrap();
     }
+
+    let tokens: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": anneal_api::tenancy::BOOT_TOKENS_SECRET, "namespace": "default"},
+        "stringData": tokens
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &tokens)
+        .await
+        .unwrap();
 
     // the table bootd builds at start from these objects
     let watcher = Watcher::start(&client).await;

@@ -19,7 +19,7 @@ use anneal_manager::workload::{Executor, process::ProcessExecutor};
 use anneal_testinfra::ControlPlane;
 use anneal_tests::images::{FileServer, gpt_disk, sha256_file};
 use anneal_tests::{artifacts, eventually};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
@@ -139,11 +139,12 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     .unwrap()
     .trim()
     .to_string();
-    // The endpoint listens once the manager made its CA.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "anneal-system");
-    eventually("the manager's CA Secret", WAIT, || {
-        let secrets = secrets.clone();
-        async move { secrets.get_opt("anneal-agent-api-ca").await.ok()? }
+    // The endpoint listens once the manager made its CA and published its
+    // certificate (ConfigMap anneal-agent-api-ca, what the CLI reads).
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "anneal-system");
+    eventually("the manager's CA ConfigMap", WAIT, || {
+        let maps = maps.clone();
+        async move { maps.get_opt("anneal-agent-api-ca").await.ok()? }
     })
     .await;
     eventually("the upload endpoint listens", WAIT, || async move {
@@ -393,6 +394,65 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     assert!(
         imports.get_opt("other").await.unwrap().is_none(),
         "a refused upload creates no import"
+    );
+
+    // --- Hardening 2: a user who may read no Secret of anneal-system (the
+    // CA's private key stays there) imports with the CA certificate the
+    // manager publishes in ConfigMap anneal-agent-api-ca: its kubeconfig
+    // (the uploader's token) gets that one ConfigMap, and the imports and
+    // Images of its namespace.
+    for obj in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "tenant-importer", "namespace": NS},
+               "rules": [{"apiGroups": ["anneal.dev"], "resources": ["imageimports", "images"], "verbs": ["get", "list", "watch", "create"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "tenant-importer", "namespace": NS},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-importer"},
+               "subjects": [{"kind": "ServiceAccount", "name": "uploader", "namespace": NS}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "anneal-ca-reader", "namespace": "anneal-system"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["anneal-agent-api-ca"], "verbs": ["get"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "anneal-ca-reader", "namespace": "anneal-system"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "anneal-ca-reader"},
+               "subjects": [{"kind": "ServiceAccount", "name": "uploader", "namespace": NS}]}),
+    ] {
+        let f = work.path().join("obj.json");
+        std::fs::write(&f, obj.to_string()).unwrap();
+        anneal_testinfra::run(cp.kubectl().unwrap().arg("apply").arg("-f").arg(&f)).unwrap();
+    }
+    let (tenant_kc, tenant) = anneal_tests::rbac::service_account(&cp, NS, "uploader").await;
+    let e = Api::<Secret>::namespaced(tenant.clone(), "anneal-system")
+        .get("anneal-agent-api-ca")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, kube::Error::Api(s) if s.code == 403),
+        "the uploader reads the CA Secret: {e}"
+    );
+    let small_dir = work.path().join("small");
+    std::fs::create_dir_all(&small_dir).unwrap();
+    let small = gpt_disk(&small_dir, 80, 4).display().to_string();
+    let r = plugin(
+        &bin,
+        &tenant_kc,
+        &[
+            "import",
+            &small,
+            "--name",
+            "tenant-disk",
+            "--format",
+            "raw",
+            "--upload-url",
+            &url,
+        ],
+    )
+    .await;
+    assert_eq!(
+        r.code, 0,
+        "a user without Secrets in anneal-system imports with ConfigMap anneal-agent-api-ca's certificate: {}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("upload images/tenant-disk: ") && r.stdout.contains("(100%)"),
+        "{}",
+        r.stdout
     );
 
     shutdown.cancel();

@@ -160,15 +160,17 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let ca = Api::<Secret>::namespaced(client.clone(), "anneal-system")
-        .get("anneal-agent-api-ca")
-        .await?;
+    // the CA certificate where the manager publishes it
+    let ca =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "anneal-system")
+            .get("anneal-agent-api-ca")
+            .await?;
     let ca_pem = ca
         .data
         .as_ref()
         .and_then(|d| d.get("ca.crt"))
-        .map(|b| b.0.clone())
-        .context("ca.crt in Secret anneal-system/anneal-agent-api-ca")?;
+        .map(|s| s.clone().into_bytes())
+        .context("ca.crt in ConfigMap anneal-system/anneal-agent-api-ca")?;
     let mut roots = rustls::RootCertStore::empty();
     use rustls::pki_types::pem::PemObject as _;
     for c in rustls::pki_types::CertificateDer::pem_slice_iter(&ca_pem) {

@@ -3,21 +3,35 @@
 //! namespace: generated on first start unless the operator provided one,
 //! and the issuer of a fresh serving certificate at every start (the CA
 //! certificate is never the serving certificate).
+//!
+//! Only the manager reads that Secret (it holds the private key). The
+//! certificate alone is published in ConfigMap `anneal-agent-api-ca` (key
+//! `ca.crt`) of the same namespace, which bootd, `kubectl anneal import`
+//! and users read: the manager creates it at every start when it is
+//! absent and writes it over when its `ca.crt` differs from the Secret's
+//! (the Secret is the source of truth, so an edited ConfigMap is corrected
+//! at the next start).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use sha2::{Digest, Sha256};
 
-/// Name of the CA Secret.
+/// Name of the CA Secret (certificate and private key: the manager's
+/// alone).
 pub const CA_SECRET: &str = "anneal-agent-api-ca";
+/// Name of the ConfigMap publishing the CA certificate (key
+/// [`CA_CERT_KEY`]): what bootd, the CLI and users read.
+pub const CA_CONFIGMAP: &str = "anneal-agent-api-ca";
+/// Field manager of the CA ConfigMap.
+pub const FIELD_MANAGER: &str = "anneal-agent-api-ca";
 /// Key of the CA certificate (PEM).
 pub const CA_CERT_KEY: &str = "ca.crt";
 /// Key of the CA private key (PEM).
@@ -35,6 +49,17 @@ pub enum CaError {
     /// Certificate generation failed.
     #[error("certificate generation failed")]
     Rcgen(#[source] rcgen::Error),
+    /// The ConfigMap publishing the certificate cannot be written.
+    #[error(
+        "cannot write configmap {namespace}/{CA_CONFIGMAP} (the agent api's ca certificate): the manager needs get, create and patch on configmaps there"
+    )]
+    Publish {
+        /// The manager's namespace.
+        namespace: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// The CA and a serving certificate it issued.
@@ -85,7 +110,7 @@ pub async fn load_or_create(
     namespace: &str,
     names: &[String],
 ) -> Result<AgentPki, CaError> {
-    let api = Api::<Secret>::namespaced(client, namespace);
+    let api = Api::<Secret>::namespaced(client.clone(), namespace);
     let secret = match api.get_opt(CA_SECRET).await.map_err(CaError::Kube)? {
         Some(s) => s,
         None => {
@@ -127,6 +152,12 @@ pub async fn load_or_create(
         Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|_| CaError::Malformed(CA_CERT_KEY))?;
     let ca_der = first_cert(ca_pem.as_bytes()).ok_or(CaError::Malformed(CA_CERT_KEY))?;
     let ca_sha256 = hex::encode(Sha256::digest(ca_der.as_ref()));
+    publish(&client, namespace, &ca_pem)
+        .await
+        .map_err(|source| CaError::Publish {
+            namespace: namespace.into(),
+            source,
+        })?;
 
     let leaf_key = KeyPair::generate().map_err(CaError::Rcgen)?;
     let mut leaf = CertificateParams::new(Vec::<String>::new()).map_err(CaError::Rcgen)?;
@@ -150,6 +181,73 @@ pub async fn load_or_create(
         ca_pem,
         ca_sha256,
     })
+}
+
+/// The ConfigMap publishing `ca_pem` (key [`CA_CERT_KEY`]) in `namespace`.
+pub fn ca_configmap(namespace: &str, ca_pem: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(CA_CONFIGMAP.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "anneal-manager".to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(CA_CERT_KEY.to_string(), ca_pem.into())])),
+        ..ConfigMap::default()
+    }
+}
+
+/// Creates ConfigMap [`CA_CONFIGMAP`] with `ca_pem` when absent, writes it
+/// over when its `ca.crt` differs (a stale or edited copy); untouched when
+/// it already holds `ca_pem`.
+async fn publish(client: &kube::Client, namespace: &str, ca_pem: &str) -> Result<(), kube::Error> {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+    let held = api.get_opt(CA_CONFIGMAP).await?;
+    let current = held
+        .as_ref()
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(CA_CERT_KEY));
+    if current.map(String::as_str) == Some(ca_pem) {
+        return Ok(());
+    }
+    let want = ca_configmap(namespace, ca_pem);
+    if held.is_none() {
+        match api.create(&PostParams::default(), &want).await {
+            Ok(_) => {
+                tracing::info!(
+                    namespace,
+                    configmap = CA_CONFIGMAP,
+                    "published the agent api ca certificate"
+                );
+                return Ok(());
+            }
+            // another replica created it meanwhile: write ours over it
+            // below (both publish the Secret's certificate)
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    } else {
+        tracing::warn!(
+            namespace,
+            configmap = CA_CONFIGMAP,
+            "the published agent api ca certificate differs from the ca secret's; writing it over"
+        );
+    }
+    // a merge patch of `data.ca.crt` only: other keys an operator added stay
+    let patch = serde_json::json!({"data": {CA_CERT_KEY: ca_pem}});
+    api.patch(
+        CA_CONFIGMAP,
+        &PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
 }
 
 impl AgentPki {

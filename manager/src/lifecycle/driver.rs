@@ -26,8 +26,8 @@ use super::handlers::{
 };
 use super::status::{condition, mint_token, token_hash};
 use super::{
-    BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, BOOT_TOKEN_NAMESPACE_LABEL, Backoff, Context, Error,
-    FIELD_MANAGER, dhcp_gate, fingerprint,
+    BOOT_TOKEN_KEY, BOOT_TOKEN_LABEL, Backoff, Context, Error, FIELD_MANAGER, dhcp_gate,
+    fingerprint,
 };
 use crate::bmc::BmcClient;
 use crate::ipmi::IpmiClient;
@@ -351,12 +351,13 @@ async fn run_action(
 }
 
 /// Mints a boot token, writes it to Secret `<machine>-boot-token` (owned
-/// by the Machine) and returns its hash. For a Machine whose Subnet lives
-/// in another namespace, a copy goes to the Subnet's namespace (named by
-/// [`anneal_api::tenancy::boot_token_secret`]): bootd reads Secrets only
-/// there. The copy cannot be owned by the Machine (no owner references
-/// across namespaces); it is deleted with the token and is spent anyway
-/// once the Machine's `status.netBoot.tokenHash` moves on.
+/// by the Machine) and returns its hash. bootd's copy goes into Secret
+/// [`anneal_api::tenancy::BOOT_TOKENS_SECRET`] of the Subnet's namespace,
+/// under the key [`anneal_api::tenancy::boot_token_secret`] names: the
+/// only Secret bootd may read. That copy cannot be owned by the Machine
+/// (one Secret for many Machines, maybe of other namespaces); it is
+/// removed with the token and is spent anyway once the Machine's
+/// `status.netBoot.tokenHash` moves on.
 async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let name = m.name_any();
@@ -367,46 +368,118 @@ async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
         BOOT_TOKEN_KEY.to_string(),
         ByteString(token.expose().as_bytes().to_vec()),
     );
-    for (secret_ns, secret_name) in boot_token_places(m)? {
-        // the copy in another namespace cannot be owned by the Machine
-        let owned = secret_ns == ns;
-        let mut labels = BTreeMap::from([(BOOT_TOKEN_LABEL.to_string(), name.clone())]);
-        if !owned {
-            labels.insert(BOOT_TOKEN_NAMESPACE_LABEL.to_string(), ns.clone());
-        }
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(secret_name.clone()),
-                namespace: Some(secret_ns.clone()),
-                owner_references: if owned {
-                    m.controller_owner_ref(&()).map(|o| vec![o])
-                } else {
-                    None
-                },
-                labels: Some(labels),
-                ..ObjectMeta::default()
-            },
-            data: Some(data.clone()),
-            type_: Some("Opaque".into()),
-            ..Secret::default()
-        };
-        Api::<Secret>::namespaced(ctx.client.clone(), &secret_ns)
-            .patch(
-                &secret_name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .map_err(Error::kube("writing the boot token secret"))?;
-    }
+    let own = anneal_api::tenancy::boot_token_secret(&ns, &name, &ns);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(own.clone()),
+            namespace: Some(ns.clone()),
+            owner_references: m.controller_owner_ref(&()).map(|o| vec![o]),
+            labels: Some(BTreeMap::from([(
+                BOOT_TOKEN_LABEL.to_string(),
+                name.clone(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(data.clone()),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &own,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(Error::kube("writing the boot token secret"))?;
     drop(data);
+    let (subnet_ns, key) = bootd_token_key(m)?;
+    set_bootd_token(
+        &ctx.client,
+        &subnet_ns,
+        &key,
+        Some(token.expose().as_bytes()),
+    )
+    .await
+    .map_err(Error::kube(
+        "writing bootd's boot token (secret anneal-boot-tokens)",
+    ))?;
     drop(token);
     Ok(hash)
 }
 
-/// Where a Machine's boot token is written: `(namespace, name)`, the
-/// Machine's own namespace first, then the Subnet's when that differs
-/// (both named by [`anneal_api::tenancy::boot_token_secret`]).
+/// Where bootd reads a Machine's token: the Subnet's namespace and the
+/// key in its Secret [`anneal_api::tenancy::BOOT_TOKENS_SECRET`].
+fn bootd_token_key(m: &Machine) -> Result<(String, String), Error> {
+    let ns = m.namespace().ok_or(Error::NoNamespace)?;
+    let subnet_ns = m.spec.subnet_ref.namespace_or(&ns).to_string();
+    let key = anneal_api::tenancy::boot_token_secret(&ns, &m.name_any(), &subnet_ns);
+    Ok((subnet_ns, key))
+}
+
+/// Sets (`Some`) or removes (`None`) key `key` of Secret
+/// [`anneal_api::tenancy::BOOT_TOKENS_SECRET`] in `namespace`, creating the
+/// Secret when absent. A merge patch of that one key: the API server
+/// applies concurrent patches of other keys one after the other, so
+/// passes of several Machines never overwrite each other's tokens.
+async fn set_bootd_token(
+    client: &kube::Client,
+    namespace: &str,
+    key: &str,
+    token: Option<&[u8]>,
+) -> Result<(), kube::Error> {
+    use anneal_api::tenancy::BOOT_TOKENS_SECRET;
+    let api = Api::<Secret>::namespaced(client.clone(), namespace);
+    let value = token.map(|t| ByteString(t.to_vec()));
+    let patch = json!({"data": {key: value}});
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    // at most: a 404, a create that lost the race (409), the patch again
+    for _ in 0..3 {
+        match api
+            .patch(BOOT_TOKENS_SECRET, &pp, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                let Some(t) = token else {
+                    return Ok(());
+                };
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(BOOT_TOKENS_SECRET.into()),
+                        namespace: Some(namespace.into()),
+                        labels: Some(BTreeMap::from([(
+                            "app.kubernetes.io/managed-by".to_string(),
+                            "anneal-manager".to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some(BTreeMap::from([(key.to_string(), ByteString(t.to_vec()))])),
+                    type_: Some("Opaque".into()),
+                    ..Secret::default()
+                };
+                match api.create(&Default::default(), &secret).await {
+                    Ok(_) => return Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    api.patch(BOOT_TOKENS_SECRET, &pp, &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// Where a Machine's boot-token Secrets are, or were: `(namespace, name)`,
+/// the Machine's own namespace first, then, when the Subnet's differs, the
+/// copy Secret a manager before `anneal-boot-tokens` published there (both
+/// named by [`anneal_api::tenancy::boot_token_secret`]); deleted with the
+/// token so that no copy outlives an upgrade.
 fn boot_token_places(m: &Machine) -> Result<Vec<(String, String)>, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let name = m.name_any();
@@ -424,7 +497,8 @@ fn boot_token_places(m: &Machine) -> Result<Vec<(String, String)>, Error> {
         .collect())
 }
 
-/// Deletes a Machine's boot-token Secrets (its own and bootd's copy).
+/// Deletes a Machine's boot tokens: its own Secret, bootd's key in
+/// `anneal-boot-tokens` (and a copy Secret an older manager wrote).
 pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Result<(), Error> {
     for (ns, name) in boot_token_places(m)? {
         match Api::<Secret>::namespaced(client.clone(), &ns)
@@ -441,6 +515,12 @@ pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Re
             }
         }
     }
+    let (subnet_ns, key) = bootd_token_key(m)?;
+    set_bootd_token(client, &subnet_ns, &key, None)
+        .await
+        .map_err(Error::kube(
+            "removing bootd's boot token (secret anneal-boot-tokens)",
+        ))?;
     Ok(())
 }
 

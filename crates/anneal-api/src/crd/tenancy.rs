@@ -68,13 +68,21 @@ pub const BOOT_TOKEN_KEY: &str = "token";
 pub const BOOT_TOKEN_LABEL: &str = "anneal.dev/boot-token-for";
 /// Label on a boot-token copy naming its Machine's namespace.
 pub const BOOT_TOKEN_NAMESPACE_LABEL: &str = "anneal.dev/boot-token-namespace";
+/// The one Secret of a Subnet's namespace that bootd reads: the boot
+/// tokens of the Machines booting from Subnets of that namespace, one key
+/// per Machine (named by [`boot_token_secret`]). bootd's Role grants
+/// `get`, `list` and `watch` on this name only (RBAC `resourceNames`; a
+/// list or watch must select it with `metadata.name=`), so bootd can read
+/// no other Secret, the agent API CA's key included, and list none.
+pub const BOOT_TOKENS_SECRET: &str = "anneal-boot-tokens";
 
-/// Name of the boot-token Secret that bootd reads for Machine
-/// `machine_ns/machine` booting from a Subnet of `subnet_ns`. bootd reads
-/// Secrets only in its own namespace, the Subnet's. So the token lives
-/// there: for a Machine of that namespace it is the Machine's own Secret
-/// `<machine>-boot-token`; for a Machine of another namespace the manager
-/// publishes a copy named `<machine_ns>.<machine>.boot-token`. A namespace
+/// Key of Machine `machine_ns/machine`'s boot token in Secret
+/// [`BOOT_TOKENS_SECRET`] of `subnet_ns`, the namespace of the Subnet it
+/// boots from (bootd reads that one Secret, in its own namespace): for a
+/// Machine of that namespace `<machine>-boot-token` (the name of the
+/// Machine's own Secret), for a Machine of another namespace
+/// `<machine_ns>.<machine>.boot-token` (once the name of a copy Secret;
+/// both are valid Secret keys). A namespace
 /// name holds no dot, so that name is unique in the Subnet's namespace,
 /// and it never takes the first form, which ends in `-boot-token`. A name
 /// that would pass 253 characters uses a digest of the machine's name.
