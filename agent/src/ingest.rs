@@ -763,6 +763,15 @@ fn ingest(
     drop(ticker);
     out.line(&prog.json());
     drop(cleanup);
+    // the upload did its job: its contents are published (a failed import
+    // keeps it for the next attempt)
+    if let Some(p) = &staged {
+        match std::fs::remove_file(p) {
+            Ok(()) => tracing::info!(path = %p.display(), "staged upload removed after its import"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %p.display(), error = %e, "staged upload not removed"),
+        }
+    }
 
     let contents_json: Vec<serde_json::Value> = contents.iter().map(content_json).collect();
     Ok(serde_json::json!({

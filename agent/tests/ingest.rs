@@ -653,6 +653,16 @@ fn qcow2_and_staged_sources() {
     let staged = store.join("lab/.staged");
     std::fs::create_dir_all(&staged).unwrap();
     std::fs::copy(&disk, staged.join("upload-1")).unwrap();
+    // a failed import keeps the upload for the next attempt
+    ingest(
+        "staged://upload-1",
+        &store,
+        "imp-bad",
+        "bad",
+        &["--format", "raw", "--checksum", &format!("sha256:{}", "0".repeat(64))],
+    )
+    .err("ChecksumMismatch");
+    assert!(std::fs::read(staged.join("upload-1")).unwrap() == std::fs::read(&disk).unwrap());
     let res = ingest(
         "staged://upload-1",
         &store,
@@ -663,8 +673,8 @@ fn qcow2_and_staged_sources() {
     let res = res.ok();
     assert_eq!(res["format"], "raw");
     assert_matches_capture(res, &cap, &store, "imp-s", "s");
-    // captured in place: the upload is neither copied nor removed
-    assert!(std::fs::read(staged.join("upload-1")).unwrap() == std::fs::read(&disk).unwrap());
+    // captured in place, then removed once its contents are published
+    assert!(!staged.join("upload-1").exists(), "the staged upload outlived its import");
     ingest("staged://upload-2", &store, "imp-t", "t", &[]).err("SourceNotFound");
 }
 
