@@ -479,6 +479,13 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
         anneal_manager::lifecycle::status::token_hash(&token_a),
         "{m}"
     );
+    // ...and the old inventory is gone until the new agent reports
+    eventually(
+        "walk-a's old MachineHardware deleted",
+        Duration::from_secs(30),
+        || async { hw.get_opt("walk-a").await.unwrap().is_none().then_some(()) },
+    )
+    .await;
     // detached: no BMC calls, reported on the operational axis
     annotate("walk-a", "anneal.dev/detached", Some("")).await;
     eventually("detached", Duration::from_secs(30), || async {

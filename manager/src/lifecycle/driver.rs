@@ -575,6 +575,16 @@ async fn commit(m: &Machine, ctx: &Context, d: Draft) -> Result<(), Error> {
             .await
             .map_err(Error::kube("removing consumed annotations"))?;
     }
+    if d.delete_hardware {
+        match Api::<MachineHardware>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &Default::default())
+            .await
+        {
+            Ok(_) => tracing::info!(machine = %name, "re-inspect: the old MachineHardware deleted"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(Error::kube("deleting the old MachineHardware")(e)),
+        }
+    }
     let reference = m.object_ref(&());
     for e in d.events {
         let ev = KubeEvent {

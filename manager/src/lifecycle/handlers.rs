@@ -226,6 +226,9 @@ pub struct Draft {
     pub events: Vec<Event>,
     /// Annotations to remove after the write.
     pub drop_annotations: Vec<&'static str>,
+    /// Delete the Machine's MachineHardware after the write (a re-inspect:
+    /// nothing plans on the old inventory meanwhile).
+    pub delete_hardware: bool,
 }
 
 /// A BMC call.
@@ -471,6 +474,7 @@ impl<'s, 'a> Pass<'s, 'a> {
                 status: st,
                 events: Vec::new(),
                 drop_annotations: Vec::new(),
+                delete_hardware: false,
             },
             actions: Vec::new(),
             token: TokenOp::Keep,
@@ -1066,6 +1070,7 @@ fn inspecting(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
 fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
     if p.annotation(annotations::RE_INSPECT).is_some() {
         p.d.drop_annotations.push(annotations::RE_INSPECT);
+        p.d.delete_hardware = true;
         p.transition(MachineState::Inspecting);
         return match arm(p, client, http_boot) {
             Outcome::Wait {
@@ -2682,6 +2687,7 @@ mod tests {
                 "{from}"
             );
             assert_eq!(d.draft.drop_annotations, vec![annotations::RE_INSPECT]);
+            assert!(d.draft.delete_hardware, "the old inventory goes");
             assert_eq!(d.token, TokenOp::Mint);
             assert_eq!(actions(&d), vec![boot_once(ResetType::On)]);
         }
