@@ -1497,11 +1497,23 @@ fn deprovisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcom
 fn provisioned(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
     if p.m().spec.claim_ref.is_none() {
         p.transition(MachineState::Released);
+        let retain = p.m().spec.reclaim_policy == anneal_api::ReclaimPolicy::Retain;
+        if retain && client {
+            // Retain: the released server is shut down and its boot
+            // override cleared, as a reclaim does (Recycle boots it to wipe)
+            p.call(BmcAction::ClearOverride);
+            p.call(BmcAction::Shutdown { announce: true });
+            p.d.status.powered_on = Some(false);
+        }
         p.cond(
             types::PROGRESSING,
             false,
             reasons::RELEASED,
-            "the claim was released; disks untouched",
+            if retain {
+                "the claim was released under reclaimPolicy Retain: powered off, disks untouched"
+            } else {
+                "the claim was released; disks untouched"
+            },
         );
         return Outcome::Transition {
             next: MachineState::Released,
@@ -1823,6 +1835,35 @@ mod tests {
             target: BootTarget::Pxe,
             reset,
         }
+    }
+
+    /// Issue 44: a claim released under Retain leaves the server off with
+    /// no boot override; under Recycle it is left for the wipe's boot.
+    #[test]
+    fn a_retain_release_powers_off_and_clears_the_override() {
+        let cfg = cfg();
+        let st = json!({"state": "Provisioned", "poweredOn": true, "lastSuccessfulRunRef": {"name": "r1"}});
+        let retained = machine(json!({}), json!({}), st.clone());
+        let d = apply(&snap(&retained, &cfg, answer(true)));
+        assert_eq!(state(&d), MachineState::Released);
+        assert_eq!(
+            actions(&d),
+            vec![
+                BmcAction::ClearOverride,
+                BmcAction::Shutdown { announce: true }
+            ]
+        );
+        assert_eq!(d.draft.status.powered_on, Some(false));
+        assert!(
+            cond(&d, types::PROGRESSING)
+                .unwrap()
+                .message
+                .contains("powered off")
+        );
+        let recycled = machine(json!({}), json!({"reclaimPolicy": "Recycle"}), st);
+        let d = apply(&snap(&recycled, &cfg, answer(true)));
+        assert_eq!(state(&d), MachineState::Released);
+        assert!(actions(&d).is_empty(), "{:?}", actions(&d));
     }
 
     #[test]
