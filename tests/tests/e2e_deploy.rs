@@ -261,10 +261,40 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     let head = std::fs::read(&disk)
         .map(|b| b[..34 * 512].to_vec())
         .unwrap();
+    let released_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     lab.delete_claim("deploy").await.unwrap();
     lab.wait_state("Released", Duration::from_secs(1800), &mut log)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
+    // ...shut down through its BMC, the boot override cleared (issue 44)
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let after: Vec<_> = lab
+            .bmc_requests()
+            .into_iter()
+            .filter(|r| r.ts_ms >= released_at)
+            .collect();
+        let off = after
+            .iter()
+            .any(|r| matches!(r.action.as_deref(), Some("GracefulShutdown" | "ForceOff")));
+        let cleared = after.iter().any(|r| {
+            r.method == "PATCH"
+                && r.action
+                    .as_deref()
+                    .is_some_and(|a| a.starts_with("Boot=Disabled"))
+        });
+        if off && cleared {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a Retain release did not shut the server down and clear its override: {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let after = std::fs::read(&disk)
         .map(|b| b[..34 * 512].to_vec())
         .unwrap();
