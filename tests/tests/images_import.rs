@@ -868,10 +868,86 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         store.join(NS).join("deb-p3/stream").is_file(),
         "files removed while referenced"
     );
+    // --- and while an active DeployRun streams it (issue 44): the Image
+    // goes, the content stays until the run ends, the run named.
+    let runs: Api<anneal_api::DeployRun> = Api::namespaced(client.clone(), NS);
+    runs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "DeployRun",
+            "metadata": {"name": "m-run-1", "annotations": {"anneal.dev/contents": "deb-p1,deb-p3"}},
+            "spec": {"machineRef": {"name": "m"}, "claimRef": {"name": "c"}, "imageRef": {"name": "deb"}},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let set_phase = |phase: &'static str| {
+        let runs = runs.clone();
+        async move {
+            runs.patch_status(
+                "m-run-1",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"status": {"phase": phase}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set_phase("WritingContent").await;
+    // Images own their contents (issue 44); a second Image keeps deb-p4
+    eventually("deb owns deb-p1", WAIT, || {
+        let contents = contents.clone();
+        async move {
+            let pc = contents.get("deb-p1").await.ok()?;
+            pc.owner_references()
+                .iter()
+                .any(|o| o.kind == "Image" && o.name == "deb")
+                .then_some(())
+        }
+    })
+    .await;
+    let mut keep = images.get("deb").await.unwrap();
+    keep.metadata = kube::api::ObjectMeta {
+        name: Some("deb-keep".into()),
+        namespace: Some(NS.into()),
+        ..Default::default()
+    };
+    keep.status = None;
+    keep.spec.bootable = false;
+    keep.spec.post_hook_refs.clear();
+    keep.spec
+        .layout
+        .slots
+        .retain(|s| s.content_ref.as_ref().is_some_and(|r| r.name == "deb-p4"));
+    images.create(&PostParams::default(), &keep).await.unwrap();
     images
         .delete("deb", &DeleteParams::default())
         .await
         .unwrap();
+    let held = eventually("deb-p3 held by the run", WAIT, || {
+        let contents = contents.clone();
+        async move {
+            let pc = contents.get("deb-p3").await.ok()?;
+            let c = pc
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == types::DELETION_BLOCKED)?;
+            (c.status == "True" && !c.message.contains("Image deb")).then(|| c.message.clone())
+        }
+    })
+    .await;
+    assert!(
+        held.contains("DeployRun m-run-1 (WritingContent)"),
+        "{held}"
+    );
+    assert!(
+        store.join(NS).join("deb-p3/stream").is_file(),
+        "files removed while a run streams them"
+    );
+    set_phase("Succeeded").await;
     eventually("deb-p3 deleted", WAIT, || {
         let contents = contents.clone();
         async move {
@@ -887,6 +963,29 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
     assert!(
         !store.join(NS).join("deb-p3").exists(),
         "stored files of deb-p3 remain"
+    );
+    // the orphan deb-p1 (its only Image gone) is collected with its files;
+    // deb-p4, which deb-keep still uses, stays
+    eventually("orphaned deb-p1 collected", WAIT, || {
+        let contents = contents.clone();
+        async move {
+            contents
+                .get_opt("deb-p1")
+                .await
+                .ok()
+                .map(|o| o.is_none())
+                .unwrap_or(false)
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        !store.join(NS).join("deb-p1").exists(),
+        "stored files of the orphan deb-p1 remain"
+    );
+    assert!(
+        contents.get_opt("deb-p4").await.unwrap().is_some(),
+        "deb-p4 was collected while Image deb-keep uses it"
     );
 
     shutdown.cancel();

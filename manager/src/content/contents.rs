@@ -185,6 +185,46 @@ async fn set_finalizers(
     Ok(())
 }
 
+/// The Image owners of a content (references of kind Image in anneal.dev).
+pub fn image_owners(pc: &PartitionContent) -> Vec<(&str, &str)> {
+    pc.owner_references()
+        .iter()
+        .filter(|o| o.kind == "Image" && o.api_version.starts_with("anneal.dev/"))
+        .map(|o| (o.name.as_str(), o.uid.as_str()))
+        .collect()
+}
+
+/// A content is orphaned when it had Image owners, every one of them is
+/// gone (by name and UID, asked of the API server, not a cache) and no
+/// Image of its namespace references it. A content no Image ever owned
+/// (created by hand, or before its Image) is never collected.
+async fn orphaned(pc: &PartitionContent, ctx: &Ctx) -> Result<bool, ContentError> {
+    let owners = image_owners(pc);
+    if owners.is_empty() || !referrers(&ctx.images, pc).is_empty() {
+        return Ok(false);
+    }
+    let api: Api<Image> = Api::namespaced(
+        ctx.content.client.clone(),
+        &pc.namespace().unwrap_or_default(),
+    );
+    for (name, uid) in &owners {
+        if let Some(i) = api.get_opt(name).await?
+            && i.uid().as_deref() == Some(*uid)
+        {
+            return Ok(false);
+        }
+    }
+    let name = pc.name_any();
+    let referenced = api.list(&Default::default()).await?.items.iter().any(|i| {
+        i.spec
+            .layout
+            .slots
+            .iter()
+            .any(|s| s.content_ref.as_ref().is_some_and(|r| r.name == name))
+    });
+    Ok(!referenced)
+}
+
 /// The active DeployRuns (not Succeeded or Failed) whose plan streams `pc`
 /// (their [`CONTENTS_ANNOTATION`](crate::deploy::runs::CONTENTS_ANNOTATION)),
 /// as `name (phase)`, sorted.
@@ -320,6 +360,20 @@ async fn reconcile(pc: Arc<PartitionContent>, ctx: Arc<Ctx>) -> Result<Action, C
         let mut f = pc.finalizers().to_vec();
         f.push(CONTENT_FINALIZER.to_string());
         set_finalizers(&pc, f, c).await?;
+        return Ok(Action::await_change());
+    }
+    if orphaned(&pc, &ctx).await? {
+        info!(content = %pc.name_any(), "no Image owns or references the content any more: collected");
+        event(
+            c,
+            &pc,
+            EventType::Normal,
+            "Orphaned",
+            "every Image that owned this content is gone and none references it: deleted".into(),
+        );
+        Api::<PartitionContent>::namespaced(c.client.clone(), &pc.namespace().unwrap_or_default())
+            .delete(&pc.name_any(), &Default::default())
+            .await?;
         return Ok(Action::await_change());
     }
     let mut status = pc.status.clone().unwrap_or_default();

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anneal_api::conditions::{reasons, types};
 use anneal_api::{ContentState, Image, ImageState, PartitionContent};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
@@ -151,8 +152,54 @@ pub fn sizes(
     (i32::try_from(slots.len()).unwrap_or(i32::MAX), size, used)
 }
 
+/// The owner reference an Image puts on each content it uses (not the
+/// controller: several Images may share a content).
+pub fn owner_ref(image: &Image) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "anneal.dev/v1alpha1".into(),
+        kind: "Image".into(),
+        name: image.name_any(),
+        uid: image.uid()?,
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+    })
+}
+
+/// Makes the Image an owner of every content of its slots (issue 44): a
+/// content no Image owns any more is collected (the content controller, and
+/// Kubernetes' garbage collector where it runs).
+async fn own_contents(image: &Image, ctx: &Ctx) -> Result<(), ImageError> {
+    let ns = image.namespace().unwrap_or_default();
+    let Some(owner) = owner_ref(image) else {
+        return Ok(());
+    };
+    let api: Api<PartitionContent> = Api::namespaced(ctx.client.clone(), &ns);
+    for slot in &image.spec.layout.slots {
+        let Some(r) = &slot.content_ref else { continue };
+        let Some(pc) = ctx.contents.get(&ObjectRef::new(&r.name).within(&ns)) else {
+            continue;
+        };
+        if pc.metadata.deletion_timestamp.is_some()
+            || pc.owner_references().iter().any(|o| o.uid == owner.uid)
+        {
+            continue;
+        }
+        let mut owners = pc.owner_references().to_vec();
+        owners.push(owner.clone());
+        let patch = json!({
+            "metadata": {"resourceVersion": pc.resource_version(), "ownerReferences": owners},
+        });
+        api.patch(&r.name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(())
+}
+
 async fn reconcile(image: Arc<Image>, ctx: Arc<Ctx>) -> Result<Action, ImageError> {
     let ns = image.namespace().unwrap_or_default();
+    if image.metadata.deletion_timestamp.is_none() {
+        own_contents(&image, &ctx).await?;
+    }
     let (state, ready, reason, message) = readiness(&image, |ns, name| {
         ctx.contents.get(&ObjectRef::new(name).within(ns))
     });
