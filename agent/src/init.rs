@@ -602,7 +602,7 @@ pub fn registration_hint(e: &ClientError) -> String {
     use anneal_api::agent::ErrorCode;
     match e {
         ClientError::CaMismatch { .. } => {
-            "anneal.ca against the manager's CA: the SHA-256 of the CA certificate in DER form, not of its PEM text (Secret anneal-agent-api-ca), and that the manager sends the CA in its chain".into()
+            "anneal.ca against the manager's CA: the SHA-256 of the CA certificate in DER form, not of its PEM text (ConfigMap anneal-agent-api-ca, key ca.crt), and that the manager sends the CA in its chain".into()
         }
         ClientError::Status { code: Some(ErrorCode::UsedToken), .. } => {
             "the boot token was already used: re-arm the Machine's net boot for a fresh token".into()
