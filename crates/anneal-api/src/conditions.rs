@@ -30,8 +30,6 @@ pub mod types {
     /// Machine: 3 consecutive `Restart` failures in one state; the controller
     /// stops calling the BMC until `anneal.dev/clear-error`.
     pub const RETRY_HELD: &str = "RetryHeld";
-    /// Machine: held because its status could not be trusted after a loss.
-    pub const STATUS_LOSS_HOLD: &str = "StatusLossHold";
     /// Machine in a lease-mode Subnet: its DHCP reservation is live in bootd
     /// (`status.dhcp.appliedRevision`), so powering on may proceed.
     pub const DHCP_RESERVATION_READY: &str = "DHCPReservationReady";
@@ -61,7 +59,6 @@ pub mod types {
         AGENT_REGISTERED,
         AGENT_COMPATIBLE,
         RETRY_HELD,
-        STATUS_LOSS_HOLD,
         DHCP_RESERVATION_READY,
         DHCP_POOL_EXHAUSTED,
         DELETION_BLOCKED,

@@ -315,7 +315,7 @@ pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStatus>,
     /// Conditions: Ready, Progressing, BMCReachable, AgentRegistered,
-    /// AgentCompatible, RetryHeld, StatusLossHold.
+    /// AgentCompatible, RetryHeld.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
