@@ -299,7 +299,9 @@ impl Executor {
     /// What the workload is doing.
     pub async fn observe(&self, spec: &WorkloadSpec) -> Result<Observation, WorkloadError> {
         match self {
-            Self::Process(p) => p.observe(spec),
+            // reads /proc and may wait a few ms for a process mid-exec: off
+            // the async executor
+            Self::Process(p) => blocking(p, spec, |p, s| p.observe(s)).await,
             Self::Kubernetes(k) => k.observe(spec).await,
         }
     }
@@ -307,7 +309,9 @@ impl Executor {
     /// Stops the workload and forgets it.
     pub async fn remove(&self, spec: &WorkloadSpec) -> Result<(), WorkloadError> {
         match self {
-            Self::Process(p) => p.remove(spec),
+            // waits up to 5 s for the process group to end: off the async
+            // executor
+            Self::Process(p) => blocking(p, spec, |p, s| p.remove(s)).await,
             Self::Kubernetes(k) => k.remove(spec).await,
         }
     }
@@ -391,4 +395,20 @@ mod tests {
             vec!["--store", "/store", "--x=/scratch/f"]
         );
     }
+}
+
+/// Runs a blocking call of the process executor on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    p: &process::ProcessExecutor,
+    spec: &WorkloadSpec,
+    f: fn(&process::ProcessExecutor, &WorkloadSpec) -> Result<T, WorkloadError>,
+) -> Result<T, WorkloadError> {
+    let (p, s) = (p.clone(), spec.clone());
+    let name = format!("{}/{}", spec.namespace, spec.name);
+    tokio::task::spawn_blocking(move || f(&p, &s))
+        .await
+        .map_err(|e| WorkloadError::Process {
+            name,
+            message: format!("the blocking task ended abnormally: {e}"),
+        })?
 }
