@@ -34,7 +34,7 @@ const MARKER_2: &str = "day1-marker-0b8d2a-second";
 const USER: &str = "ops";
 /// The agent sessions' TTL, shorter than a deploy here (issue 44: a run
 /// that outlives it completes, its session renewed while it reports).
-const SESSION_TTL: Duration = Duration::from_secs(30);
+const SESSION_TTL: Duration = Duration::from_secs(12);
 
 fn user_data(public_key: &str, marker: &str) -> String {
     format!(
@@ -154,7 +154,7 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
         &|s| println!("e2e-day1: {s}"),
         LabOptions {
             deploy: true,
-            session: Some((SESSION_TTL, Duration::from_secs(5))),
+            session: Some((SESSION_TTL, Duration::from_secs(2))),
             ..LabOptions::default()
         },
     )
