@@ -106,7 +106,7 @@ pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
         let broadcast = net | !mask;
         if mask != u32::MAX && mask != u32::MAX - 1 && (start == net || end == broadcast) {
             return Some((
-                "LeaseRangeIncludesNetworkOrBroadcast",
+                reasons::LEASE_RANGE_INCLUDES_NETWORK_OR_BROADCAST,
                 "spec.dhcp.leaseRange must exclude the network and broadcast addresses of spec.cidr".into(),
             ));
         }
