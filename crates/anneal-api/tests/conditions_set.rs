@@ -130,17 +130,19 @@ fn non_test_part(text: &str) -> &str {
 /// The non-test part of every workspace source file but conditions.rs.
 fn workspace_sources() -> Vec<(String, String)> {
     let root = repo_root();
-    let mut dirs: Vec<PathBuf> = ["manager/src", "bootd/src", "agent/src", "cli/src"]
-        .iter()
-        .map(|d| root.join(d))
-        .collect();
-    let crates = std::fs::read_dir(root.join("crates")).expect("listing crates/");
-    for c in crates {
-        let src = c.expect("directory entry").path().join("src");
-        if src.is_dir() {
-            dirs.push(src);
+    // `<top>/src` and the `src` of the crates one level below (crates/*,
+    // bootd/anneal-dhcp, …).
+    let mut dirs = Vec::new();
+    for top in ["manager", "bootd", "agent", "cli", "crates"] {
+        let top = root.join(top);
+        dirs.push(top.join("src"));
+        let subs =
+            std::fs::read_dir(&top).unwrap_or_else(|e| panic!("listing {}: {e}", top.display()));
+        for sub in subs {
+            dirs.push(sub.expect("directory entry").path().join("src"));
         }
     }
+    dirs.retain(|d| d.is_dir());
     let mut files = Vec::new();
     for d in &dirs {
         rust_files(d, &mut files);
