@@ -380,18 +380,7 @@ struct Captured {
     index_sha256: String,
 }
 
-fn ingest(
-    args: &IngestArgs,
-    out: &Out,
-    work_dirs: &WorkDirs,
-) -> Result<serde_json::Value, Failure> {
-    check_names(&[
-        ("namespace", &args.namespace),
-        ("import", &args.import),
-        ("prefix", &args.prefix),
-    ])?;
-    let expected = args.checksum.as_deref().map(parse_checksum).transpose()?;
-    let pl = args.piece_length;
+fn check_piece_length(pl: u32) -> Result<Options, Failure> {
     if !pl.is_power_of_two()
         || !(anneal_image::format::MIN_PIECE_LENGTH..=anneal_image::format::MAX_PIECE_LENGTH)
             .contains(&pl)
@@ -401,25 +390,27 @@ fn ingest(
             format!("piece length {pl} is not a power of two in 16 KiB..64 MiB"),
         ));
     }
-    let opts = Options { piece_length: pl };
-    let ns_dir = args.store.join(&args.namespace);
-    let import_dir = ns_dir.join(".imports").join(&args.import);
-    if import_dir.exists() {
-        return Err(Failure::new(
-            "ContentExists",
-            format!(
-                "import {}/{} was already published ({})",
-                args.namespace,
-                args.import,
-                import_dir.display()
-            ),
-        ));
-    }
+    Ok(Options { piece_length: pl })
+}
+
+/// The private directories of one ingest, removed by its [`Cleanup`].
+struct Staging {
+    work: PathBuf,
+    scratch: PathBuf,
+    capture_dir: PathBuf,
+}
+
+/// Creates the namespace directory and this ingest's staging, scratch and
+/// capture directories, each registered with `cleanup` first.
+fn make_staging(
+    args: &IngestArgs,
+    ns_dir: &Path,
+    cleanup: &mut Cleanup,
+) -> Result<Staging, Failure> {
     let tag = format!("{}-{:016x}", args.import, rand::random::<u64>());
     let work = args.store.join(".staging").join(&args.namespace).join(&tag);
-    let mut cleanup = Cleanup::new(work_dirs);
     cleanup.add(work.clone());
-    for d in [&ns_dir, &work] {
+    for d in [ns_dir, &work] {
         std::fs::create_dir_all(d).map_err(|e| store_err("creating", d, &e))?;
     }
     let scratch = match &args.scratch {
@@ -434,6 +425,366 @@ fn ingest(
     std::fs::create_dir_all(&scratch).map_err(|e| store_err("creating", &scratch, &e))?;
     let capture_dir = work.join("out");
     std::fs::create_dir_all(&capture_dir).map_err(|e| store_err("creating", &capture_dir, &e))?;
+    Ok(Staging {
+        work,
+        scratch,
+        capture_dir,
+    })
+}
+
+/// Opens the source: a staged upload under `ns_dir`, or the URL fetched
+/// with resumption; its length when known.
+fn open_source(
+    args: &IngestArgs,
+    ns_dir: &Path,
+) -> Result<(Box<dyn Read + Send>, Option<u64>), Failure> {
+    if let Some(name) = args.url.strip_prefix("staged://") {
+        check_names(&[("staged name", name)])?;
+        let p = ns_dir.join(".staged").join(name);
+        let f = File::open(&p).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                Failure::new(
+                    "SourceNotFound",
+                    format!("{}: no staged upload at {}", args.url, p.display()),
+                )
+            } else {
+                store_err("opening", &p, &e)
+            }
+        })?;
+        let len = f
+            .metadata()
+            .map_err(|e| store_err("reading", &p, &e))?
+            .len();
+        Ok((
+            Box::new(io::BufReader::with_capacity(1 << 20, f)),
+            Some(len),
+        ))
+    } else {
+        let fo = FetchOptions {
+            timeout: Duration::from_secs(args.timeout_secs.max(1)),
+            retries: args.retries,
+            ca_bundle: args.ca_bundle.clone(),
+            backoff: Duration::from_millis(500),
+        };
+        let tls = if args.url.starts_with("https://") {
+            Some(fetch::tls_config(args.ca_bundle.as_deref()).map_err(|e| fetch_failure(&e))?)
+        } else {
+            None
+        };
+        let body =
+            fetch::get_resuming(&args.url, &fo, tls.as_ref()).map_err(|e| fetch_failure(&e))?;
+        let len = body.content_length;
+        Ok((Box::new(body), len))
+    }
+}
+
+/// What capturing the source needs besides the source itself.
+struct CaptureStep<'a> {
+    url: &'a str,
+    /// The checksum the source must match, when one was given.
+    expected: Option<[u8; 32]>,
+    /// Where the [`Source`] leaves the failure behind an I/O error.
+    failure: &'a Mutex<Option<Failure>>,
+    capture_dir: &'a Path,
+    scratch: &'a Path,
+    cz_dir: PathBuf,
+    staged: Option<&'a Path>,
+    opts: Options,
+    set_phase: &'a dyn Fn(u64),
+}
+
+impl CaptureStep<'_> {
+    /// The failure the source recorded, else `fallback`.
+    fn source_failure(&self, fallback: Failure) -> Failure {
+        self.failure
+            .lock()
+            .ok()
+            .and_then(|mut g| g.take())
+            .unwrap_or(fallback)
+    }
+
+    fn invalid(&self, e: &CaptureError) -> Failure {
+        Failure::new("InvalidSource", format!("{}: {}", self.url, chain(e)))
+    }
+
+    /// The source's SHA-256, hex, when a checksum asked for it ("" without).
+    fn check_sum(&self, got: Option<[u8; 32]>, n: u64) -> Result<String, Failure> {
+        let Some(want) = self.expected else {
+            return Ok(String::new());
+        };
+        let Some(got) = got else {
+            return Err(Failure::new(
+                "StoreError",
+                format!("{}: the source was not hashed", self.url),
+            ));
+        };
+        if got != want {
+            return Err(Failure::new(
+                "ChecksumMismatch",
+                format!(
+                    "{}: expected sha256:{}, got sha256:{} ({} bytes)",
+                    self.url,
+                    hex::encode(want),
+                    hex::encode(got),
+                    n
+                ),
+            ));
+        }
+        Ok(hex::encode(got))
+    }
+
+    /// Checks the checksum once the source has been read completely.
+    fn finish(&self, src: &mut Source) -> Result<String, Failure> {
+        src.drain()
+            .map_err(|e| self.source_failure(Failure::new("Unreachable", chain(&e))))?;
+        let got = src.hasher.clone().map(|h| h.finalize().into());
+        self.check_sum(got, src.n)
+    }
+
+    fn tar_failure(&self, e: TarError, dir: &Path) -> Failure {
+        match e {
+            TarError::Io(e) => store_err("unpacking into", dir, &e),
+            TarError::Invalid(m) => Failure::new(
+                "InvalidSource",
+                format!("{}: not a usable tar archive: {m}", self.url),
+            ),
+        }
+    }
+
+    fn capture_cz(&self, dir: &Path) -> Result<Layout, Failure> {
+        let root = clonezilla_root(dir).ok_or_else(|| {
+            Failure::new(
+                "InvalidSource",
+                format!(
+                    "{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)",
+                    self.url
+                ),
+            )
+        })?;
+        let r = capture::capture_clonezilla(&root, self.capture_dir, self.opts);
+        let _ = std::fs::remove_dir_all(dir);
+        r.map_err(|e| self.invalid(&e))
+    }
+
+    /// Captures the source by its kind: the layout (none for a single
+    /// partclone image), the source's SHA-256 and the kind it turned out to
+    /// be (a partclone stream may be a compressed Clonezilla tar).
+    fn capture(
+        &self,
+        kind: Kind,
+        src: &mut Source,
+        head: Vec<u8>,
+    ) -> Result<(Kind, Option<Layout>, String), Failure> {
+        let (layout, sha) = match kind {
+            Kind::Partclone => {
+                let (layout, sha, is_tar) = self.partclone(src, head)?;
+                if is_tar {
+                    return Ok((Kind::ClonezillaTar, layout, sha));
+                }
+                (layout, sha)
+            }
+            Kind::Raw if self.staged.is_none() => self.raw_streamed(src, head)?,
+            Kind::Raw => self.raw_staged(src)?,
+            Kind::Qcow2 => self.qcow2(src, head)?,
+            Kind::ClonezillaTar => {
+                untar(io::Cursor::new(head).chain(&mut *src), &self.cz_dir)
+                    .map_err(|e| self.source_failure(self.tar_failure(e, &self.cz_dir)))?;
+                let sha = self.finish(src)?;
+                (self.set_phase)(1);
+                (Some(self.capture_cz(&self.cz_dir)?), sha)
+            }
+        };
+        Ok((kind, layout, sha))
+    }
+
+    /// Captured while it streams; a compressed tar (a Clonezilla directory
+    /// as .tar.gz / .tar.zst) is unpacked instead (true).
+    fn partclone(
+        &self,
+        src: &mut Source,
+        head: Vec<u8>,
+    ) -> Result<(Option<Layout>, String, bool), Failure> {
+        (self.set_phase)(1);
+        let (ip, sp) = capture::content_paths(self.capture_dir, "p1");
+        let opts = self.opts;
+        let cz_dir = &self.cz_dir;
+        let streamed = (|| -> Result<bool, Failure> {
+            let reader = io::Cursor::new(head).chain(&mut *src);
+            let (mut input, ikind) = source::open_partclone_stream(reader).map_err(|e| {
+                Failure::new(
+                    "InvalidSource",
+                    format!("{}: reading the partclone image: {}", self.url, chain(&e)),
+                )
+            })?;
+            match ikind {
+                ImageKind::Partclone => capture::capture_partclone(input, &ip, &sp, opts)
+                    .map(|_| false)
+                    .map_err(|e| self.invalid(&e)),
+                ImageKind::Raw => {
+                    let mut peek = Vec::with_capacity(512);
+                    (&mut input).take(512).read_to_end(&mut peek).map_err(|e| {
+                        Failure::new("InvalidSource", format!("{}: {}", self.url, chain(&e)))
+                    })?;
+                    if is_ustar(&peek) {
+                        untar(io::Cursor::new(peek).chain(input), cz_dir)
+                            .map_err(|e| self.tar_failure(e, cz_dir))?;
+                        Ok(true)
+                    } else {
+                        capture::capture_raw_stream(
+                            io::Cursor::new(peek).chain(input),
+                            &ip,
+                            &sp,
+                            opts,
+                        )
+                        .map(|_| false)
+                        .map_err(|e| self.invalid(&e))
+                    }
+                }
+            }
+        })();
+        let is_tar = streamed.map_err(|f| self.source_failure(f))?;
+        let sha = self.finish(src)?;
+        if is_tar {
+            Ok((Some(self.capture_cz(cz_dir)?), sha, true))
+        } else {
+            Ok((None, sha, false))
+        }
+    }
+
+    /// One pass over the body: spooled through a bounded window, captured
+    /// while it arrives, hashed on its own thread.
+    fn raw_streamed(
+        &self,
+        src: &mut Source,
+        head: Vec<u8>,
+    ) -> Result<(Option<Layout>, String), Failure> {
+        (self.set_phase)(1);
+        let spool_path = self.scratch.join("source.raw");
+        let r = stream_raw(src, head, &spool_path, self.capture_dir, self.opts, LIMITS);
+        let _ = std::fs::remove_file(&spool_path);
+        let (captured, got, stats) = r.map_err(|f| self.source_failure(f))?;
+        tracing::info!(
+            download_secs = stats.download_secs,
+            capture_secs = stats.capture_secs,
+            hash_secs = stats.hash_secs,
+            mem_peak = stats.mem_peak,
+            spilled = stats.spilled,
+            "raw source streamed"
+        );
+        let sha = self.check_sum(got, src.n)?;
+        Ok((Some(captured.map_err(|e| self.invalid(&e))?), sha))
+    }
+
+    /// A staged upload is a local file already: captured from it directly
+    /// while this thread hashes it.
+    fn raw_staged(&self, src: &mut Source) -> Result<(Option<Layout>, String), Failure> {
+        let file = self.staged.map(Path::to_path_buf).unwrap_or_default();
+        (self.set_phase)(1);
+        let (capture_dir, opts) = (self.capture_dir, self.opts);
+        let (captured, sha) = std::thread::scope(|s| {
+            let cap = s.spawn(|| capture::capture_disk(&file, capture_dir, opts));
+            let sha = self.finish(src);
+            let captured = cap.join().unwrap_or(Err(CaptureError::Pipeline));
+            (captured, sha)
+        });
+        let sha = sha?;
+        Ok((Some(captured.map_err(|e| self.invalid(&e))?), sha))
+    }
+
+    /// qcow2 needs random access: a fetched source is spooled to a sparse
+    /// scratch file first (deleted afterwards).
+    fn qcow2(&self, src: &mut Source, head: Vec<u8>) -> Result<(Option<Layout>, String), Failure> {
+        let (file, sha) = match self.staged {
+            Some(p) => (p.to_path_buf(), self.finish(src)?),
+            None => {
+                let file = self.scratch.join("source.qcow2");
+                spool(io::Cursor::new(head).chain(&mut *src), &file)
+                    .map_err(|e| self.source_failure(store_err("writing", &file, &e)))?;
+                (file, self.finish(src)?)
+            }
+        };
+        (self.set_phase)(1);
+        let converted = self.scratch.join("converted.raw");
+        let r = capture::capture_qcow2(&file, &converted, self.capture_dir, self.opts);
+        if self.staged.is_none() {
+            let _ = std::fs::remove_file(&file);
+        }
+        let _ = std::fs::remove_file(&converted);
+        Ok((Some(r.map_err(|e| self.invalid(&e))?), sha))
+    }
+}
+
+/// Reads the captured contents' indexes back, named `<prefix>-p<N>`.
+fn captured_contents(
+    args: &IngestArgs,
+    capture_dir: &Path,
+    layout: Option<&Layout>,
+) -> Result<Vec<Captured>, Failure> {
+    let numbers: Vec<(u32, String)> = match layout {
+        Some(l) => l
+            .slots
+            .iter()
+            .filter_map(|s| s.content_ref.clone().map(|c| (s.number, c)))
+            .collect(),
+        None => vec![(1, "p1".to_owned())],
+    };
+    let mut contents = Vec::new();
+    for (number, capture_name) in numbers {
+        let (ip, _) = capture::content_paths(capture_dir, &capture_name);
+        let raw = std::fs::read(&ip).map_err(|e| store_err("reading", &ip, &e))?;
+        let index = ContentIndex::parse(&raw).map_err(|e| store_err("parsing", &ip, &e))?;
+        contents.push(Captured {
+            number,
+            capture_name,
+            name: format!("{}-p{number}", args.prefix),
+            index,
+            index_sha256: hex::encode(sha2::Sha256::digest(&raw)),
+        });
+    }
+    Ok(contents)
+}
+
+/// The upload did its job: its contents are published (a failed import
+/// keeps it for the next attempt).
+fn remove_staged_upload(p: &Path) {
+    match std::fs::remove_file(p) {
+        Ok(()) => tracing::info!(path = %p.display(), "staged upload removed after its import"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(path = %p.display(), error = %e, "staged upload not removed"),
+    }
+}
+
+fn ingest(
+    args: &IngestArgs,
+    out: &Out,
+    work_dirs: &WorkDirs,
+) -> Result<serde_json::Value, Failure> {
+    check_names(&[
+        ("namespace", &args.namespace),
+        ("import", &args.import),
+        ("prefix", &args.prefix),
+    ])?;
+    let expected = args.checksum.as_deref().map(parse_checksum).transpose()?;
+    let opts = check_piece_length(args.piece_length)?;
+    let ns_dir = args.store.join(&args.namespace);
+    let import_dir = ns_dir.join(".imports").join(&args.import);
+    if import_dir.exists() {
+        return Err(Failure::new(
+            "ContentExists",
+            format!(
+                "import {}/{} was already published ({})",
+                args.namespace,
+                args.import,
+                import_dir.display()
+            ),
+        ));
+    }
+    let mut cleanup = Cleanup::new(work_dirs);
+    let Staging {
+        work,
+        scratch,
+        capture_dir,
+    } = make_staging(args, &ns_dir, &mut cleanup)?;
 
     let prog = Arc::new(Progress {
         phase: AtomicU64::new(0),
@@ -457,45 +808,7 @@ fn ingest(
         .url
         .strip_prefix("staged://")
         .map(|name| ns_dir.join(".staged").join(name));
-    let (inner, total): (Box<dyn Read + Send>, Option<u64>) =
-        if let Some(name) = args.url.strip_prefix("staged://") {
-            check_names(&[("staged name", name)])?;
-            let p = ns_dir.join(".staged").join(name);
-            let f = File::open(&p).map_err(|e| {
-                if e.kind() == io::ErrorKind::NotFound {
-                    Failure::new(
-                        "SourceNotFound",
-                        format!("{}: no staged upload at {}", args.url, p.display()),
-                    )
-                } else {
-                    store_err("opening", &p, &e)
-                }
-            })?;
-            let len = f
-                .metadata()
-                .map_err(|e| store_err("reading", &p, &e))?
-                .len();
-            (
-                Box::new(io::BufReader::with_capacity(1 << 20, f)),
-                Some(len),
-            )
-        } else {
-            let fo = FetchOptions {
-                timeout: Duration::from_secs(args.timeout_secs.max(1)),
-                retries: args.retries,
-                ca_bundle: args.ca_bundle.clone(),
-                backoff: Duration::from_millis(500),
-            };
-            let tls = if args.url.starts_with("https://") {
-                Some(fetch::tls_config(args.ca_bundle.as_deref()).map_err(|e| fetch_failure(&e))?)
-            } else {
-                None
-            };
-            let body =
-                fetch::get_resuming(&args.url, &fo, tls.as_ref()).map_err(|e| fetch_failure(&e))?;
-            let len = body.content_length;
-            (Box::new(body), len)
-        };
+    let (inner, total) = open_source(args, &ns_dir)?;
     prog.total.store(total.unwrap_or(0), Ordering::Relaxed);
     if let (Some(max), Some(t)) = (args.max_bytes, total)
         && t > max
@@ -520,18 +833,22 @@ fn ingest(
         prog: prog.clone(),
         failure: failure.clone(),
     };
-    let source_failure = |fallback: Failure| -> Failure {
-        failure
-            .lock()
-            .ok()
-            .and_then(|mut g| g.take())
-            .unwrap_or(fallback)
+    let step = CaptureStep {
+        url: &args.url,
+        expected,
+        failure: &failure,
+        capture_dir: &capture_dir,
+        scratch: &scratch,
+        cz_dir: scratch.join("clonezilla"),
+        staged: staged.as_deref(),
+        opts,
+        set_phase: &set_phase,
     };
     let mut head = Vec::with_capacity(512);
     (&mut src)
         .take(512)
         .read_to_end(&mut head)
-        .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
+        .map_err(|e| step.source_failure(Failure::new("Unreachable", chain(&e))))?;
     let kind = detect(&head, args.format);
     tracing::info!(url = %args.url, format = kind.name(), "ingest");
     if head.is_empty() {
@@ -542,201 +859,12 @@ fn ingest(
             format!("{}: source is empty (0 bytes)", args.url),
         ));
     }
-
-    let invalid =
-        |e: &CaptureError| Failure::new("InvalidSource", format!("{}: {}", args.url, chain(e)));
-    // the source's SHA-256, hex, when a checksum asked for it ("" without)
-    let check_sum = |got: Option<[u8; 32]>, n: u64| -> Result<String, Failure> {
-        let Some(want) = expected else {
-            return Ok(String::new());
-        };
-        let Some(got) = got else {
-            return Err(Failure::new(
-                "StoreError",
-                format!("{}: the source was not hashed", args.url),
-            ));
-        };
-        if got != want {
-            return Err(Failure::new(
-                "ChecksumMismatch",
-                format!(
-                    "{}: expected sha256:{}, got sha256:{} ({} bytes)",
-                    args.url,
-                    hex::encode(want),
-                    hex::encode(got),
-                    n
-                ),
-            ));
-        }
-        Ok(hex::encode(got))
-    };
-    // check the checksum once the source has been read completely
-    let finish = |src: &mut Source| -> Result<String, Failure> {
-        src.drain()
-            .map_err(|e| source_failure(Failure::new("Unreachable", chain(&e))))?;
-        let got = src.hasher.clone().map(|h| h.finalize().into());
-        check_sum(got, src.n)
-    };
-
-    let tar_failure = |e: TarError, dir: &Path| match e {
-        TarError::Io(e) => store_err("unpacking into", dir, &e),
-        TarError::Invalid(m) => Failure::new(
-            "InvalidSource",
-            format!("{}: not a usable tar archive: {m}", args.url),
-        ),
-    };
-    let capture_cz = |dir: &Path| -> Result<Layout, Failure> {
-        let root = clonezilla_root(dir).ok_or_else(|| {
-            Failure::new(
-                "InvalidSource",
-                format!(
-                    "{}: the tar archive holds no Clonezilla image (<disk>-pt.sf)",
-                    args.url
-                ),
-            )
-        })?;
-        let r = capture::capture_clonezilla(&root, &capture_dir, opts);
-        let _ = std::fs::remove_dir_all(dir);
-        r.map_err(|e| invalid(&e))
-    };
-    let cz_dir = scratch.join("clonezilla");
-    let mut kind = kind;
-    let (layout, source_sha): (Option<Layout>, String) = match kind {
-        Kind::Partclone => {
-            // captured while it streams; a compressed tar (a Clonezilla
-            // directory as .tar.gz / .tar.zst) is unpacked instead
-            set_phase(1);
-            let (ip, sp) = capture::content_paths(&capture_dir, "p1");
-            let streamed = (|| -> Result<bool, Failure> {
-                let reader = io::Cursor::new(head).chain(&mut src);
-                let (mut input, ikind) = source::open_partclone_stream(reader).map_err(|e| {
-                    Failure::new(
-                        "InvalidSource",
-                        format!("{}: reading the partclone image: {}", args.url, chain(&e)),
-                    )
-                })?;
-                match ikind {
-                    ImageKind::Partclone => capture::capture_partclone(input, &ip, &sp, opts)
-                        .map(|_| false)
-                        .map_err(|e| invalid(&e)),
-                    ImageKind::Raw => {
-                        let mut peek = Vec::with_capacity(512);
-                        (&mut input).take(512).read_to_end(&mut peek).map_err(|e| {
-                            Failure::new("InvalidSource", format!("{}: {}", args.url, chain(&e)))
-                        })?;
-                        if is_ustar(&peek) {
-                            untar(io::Cursor::new(peek).chain(input), &cz_dir)
-                                .map_err(|e| tar_failure(e, &cz_dir))?;
-                            Ok(true)
-                        } else {
-                            capture::capture_raw_stream(
-                                io::Cursor::new(peek).chain(input),
-                                &ip,
-                                &sp,
-                                opts,
-                            )
-                            .map(|_| false)
-                            .map_err(|e| invalid(&e))
-                        }
-                    }
-                }
-            })();
-            let is_tar = streamed.map_err(&source_failure)?;
-            let sha = finish(&mut src)?;
-            if is_tar {
-                kind = Kind::ClonezillaTar;
-                (Some(capture_cz(&cz_dir)?), sha)
-            } else {
-                (None, sha)
-            }
-        }
-        Kind::Raw if staged.is_none() => {
-            // one pass over the body: spooled through a bounded window,
-            // captured while it arrives, hashed on its own thread
-            set_phase(1);
-            let spool_path = scratch.join("source.raw");
-            let r = stream_raw(&mut src, head, &spool_path, &capture_dir, opts, LIMITS);
-            let _ = std::fs::remove_file(&spool_path);
-            let (captured, got, stats) = r.map_err(&source_failure)?;
-            tracing::info!(
-                download_secs = stats.download_secs,
-                capture_secs = stats.capture_secs,
-                hash_secs = stats.hash_secs,
-                mem_peak = stats.mem_peak,
-                spilled = stats.spilled,
-                "raw source streamed"
-            );
-            let sha = check_sum(got, src.n)?;
-            (Some(captured.map_err(|e| invalid(&e))?), sha)
-        }
-        Kind::Raw => {
-            // a staged upload is a local file already: captured from it
-            // directly while this thread hashes it
-            let file = staged.clone().unwrap_or_default();
-            set_phase(1);
-            let (captured, sha) = std::thread::scope(|s| {
-                let cap = s.spawn(|| capture::capture_disk(&file, &capture_dir, opts));
-                let sha = finish(&mut src);
-                let captured = cap.join().unwrap_or(Err(CaptureError::Pipeline));
-                (captured, sha)
-            });
-            let sha = sha?;
-            (Some(captured.map_err(|e| invalid(&e))?), sha)
-        }
-        Kind::Qcow2 => {
-            // qcow2 needs random access: a fetched source is spooled to a
-            // sparse scratch file first (deleted afterwards)
-            let (file, sha) = match &staged {
-                Some(p) => (p.clone(), finish(&mut src)?),
-                None => {
-                    let file = scratch.join("source.qcow2");
-                    spool(io::Cursor::new(head).chain(&mut src), &file)
-                        .map_err(|e| source_failure(store_err("writing", &file, &e)))?;
-                    (file, finish(&mut src)?)
-                }
-            };
-            set_phase(1);
-            let r =
-                capture::capture_qcow2(&file, &scratch.join("converted.raw"), &capture_dir, opts);
-            if staged.is_none() {
-                let _ = std::fs::remove_file(&file);
-            }
-            let _ = std::fs::remove_file(scratch.join("converted.raw"));
-            (Some(r.map_err(|e| invalid(&e))?), sha)
-        }
-        Kind::ClonezillaTar => {
-            untar(io::Cursor::new(head).chain(&mut src), &cz_dir)
-                .map_err(|e| source_failure(tar_failure(e, &cz_dir)))?;
-            let sha = finish(&mut src)?;
-            set_phase(1);
-            (Some(capture_cz(&cz_dir)?), sha)
-        }
-    };
+    let (kind, layout, source_sha) = step.capture(kind, &mut src, head)?;
     let fetched = src.n;
     drop(src);
 
     // the contents
-    let numbers: Vec<(u32, String)> = match &layout {
-        Some(l) => l
-            .slots
-            .iter()
-            .filter_map(|s| s.content_ref.clone().map(|c| (s.number, c)))
-            .collect(),
-        None => vec![(1, "p1".to_owned())],
-    };
-    let mut contents = Vec::new();
-    for (number, capture_name) in numbers {
-        let (ip, _) = capture::content_paths(&capture_dir, &capture_name);
-        let raw = std::fs::read(&ip).map_err(|e| store_err("reading", &ip, &e))?;
-        let index = ContentIndex::parse(&raw).map_err(|e| store_err("parsing", &ip, &e))?;
-        contents.push(Captured {
-            number,
-            capture_name,
-            name: format!("{}-p{number}", args.prefix),
-            index,
-            index_sha256: hex::encode(sha2::Sha256::digest(&raw)),
-        });
-    }
+    let contents = captured_contents(args, &capture_dir, layout.as_ref())?;
     let layout = layout.map(|mut l| {
         for s in &mut l.slots {
             if s.content_ref.is_some() {
@@ -763,14 +891,8 @@ fn ingest(
     drop(ticker);
     out.line(&prog.json());
     drop(cleanup);
-    // the upload did its job: its contents are published (a failed import
-    // keeps it for the next attempt)
     if let Some(p) = &staged {
-        match std::fs::remove_file(p) {
-            Ok(()) => tracing::info!(path = %p.display(), "staged upload removed after its import"),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %p.display(), error = %e, "staged upload not removed"),
-        }
+        remove_staged_upload(p);
     }
 
     let contents_json: Vec<serde_json::Value> = contents.iter().map(content_json).collect();

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anneal_api::agent::{AfterDeploy, NextAction, Outcome, RegisterRequest, ResultRequest};
+use anneal_api::agent::{
+    AfterDeploy, HardwareReport, NextAction, Outcome, RegisterRequest, ResultRequest,
+};
 use anneal_api::error_chain;
 use nix::mount::{MsFlags, mount};
 use nix::sys::reboot::{RebootMode, reboot};
@@ -454,6 +456,24 @@ pub fn worker() -> ! {
         Ok(h) => h,
         Err(e) => fail("inventory", &e, "that /sys is mounted"),
     };
+    say_inventory(&hw);
+    if let Err(e) = retry("hardware report", Duration::from_secs(300), || {
+        client.put_hardware(&hw)
+    }) {
+        fail(
+            "hardware report",
+            &e,
+            "the manager's logs for the rejected field",
+        );
+    }
+    say!("hardware sent");
+    say!("waiting for the next action");
+    serve_actions(&client)
+}
+
+/// Prints the inventory on the console: totals, then one line per disk
+/// and per NIC.
+fn say_inventory(hw: &HardwareReport) {
     say!(
         "inventory: {} CPUs, {} memory, {} firmware{}, {} disks, {} NICs",
         hw.cpu.count,
@@ -489,23 +509,16 @@ pub fn worker() -> ! {
             if n.link { "up" } else { "down" }
         );
     }
-    if let Err(e) = retry("hardware report", Duration::from_secs(300), || {
-        client.put_hardware(&hw)
-    }) {
-        fail(
-            "hardware report",
-            &e,
-            "the manager's logs for the rejected field",
-        );
-    }
-    say!("hardware sent");
-    say!("waiting for the next action");
+}
+
+/// Runs the manager's next actions, one after the other, forever.
+fn serve_actions(client: &AgentClient) -> ! {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     loop {
         match client.next(Duration::from_secs(60)) {
             Ok(action) => {
                 backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-                handle(&client, action);
+                handle(client, action);
             }
             Err(e) if e.is_permanent() => fail(
                 "waiting for the next action",
