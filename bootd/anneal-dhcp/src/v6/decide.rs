@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-use super::wire::{Duid, Malformed6, Message6, MsgType, Options, Packet6, eui64_mac, opt};
+use super::wire::{
+    Duid, Malformed6, Message6, MsgType, Options, Packet6, RelayHop, eui64_mac, opt,
+};
 use crate::Mac;
 use crate::table::{Arch, BootFiles, Mode};
 
@@ -593,27 +595,84 @@ fn address_for(
     Ok(None)
 }
 
-/// Decides the answer to one request.
-pub fn decide6(req: &Request6, t: &BootTable6, leases: &Leases6, now: u64) -> Decision6 {
-    let mt = req.msg_type();
+/// Drops a request that names another server, or none where one is
+/// required, and message types this server does not answer.
+fn check_server_id(req: &Request6, t: &BootTable6, mt: MsgType) -> Result<(), DropReason6> {
     let server_ours = req.server_id.as_deref() == Some(t.server_duid.as_slice());
     match mt {
         MsgType::Solicit | MsgType::Rebind | MsgType::Confirm => {
             if req.server_id.is_some() {
-                return drop6(DropReason6::NotForUs);
+                return Err(DropReason6::NotForUs);
             }
         }
         MsgType::Request | MsgType::Renew | MsgType::Release | MsgType::Decline => {
             if !server_ours {
-                return drop6(DropReason6::NotForUs);
+                return Err(DropReason6::NotForUs);
             }
         }
         MsgType::InformationRequest => {
             if req.server_id.is_some() && !server_ours {
-                return drop6(DropReason6::NotForUs);
+                return Err(DropReason6::NotForUs);
             }
         }
-        _ => return drop6(DropReason6::UnsupportedMessage),
+        _ => return Err(DropReason6::UnsupportedMessage),
+    }
+    Ok(())
+}
+
+/// The configuration a reply gives: the boot file URL, its parameters and
+/// the HTTP boot vendor class when there is a boot file, the DNS servers.
+fn push_config(o: &mut Options, req: &Request6, t: &BootTable6, boot: Option<&str>) {
+    if let Some(url) = boot {
+        o.push(opt::BOOTFILE_URL, url.as_bytes().to_vec());
+        if !t.boot_params.is_empty() {
+            let mut p = Vec::new();
+            for s in &t.boot_params {
+                let n = u16::try_from(s.len()).unwrap_or(u16::MAX);
+                p.extend_from_slice(&n.to_be_bytes());
+                p.extend_from_slice(&s.as_bytes()[..usize::from(n)]);
+            }
+            o.push(opt::BOOTFILE_PARAM, p);
+        }
+        if req.client_kind() == ClientKind6::Http {
+            // UEFI 2.x 24.7.2: an HTTP boot offer carries HTTPClient
+            let mut v = UEFI_ENTERPRISE.to_be_bytes().to_vec();
+            v.extend_from_slice(&10u16.to_be_bytes());
+            v.extend_from_slice(b"HTTPClient");
+            o.push(opt::VENDOR_CLASS, v);
+        }
+    }
+    if !t.dns.is_empty() {
+        let mut v = Vec::with_capacity(16 * t.dns.len());
+        for d in &t.dns {
+            v.extend_from_slice(&d.octets());
+        }
+        o.push(opt::DNS_SERVERS, v);
+    }
+}
+
+/// The request's relay hops for the reply, each keeping only its Interface-ID.
+fn reply_relays(req: &Request6) -> Vec<RelayHop> {
+    let mut relays = req.packet.relays.clone();
+    for hop in &mut relays {
+        // RFC 8415 19.3: only the Interface-ID is copied back
+        hop.options = Options(
+            hop.options
+                .0
+                .iter()
+                .filter(|(c, _)| *c == opt::INTERFACE_ID)
+                .cloned()
+                .collect(),
+        );
+    }
+    relays
+}
+
+/// Decides the answer to one request.
+pub fn decide6(req: &Request6, t: &BootTable6, leases: &Leases6, now: u64) -> Decision6 {
+    let mt = req.msg_type();
+    if let Err(r) = check_server_id(req, t, mt) {
+        return drop6(r);
     }
     if let Some(link) = req
         .packet
@@ -729,45 +788,9 @@ pub fn decide6(req: &Request6, t: &BootTable6, leases: &Leases6, now: u64) -> De
     }
     let gives_config = !matches!(mt, MsgType::Release | MsgType::Decline | MsgType::Confirm);
     if gives_config {
-        if let Some(url) = &boot {
-            o.push(opt::BOOTFILE_URL, url.as_bytes().to_vec());
-            if !t.boot_params.is_empty() {
-                let mut p = Vec::new();
-                for s in &t.boot_params {
-                    let n = u16::try_from(s.len()).unwrap_or(u16::MAX);
-                    p.extend_from_slice(&n.to_be_bytes());
-                    p.extend_from_slice(&s.as_bytes()[..usize::from(n)]);
-                }
-                o.push(opt::BOOTFILE_PARAM, p);
-            }
-            if req.client_kind() == ClientKind6::Http {
-                // UEFI 2.x 24.7.2: an HTTP boot offer carries HTTPClient
-                let mut v = UEFI_ENTERPRISE.to_be_bytes().to_vec();
-                v.extend_from_slice(&10u16.to_be_bytes());
-                v.extend_from_slice(b"HTTPClient");
-                o.push(opt::VENDOR_CLASS, v);
-            }
-        }
-        if !t.dns.is_empty() {
-            let mut v = Vec::with_capacity(16 * t.dns.len());
-            for d in &t.dns {
-                v.extend_from_slice(&d.octets());
-            }
-            o.push(opt::DNS_SERVERS, v);
-        }
+        push_config(&mut o, req, t, boot.as_deref());
     }
-    let mut relays = req.packet.relays.clone();
-    for hop in &mut relays {
-        // RFC 8415 19.3: only the Interface-ID is copied back
-        hop.options = Options(
-            hop.options
-                .0
-                .iter()
-                .filter(|(c, _)| *c == opt::INTERFACE_ID)
-                .cloned()
-                .collect(),
-        );
-    }
+    let relays = reply_relays(req);
     let packet = Packet6 {
         relays,
         message: Message6 {
