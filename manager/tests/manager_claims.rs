@@ -543,12 +543,63 @@ async fn claims_bind_atomically_by_selector_and_release() {
     }
 
     // 4. Release: deleting the claim marks the machine Released (Retain)
-    // and clears its claimRef; the claim goes away.
+    // and clears its claimRef; the claim goes away. While the machine is
+    // Parked the release waits (issue 44: every controller stands down).
+    let before = get_machine(&client, ns, "big").await.status.unwrap().state;
+    let set_state = |state: Option<MachineState>| {
+        let client = client.clone();
+        async move {
+            Api::<Machine>::namespaced(client, ns)
+                .patch_status(
+                    "big",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"status": {"state": state}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    set_state(Some(MachineState::Parked)).await;
     Api::<MachineClaim>::namespaced(client.clone(), ns)
         .delete("c-big", &DeleteParams::default())
         .await
         .unwrap();
-    let released = eventually("release of big", Duration::from_secs(30), || async {
+    eventually(
+        "ReleaseWaitsForUnpark on c-big",
+        Duration::from_secs(30),
+        || async {
+            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+                .list(&Default::default())
+                .await
+                .unwrap();
+            let found = events.items.iter().any(|e| {
+                e.reason.as_deref() == Some("ReleaseWaitsForUnpark")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("c-big")
+            });
+            if found {
+                Ok(())
+            } else {
+                Err("no event yet".to_string())
+            }
+        },
+    )
+    .await;
+    let held = get_machine(&client, ns, "big").await;
+    assert!(
+        held.spec.claim_ref.is_some(),
+        "a Parked machine was released"
+    );
+    assert_eq!(held.status.unwrap().state, Some(MachineState::Parked));
+    assert!(
+        Api::<MachineClaim>::namespaced(client.clone(), ns)
+            .get_opt("c-big")
+            .await
+            .unwrap()
+            .is_some(),
+        "the claim of a Parked machine went before its release"
+    );
+    set_state(before).await;
+    let released = eventually("release of big", Duration::from_secs(60), || async {
         let m = get_machine(&client, ns, "big").await;
         let gone = Api::<MachineClaim>::namespaced(client.clone(), ns)
             .get_opt("c-big")

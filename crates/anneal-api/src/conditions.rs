@@ -153,6 +153,9 @@ pub mod reasons {
     /// Machine Event (Warning): deleted while a claim holds it; nothing is
     /// done until the claim releases it (or `anneal.dev/force-release`).
     pub const DELETING_CLAIMED_HOST: &str = "DeletingClaimedHost";
+    /// MachineClaim Event (Warning): the claim was deleted while its Machine
+    /// is Parked; the release waits until it is unparked.
+    pub const RELEASE_WAITS_FOR_UNPARK: &str = "ReleaseWaitsForUnpark";
     /// ReadinessRule Ready=True: every listed condition holds.
     pub const ALL_CONDITIONS_HOLD: &str = "AllConditionsHold";
     /// ReadinessRule Ready=False: some listed condition does not hold yet.
@@ -356,6 +359,7 @@ pub mod reasons {
         WAITING_FOR_CLAIM,
         ADOPTED_PROVISIONED_CLAIM,
         DELETING_CLAIMED_HOST,
+        RELEASE_WAITS_FOR_UNPARK,
         ALL_CONDITIONS_HOLD,
         CONDITIONS_PENDING,
         CONNECTED,

@@ -72,6 +72,10 @@ pub enum ClaimError {
     /// The caches did not sync in time.
     #[error("caches not ready")]
     NotReady,
+    /// The bound machine is Parked: its release waits for `unpark` (the
+    /// finalizer stays; retried).
+    #[error("machine {0} is Parked: the release waits until it is unparked")]
+    WaitsForUnpark(String),
 }
 
 impl From<kube::Error> for ClaimError {
@@ -271,7 +275,7 @@ impl ReconcileError for ClaimError {
                 | kube::runtime::finalizer::Error::RemoveFinalizer(e) => is_conflict(e),
                 _ => false,
             },
-            Self::NoNamespace | Self::NotReady => false,
+            Self::NoNamespace | Self::NotReady | Self::WaitsForUnpark(_) => false,
         }
     }
 
@@ -282,6 +286,7 @@ impl ReconcileError for ClaimError {
             Self::NoNamespace => "no_namespace",
             Self::ReleaseConflict(_) => "release_conflict",
             Self::NotReady => "not_ready",
+            Self::WaitsForUnpark(_) => "waits_for_unpark",
         }
     }
 }
@@ -926,6 +931,25 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
         .is_some_and(|r| select::ref_names(r, &ns, &ns, &claim_name))
     {
         return Ok(Action::await_change());
+    }
+    if live.status.as_ref().and_then(|s| s.state) == Some(MachineState::Parked) {
+        // Parked: every controller stands down; the release (and a
+        // Recycle's wipe) waits for `unpark` (issue 44)
+        let message = format!(
+            "claim {claim_name} was deleted while Machine {name} is Parked: the release waits until it is unparked (kubectl anneal unpark {name})"
+        );
+        info!(claim = %claim_name, machine = %name, "release waits for unpark");
+        // the recorder folds the repeats into one Event's count
+        event(
+            ctx,
+            claim,
+            EventType::Warning,
+            reasons::RELEASE_WAITS_FOR_UNPARK,
+            message,
+        )
+        .await;
+        // an error keeps the finalizer (Ok would let the claim go)
+        return Err(ClaimError::WaitsForUnpark(name));
     }
     let (reason, message) = match live.spec.reclaim_policy {
         ReclaimPolicy::Retain => (

@@ -784,7 +784,7 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
         }
     };
     reboot(&mut p, client);
-    if let Some(outcome) = park(&mut p, client) {
+    if let Some(outcome) = park(&mut p, client, http_boot) {
         return p.finish(outcome, true);
     }
     let outcome = match p.state() {
@@ -881,7 +881,7 @@ fn reboot(p: &mut Pass<'_, '_>, client: bool) {
 /// `anneal.dev/operation`: `park` from Available or Provisioned, `unpark`
 /// from Parked; a park elsewhere waits (the annotation stays), an unpark
 /// elsewhere is dropped.
-fn park(p: &mut Pass<'_, '_>, client: bool) -> Option<Outcome> {
+fn park(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Option<Outcome> {
     let health = p.cfg().health_interval;
     match (p.annotation(annotations::OPERATION), p.state()) {
         (Some("park"), MachineState::Available | MachineState::Provisioned) => {
@@ -898,13 +898,26 @@ fn park(p: &mut Pass<'_, '_>, client: bool) -> Option<Outcome> {
             })
         }
         (Some("unpark"), MachineState::Parked) => {
-            let to = if p.m().spec.claim_ref.is_some() {
-                MachineState::Provisioned
-            } else {
-                MachineState::Available
-            };
-            p.transition(to);
             p.d.drop_annotations.push(annotations::OPERATION);
+            if p.m().spec.claim_ref.is_none() {
+                // unpark refreshes the inventory: a new inspection, the old
+                // MachineHardware gone (issue 44)
+                p.d.delete_hardware = true;
+                p.transition(MachineState::Inspecting);
+                return Some(match arm(p, client, http_boot) {
+                    Outcome::Wait {
+                        reason: "boot armed",
+                        requeue,
+                    } => Outcome::Transition {
+                        next: MachineState::Inspecting,
+                        event: "Unparked",
+                        requeue,
+                    },
+                    other => other,
+                });
+            }
+            let to = MachineState::Provisioned;
+            p.transition(to);
             Some(Outcome::Transition {
                 next: to,
                 event: "Unparked",
@@ -2774,15 +2787,21 @@ mod tests {
     }
 
     #[test]
-    fn unpark_to_available_or_provisioned_when_claimed() {
+    fn unpark_reinspects_or_returns_to_provisioned_when_claimed() {
         let cfg = cfg();
         let unpark = json!({"anneal.dev/operation": "unpark"});
         let parked = json!({"state": "Parked", "poweredOn": false});
         let m = machine(unpark.clone(), json!({}), parked.clone());
         let d = apply(&snap(&m, &cfg, answer(false)));
-        assert_eq!(state(&d), MachineState::Available);
+        // unclaimed: a new inspection refreshes the inventory
+        assert_eq!(state(&d), MachineState::Inspecting);
         assert_eq!(d.draft.drop_annotations, vec![annotations::OPERATION]);
-        assert!(d.actions.is_empty());
+        assert!(d.draft.delete_hardware, "the old inventory goes");
+        assert!(
+            matches!(actions(&d)[..], [BmcAction::BootOnce { .. }]),
+            "{:?}",
+            actions(&d)
+        );
         let m = machine(unpark.clone(), json!({"claimRef": {"name": "c"}}), parked);
         let d = apply(&snap(&m, &cfg, answer(false)));
         assert_eq!(state(&d), MachineState::Provisioned);

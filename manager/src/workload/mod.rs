@@ -326,6 +326,22 @@ impl Executor {
     }
 }
 
+/// Runs a blocking call of the process executor on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    p: &process::ProcessExecutor,
+    spec: &WorkloadSpec,
+    f: fn(&process::ProcessExecutor, &WorkloadSpec) -> Result<T, WorkloadError>,
+) -> Result<T, WorkloadError> {
+    let (p, s) = (p.clone(), spec.clone());
+    let name = format!("{}/{}", spec.namespace, spec.name);
+    tokio::task::spawn_blocking(move || f(&p, &s))
+        .await
+        .map_err(|e| WorkloadError::Process {
+            name,
+            message: format!("the blocking task ended abnormally: {e}"),
+        })?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,20 +411,4 @@ mod tests {
             vec!["--store", "/store", "--x=/scratch/f"]
         );
     }
-}
-
-/// Runs a blocking call of the process executor on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    p: &process::ProcessExecutor,
-    spec: &WorkloadSpec,
-    f: fn(&process::ProcessExecutor, &WorkloadSpec) -> Result<T, WorkloadError>,
-) -> Result<T, WorkloadError> {
-    let (p, s) = (p.clone(), spec.clone());
-    let name = format!("{}/{}", spec.namespace, spec.name);
-    tokio::task::spawn_blocking(move || f(&p, &s))
-        .await
-        .map_err(|e| WorkloadError::Process {
-            name,
-            message: format!("the blocking task ended abnormally: {e}"),
-        })?
 }
