@@ -10,7 +10,10 @@
 //! for the claim: providerID, ready, initialization.provisioned and the
 //! addresses; a failed DeployRun's message as `DeploymentFailed`; an
 //! unreachable BMC as `WaitingForBMC`; deletion deletes the claim and waits
-//! for it to go; an AnnealCluster becomes provisioned with its endpoint.
+//! for it to go; `clusterctl move`: a moved AnnealMachine (providerID set)
+//! takes its Machine over without a deploy (adopted for a new claim, or its
+//! former claim taken over), a providerID naming no Machine creates
+//! nothing; an AnnealCluster becomes provisioned with its endpoint.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::future::Future;
@@ -456,7 +459,11 @@ async fn annealmachine_claims_deploys_and_releases() {
     })
     .await;
 
-    // 7. an AnnealCluster is provisioned once its endpoint is set
+    // 7. `clusterctl move`: AnnealMachines reappear with new UIDs and
+    // spec.providerID set, their claims absent or left by the former ones
+    move_keeps_machines_running(&client, &machines, &claims, &ams).await;
+
+    // 8. an AnnealCluster is provisioned once its endpoint is set
     let clusters: Api<AnnealCluster> = Api::namespaced(client.clone(), NS);
     create(
         &clusters,
@@ -506,4 +513,172 @@ async fn annealmachine_claims_deploys_and_releases() {
         .await
         .expect("the provider stops when cancelled")
         .unwrap();
+}
+
+/// A moved AnnealMachine's Machine is taken over by providerID with no
+/// deploy: a providerID naming no Machine creates nothing; with the claim
+/// absent the Machine is adopted for a new claim (`machineName`) owned by
+/// the AnnealMachine; a claim left by the former AnnealMachine is taken
+/// over. No DeployRun appears and the Machines stay Provisioned with no run.
+async fn move_keeps_machines_running(
+    client: &Client,
+    machines: &Api<Machine>,
+    claims: &Api<MachineClaim>,
+    ams: &Api<AnnealMachine>,
+) {
+    let runs: Api<DeployRun> = Api::namespaced(client.clone(), NS);
+    let runs = &runs;
+    let moved = |name: &str, id: &str| {
+        json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "AnnealMachine",
+            "metadata": {"name": name, "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
+            "spec": {"providerID": id, "selector": {"matchLabels": {"rack": "a"}},
+                     "imageRef": {"name": "debian"}}})
+    };
+    // a Provisioned Machine, deployed for claim `claim` by run `run`
+    let provisioned = |m: &'static str, claim: &'static str, run: &'static str| async move {
+        create(
+            machines,
+            json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+                "metadata": {"name": m, "labels": {"rack": "a"}},
+                "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:00:00:02"}}),
+        )
+        .await;
+        machines
+            .patch(
+                m,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"claimRef": {"name": claim}}})),
+            )
+            .await
+            .unwrap();
+        create(
+            runs,
+            json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "DeployRun",
+                "metadata": {"name": run},
+                "spec": {"machineRef": {"name": m}, "claimRef": {"name": claim},
+                         "imageRef": {"name": "debian"}}}),
+        )
+        .await;
+        merge_status(runs, run, json!({"phase": "Succeeded"})).await;
+        merge_status(
+            machines,
+            m,
+            json!({"state": "Provisioned", "poweredOn": true,
+                   "lastSuccessfulRunRef": {"name": run},
+                   "lastAttemptedRunRef": {"name": run}}),
+        )
+        .await;
+    };
+    let run_count = || async { runs.list(&Default::default()).await.unwrap().items.len() };
+
+    // a providerID naming no Machine: ProviderIDNotFound, nothing created
+    create(ams, moved("w9", "anneal://capi/m9")).await;
+    let am = am_with_reason(ams, "w9", "ProviderIDNotFound").await;
+    assert!(ready(&am).2.contains("capi/m9"), "{:?}", ready(&am));
+    assert!(claims.get_opt("w9").await.unwrap().is_none());
+
+    // the claim is absent, the Machine still names it: adopted, claimed
+    provisioned("m2", "w1", "m2-aaaa0001-1").await;
+    let before = run_count().await;
+    let am = create(ams, moved("w1", "anneal://capi/m2")).await;
+    let claim = until("MachineClaim w1", || async {
+        claims
+            .get_opt("w1")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "absent".to_string())
+    })
+    .await;
+    assert_eq!(claim.spec.machine_name.as_deref(), Some("m2"));
+    assert!(claim.spec.selector.is_none());
+    assert_eq!(claim.metadata.generation, Some(1));
+    assert_eq!(
+        claim.owner_references()[0].uid,
+        am.uid().unwrap(),
+        "owned by the new AnnealMachine"
+    );
+    let m2 = machines.get("m2").await.unwrap();
+    let adopted = m2.status.as_ref().unwrap().adopted.clone().unwrap();
+    assert_eq!(
+        (adopted.claim.as_str(), adopted.claim_generation),
+        ("w1", 1)
+    );
+    // the claim controller's part: the Machine names it already
+    merge_status(claims, "w1", json!({"phase": "Bound", "machineName": "m2"})).await;
+    let am = am_with_reason(ams, "w1", "Provisioned").await;
+    assert_eq!(am.spec.provider_id.as_deref(), Some("anneal://capi/m2"));
+    let st = am.status.clone().unwrap();
+    assert_eq!(st.ready, Some(true));
+    assert_eq!(st.initialization.unwrap().provisioned, Some(true));
+    assert_eq!(st.machine_ref.unwrap().name, "m2");
+
+    // a claim left by the former AnnealMachine (its UID gone): taken over
+    provisioned("m3", "w2", "m3-aaaa0001-1").await;
+    create(
+        claims,
+        json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+            "metadata": {"name": "w2", "ownerReferences": [{
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+                "kind": "AnnealMachine", "name": "w2",
+                "uid": "00000000-0000-0000-0000-00000000dead", "controller": true}]},
+            "spec": {"selector": {"matchLabels": {"rack": "a"}}, "imageRef": {"name": "debian"},
+                     "userData": {"name": "w2-bootstrap", "key": "value"}}}),
+    )
+    .await;
+    merge_status(claims, "w2", json!({"phase": "Bound", "machineName": "m3"})).await;
+    let generation = claims.get("w2").await.unwrap().metadata.generation;
+    let am = create(ams, moved("w2", "anneal://capi/m3")).await;
+    let am = {
+        let got = am_with_reason(ams, "w2", "Provisioned").await;
+        assert_eq!(got.uid(), am.uid());
+        got
+    };
+    let claim = claims.get("w2").await.unwrap();
+    let owners: Vec<&str> = claim
+        .owner_references()
+        .iter()
+        .map(|o| o.uid.as_str())
+        .collect();
+    assert_eq!(owners, [am.uid().unwrap().as_str()]);
+    assert_eq!(claim.metadata.generation, generation, "spec untouched");
+    assert_eq!(claim.spec.user_data.unwrap().name, "w2-bootstrap");
+
+    // no deploy: no DeployRun, no run or power request on the Machines
+    assert_eq!(
+        run_count().await,
+        before + 1,
+        "only m3's own, written above"
+    );
+    for m in ["m2", "m3"] {
+        let st = machines.get(m).await.unwrap().status.unwrap();
+        assert_eq!(st.state, Some(anneal_api::MachineState::Provisioned), "{m}");
+        assert!(st.current_run_ref.is_none(), "{m}");
+        assert_eq!(st.powered_on, Some(true), "{m}");
+        assert_eq!(
+            st.last_successful_run_ref.unwrap().name,
+            format!("{m}-aaaa0001-1")
+        );
+    }
+    // the Events
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    for name in ["w1", "w2"] {
+        until(
+            &format!("Event AdoptedProvisionedClaim on {name}"),
+            || async {
+                let list = events
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some("AdoptedProvisionedClaim")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    })
+                    .then_some(())
+                    .ok_or_else(|| format!("{} events", list.items.len()))
+            },
+        )
+        .await;
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anneal_api::capi::{
     AnnealCluster, AnnealClusterStatus, AnnealMachine, AnnealMachineSpec, AnnealMachineStatus,
-    BOOTSTRAP_DATA_KEY, Initialization, MachineAddress, provider_id, reasons,
+    BOOTSTRAP_DATA_KEY, Initialization, MachineAddress, parse_provider_id, provider_id, reasons,
 };
 use anneal_api::conditions::types;
 use anneal_api::{
@@ -60,6 +60,10 @@ pub struct Snapshot<'a> {
     pub last_success: Option<&'a DeployRun>,
     /// The Machine's address in its Subnet's `status.dhcp.reservations`.
     pub reservation: Option<&'a str>,
+    /// The anneal Machine `spec.providerID` names, read only when the
+    /// providerID is set and the claim of its name is not its own (a moved
+    /// AnnealMachine, `clusterctl move`); None when it does not exist.
+    pub provider_machine: Option<&'a Machine>,
 }
 
 /// What to do with the MachineClaim.
@@ -71,6 +75,24 @@ pub enum ClaimAction {
     Create(Box<MachineClaim>),
     /// Make the claim's spec this one (a merge patch of the difference).
     Sync(Box<MachineClaimSpec>),
+    /// Take the existing claim over (a moved AnnealMachine): its
+    /// `metadata.ownerReferences` become these, under its resourceVersion;
+    /// its spec is left as it is.
+    TakeOver(Vec<OwnerReference>),
+}
+
+/// The adoption record a moved AnnealMachine writes on the anneal Machine
+/// (`status.adopted`) before it creates the claim: the claim's first
+/// generation counts as deployed, so binding it plans no DeployRun and
+/// changes no power.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adopt {
+    /// The anneal Machine (in the AnnealMachine's namespace).
+    pub machine: String,
+    /// The claim it is adopted for.
+    pub claim: String,
+    /// The generation the new claim gets (1).
+    pub claim_generation: i64,
 }
 
 /// The outcome of one AnnealMachine decision.
@@ -80,6 +102,12 @@ pub struct Decision {
     pub claim: ClaimAction,
     /// `spec.providerID` to write (only when unset).
     pub provider_id: Option<String>,
+    /// `status.adopted` to write on the anneal Machine, before the claim
+    /// is created.
+    pub adopt: Option<Adopt>,
+    /// The message of an `AdoptedProvisionedClaim` Event, once the claim
+    /// action is done.
+    pub adopted_event: Option<String>,
     /// The status to hold.
     pub status: AnnealMachineStatus,
     /// When to look again.
@@ -102,6 +130,7 @@ pub fn claim_spec(spec: &AnnealMachineSpec, user_data: Option<SecretDataRef>) ->
         params: spec.params.clone(),
         transfer: spec.transfer.clone(),
         after_deploy: spec.after_deploy,
+        deploy_deadline: spec.deploy_deadline.clone(),
         user_data,
         network_data: spec.network_data.clone(),
         meta_data: spec.meta_data.clone(),
@@ -136,10 +165,11 @@ pub fn owns(am: &AnnealMachine, claim: &MachineClaim) -> bool {
 
 /// The claim `am` creates: same name and namespace, owned by it.
 pub fn new_claim(am: &AnnealMachine, secret: &str) -> MachineClaim {
-    let mut claim = MachineClaim::new(
-        &am.name_any(),
-        claim_spec(&am.spec, Some(bootstrap_user_data(secret))),
-    );
+    claim_with(am, Some(bootstrap_user_data(secret)))
+}
+
+fn claim_with(am: &AnnealMachine, user_data: Option<SecretDataRef>) -> MachineClaim {
+    let mut claim = MachineClaim::new(&am.name_any(), claim_spec(&am.spec, user_data));
     claim.metadata.namespace = am.namespace();
     claim.metadata.owner_references = owner_reference(am).map(|o| vec![o]);
     // the Cluster API labels (cluster name, ...) follow the claim
@@ -237,6 +267,205 @@ pub fn provisioned_for(
     adopted || deployed
 }
 
+/// The claim spec `am` wants of its existing `claim`: [`claim_spec`];
+/// once provisioned (`spec.providerID` set) the claim's choice of Machine
+/// (`machineName` | `selector`) stays as it is (a moved AnnealMachine's
+/// claim names its Machine while the spec may carry a template's
+/// selector).
+fn wanted_spec(
+    am: &AnnealMachine,
+    claim: &MachineClaim,
+    user_data: Option<SecretDataRef>,
+) -> MachineClaimSpec {
+    let mut want = claim_spec(&am.spec, user_data);
+    if am.spec.provider_id.is_some() {
+        want.machine_name.clone_from(&claim.spec.machine_name);
+        want.selector.clone_from(&claim.spec.selector);
+    }
+    want
+}
+
+/// Whether every owner reference of `claim` names a former `am` (an
+/// AnnealMachine of its name and namespace with another UID: names are
+/// unique, so that object is gone), or it has none.
+fn left_by_former_self(am: &AnnealMachine, claim: &MachineClaim) -> bool {
+    let name = am.name_any();
+    claim.owner_references().iter().all(|o| {
+        o.kind == "AnnealMachine"
+            && o.api_version.split('/').next() == Some(anneal_api::capi::GROUP)
+            && o.name == name
+    })
+}
+
+/// A moved AnnealMachine (`clusterctl move`: `spec.providerID` set, the
+/// claim of its name absent or not its own): the anneal Machine the
+/// providerID names is taken over, never deployed. With no claim: the
+/// Machine must be Provisioned with no run in flight, free or bound to a
+/// claim of this name; its `status.adopted` is written for the claim's
+/// first generation, then the claim (`machineName` = that Machine, owned)
+/// is created, so binding it plans no DeployRun. With a claim bound to that
+/// Machine, left by a former AnnealMachine of this name (or by no owner)
+/// and asking for the same: its owner references become this
+/// AnnealMachine's. Otherwise nothing is created or touched.
+fn moved(
+    s: &Snapshot<'_>,
+    id: &str,
+    out: &mut Decision,
+    mut status: AnnealMachineStatus,
+    now: Timestamp,
+) -> AnnealMachineStatus {
+    let am = s.am;
+    let name = am.name_any();
+    let generation = am.metadata.generation;
+    let ns = am.namespace().unwrap_or_default();
+    let set = |status: &mut AnnealMachineStatus, reason: &str, msg: String| {
+        conditions::set_at(
+            &mut status.conditions,
+            types::READY,
+            false,
+            reason,
+            msg,
+            generation,
+            now,
+        );
+    };
+    status.ready = Some(false);
+    let target = parse_provider_id(id);
+    let (Some((_, mname)), Some(machine)) = (
+        target.filter(|(n, _)| *n == ns),
+        s.provider_machine
+            .filter(|_| target.is_some_and(|(n, _)| n == ns)),
+    ) else {
+        status.claim_ref = None;
+        status.machine_ref = None;
+        let msg = match target {
+            Some((n, m)) if n == ns => format!(
+                "spec.providerID {id} names anneal Machine {n}/{m}, which does not exist; \
+                 nothing is created"
+            ),
+            Some((n, m)) => format!(
+                "spec.providerID {id} names anneal Machine {n}/{m}, not of namespace {ns} \
+                 (a claim binds only Machines of its own namespace); nothing is created"
+            ),
+            None => format!(
+                "spec.providerID {id} names no anneal Machine (anneal://<namespace>/<machine>); \
+                 nothing is created"
+            ),
+        };
+        set(&mut status, reasons::PROVIDER_ID_NOT_FOUND, msg);
+        return status;
+    };
+    let secret = match s.bootstrap {
+        Bootstrap::Ready(secret) => Some(bootstrap_user_data(secret)),
+        _ => None,
+    };
+    let Some(claim) = s.claim else {
+        let mst = machine.status.clone().unwrap_or_default();
+        let free = machine
+            .spec
+            .claim_ref
+            .as_ref()
+            .is_none_or(|r| r.name == name && r.namespace_or(&ns) == ns);
+        let idle = mst.state == Some(MachineState::Provisioned)
+            && mst.current_run_ref.is_none()
+            && machine.metadata.deletion_timestamp.is_none();
+        if !free || !idle {
+            status.claim_ref = None;
+            status.machine_ref = None;
+            let state = mst
+                .state
+                .map_or_else(|| "unknown".to_string(), |s| format!("{s:?}"));
+            let why = match (&machine.spec.claim_ref, &mst.current_run_ref) {
+                (Some(r), _) if !free => format!("bound to MachineClaim {}", r.name),
+                (_, Some(r)) => format!("{state}, DeployRun {} in flight", r.name),
+                _ if machine.metadata.deletion_timestamp.is_some() => "being deleted".into(),
+                _ => state,
+            };
+            set(
+                &mut status,
+                reasons::MACHINE_NOT_ADOPTABLE,
+                format!(
+                    "spec.providerID {id}: Machine {mname} is {why}; a moved AnnealMachine takes \
+                     over only a Provisioned Machine with no run in flight, free or bound to a \
+                     claim named {name}; nothing is created"
+                ),
+            );
+            return status;
+        }
+        let mut c = claim_with(am, secret);
+        c.spec.machine_name = Some(mname.to_string());
+        c.spec.selector = None;
+        out.claim = ClaimAction::Create(Box::new(c));
+        out.adopt = Some(Adopt {
+            machine: mname.to_string(),
+            claim: name.clone(),
+            claim_generation: 1,
+        });
+        out.adopted_event = Some(format!(
+            "took over Machine {mname} ({id}) without a deploy: adopted for MachineClaim \
+             {name}, created for it (no power change, no DeployRun)"
+        ));
+        status.claim_ref = Some(NameRef::new(&name));
+        status.machine_ref = Some(NameRef::new(mname));
+        set(
+            &mut status,
+            reasons::WAITING_FOR_MACHINE,
+            format!(
+                "taking over Machine {mname} ({id}) without a deploy: creating MachineClaim {name}"
+            ),
+        );
+        return status;
+    };
+    let bound_there = claim
+        .status
+        .as_ref()
+        .and_then(|c| c.machine_name.as_deref())
+        == Some(mname)
+        && crate::claims::select::binding_holds(machine, claim);
+    let same = wanted_spec(am, claim, claim.spec.user_data.clone()) == claim.spec;
+    let why = if claim.metadata.deletion_timestamp.is_some() {
+        Some("is being deleted".to_string())
+    } else if !left_by_former_self(am, claim) {
+        Some("is owned by another object".to_string())
+    } else if !bound_there {
+        Some(format!(
+            "is not bound to Machine {mname} (spec.providerID {id})"
+        ))
+    } else if !same {
+        Some(
+            "asks for another spec than this AnnealMachine (taking it over would redeploy)"
+                .to_string(),
+        )
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        status.claim_ref = None;
+        status.machine_ref = None;
+        set(
+            &mut status,
+            reasons::CLAIM_NAME_TAKEN,
+            format!(
+                "MachineClaim {name} exists and {why}: it is not taken over; delete or rename it"
+            ),
+        );
+        return status;
+    }
+    out.claim = ClaimAction::TakeOver(owner_reference(am).into_iter().collect());
+    out.adopted_event = Some(format!(
+        "took over MachineClaim {name}, bound to Machine {mname} ({id}), without a deploy \
+         (no power change, no DeployRun)"
+    ));
+    status.claim_ref = Some(NameRef::new(&name));
+    status.machine_ref = Some(NameRef::new(mname));
+    set(
+        &mut status,
+        reasons::WAITING_FOR_MACHINE,
+        format!("taking over MachineClaim {name}, bound to Machine {mname} ({id})"),
+    );
+    status
+}
+
 fn condition_message(conds: &[anneal_api::Condition], type_: &str) -> Option<String> {
     conds
         .iter()
@@ -266,9 +495,19 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
     let mut out = Decision {
         claim: ClaimAction::Keep,
         provider_id: None,
+        adopt: None,
+        adopted_event: None,
         status: AnnealMachineStatus::default(),
         requeue: RECHECK,
     };
+    if let Some(id) = am.spec.provider_id.as_deref()
+        && !s.claim.is_some_and(|c| owns(am, c))
+    {
+        // moved (`clusterctl move`): take the Machine over, never deploy
+        out.requeue = WAITING;
+        out.status = moved(s, id, &mut out, status, now);
+        return out;
+    }
     let secret = match s.bootstrap {
         Bootstrap::Ready(secret) => Some(secret.as_str()),
         _ => None,
@@ -327,11 +566,16 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
     status.claim_ref = Some(NameRef::new(&name));
     // keep the claim's spec in line (the claim's own rules decide whether a
     // change redeploys); its user data stays as written when the owner is
-    // not readable now
-    let user_data = secret
-        .map(bootstrap_user_data)
-        .or_else(|| claim.spec.user_data.clone());
-    let want = claim_spec(&am.spec, user_data);
+    // not readable now, and always once provisioned (bootstrap data serve
+    // the first boot: a moved AnnealMachine's new Secret never redeploys)
+    let user_data = if am.spec.provider_id.is_some() {
+        claim.spec.user_data.clone()
+    } else {
+        secret
+            .map(bootstrap_user_data)
+            .or_else(|| claim.spec.user_data.clone())
+    };
+    let want = wanted_spec(am, claim, user_data);
     if want != claim.spec {
         out.claim = ClaimAction::Sync(Box::new(want));
     }
@@ -638,6 +882,7 @@ mod tests {
             current_run: None,
             last_success: None,
             reservation: None,
+            provider_machine: None,
         }
     }
 
@@ -867,6 +1112,175 @@ mod tests {
         s.machine = Some(&adopted);
         s.last_success = None;
         assert_eq!(ready(&decide(&s, now())).1, "Provisioned");
+    }
+
+    fn moved_am() -> AnnealMachine {
+        let mut a = base_am();
+        a.metadata.uid = Some("new-uid".into());
+        a.spec.provider_id = Some("anneal://ns/m1".into());
+        a
+    }
+
+    #[test]
+    fn a_moved_annealmachine_adopts_its_machine_and_creates_the_claim() {
+        let a = moved_am();
+        let b = Bootstrap::Ready("w0-bootstrap".into());
+        let mut s = snap(&a, &b);
+        // the Machine the providerID names does not exist: nothing created
+        let d = decide(&s, now());
+        assert!(matches!(d.claim, ClaimAction::Keep));
+        assert_eq!(d.adopt, None);
+        let (st, reason, msg) = ready(&d);
+        assert_eq!(
+            (st.as_str(), reason.as_str()),
+            ("False", "ProviderIDNotFound")
+        );
+        assert!(msg.contains("ns/m1"), "{msg}");
+        // another namespace's Machine is never taken
+        let mut other = a.clone();
+        other.spec.provider_id = Some("anneal://elsewhere/m1".into());
+        let m = provisioned_machine();
+        s.am = &other;
+        s.provider_machine = Some(&m);
+        assert_eq!(ready(&decide(&s, now())).1, "ProviderIDNotFound");
+        // a Provisioned Machine still naming the claim: adopted, then claimed
+        s.am = &a;
+        let d = decide(&s, now());
+        assert_eq!(
+            d.adopt,
+            Some(Adopt {
+                machine: "m1".into(),
+                claim: "w0".into(),
+                claim_generation: 1
+            })
+        );
+        let ClaimAction::Create(c) = &d.claim else {
+            panic!("{:?}", d.claim)
+        };
+        assert_eq!(c.spec.machine_name.as_deref(), Some("m1"));
+        assert!(c.spec.selector.is_none());
+        assert!(owns(&a, c));
+        assert_eq!(c.spec.user_data.as_ref().unwrap().name, "w0-bootstrap");
+        assert!(
+            d.adopted_event
+                .as_deref()
+                .unwrap()
+                .contains("without a deploy")
+        );
+        assert_eq!(d.provider_id, None);
+        assert_eq!(ready(&d).1, "WaitingForMachine");
+        // no bootstrap data needed: the Machine is provisioned already
+        let nb = Bootstrap::NotReady("w0".into());
+        s.bootstrap = &nb;
+        let ClaimAction::Create(c) = decide(&s, now()).claim else {
+            panic!()
+        };
+        assert!(c.spec.user_data.is_none());
+        // a free Provisioned Machine too
+        let free = machine(
+            json!({"subnetRef": {"name": "s"}}),
+            json!({"state": "Provisioned", "lastSuccessfulRunRef": {"name": "m1-aaaa-1"}}),
+        );
+        s.provider_machine = Some(&free);
+        assert!(decide(&s, now()).adopt.is_some());
+    }
+
+    #[test]
+    fn a_moved_annealmachine_never_deploys_a_busy_or_foreign_machine() {
+        let a = moved_am();
+        let b = Bootstrap::Ready("w0-bootstrap".into());
+        let ms = [
+            machine(
+                json!({"subnetRef": {"name": "s"}, "claimRef": {"name": "other"}}),
+                json!({"state": "Provisioned"}),
+            ),
+            machine(
+                json!({"subnetRef": {"name": "s"}, "claimRef": {"name": "w0"}}),
+                json!({"state": "Provisioning", "currentRunRef": {"name": "m1-bbbb-1"}}),
+            ),
+            machine(
+                json!({"subnetRef": {"name": "s"}}),
+                json!({"state": "Available"}),
+            ),
+        ];
+        let mut s = snap(&a, &b);
+        for m in &ms {
+            s.provider_machine = Some(m);
+            let d = decide(&s, now());
+            assert!(matches!(d.claim, ClaimAction::Keep));
+            assert_eq!(d.adopt, None);
+            assert_eq!(ready(&d).1, "MachineNotAdoptable");
+        }
+    }
+
+    #[test]
+    fn a_moved_annealmachine_takes_over_its_former_claim() {
+        let old = base_am();
+        let a = moved_am();
+        let b = Bootstrap::Ready("w0-bootstrap".into());
+        let m = provisioned_machine();
+        let c = claim(&old, bound());
+        assert!(!owns(&a, &c));
+        let mut s = snap(&a, &b);
+        s.claim = Some(&c);
+        s.provider_machine = Some(&m);
+        let d = decide(&s, now());
+        let ClaimAction::TakeOver(owners) = &d.claim else {
+            panic!("{:?}", d.claim)
+        };
+        assert_eq!(owners[0].uid, "new-uid");
+        assert_eq!(d.adopt, None, "the claim and its deploy record stay");
+        assert!(d.adopted_event.is_some());
+        assert_eq!(d.status.claim_ref, Some(NameRef::new("w0")));
+        // another spec, another Machine, another owner: not taken over
+        let mut changed = c.clone();
+        changed.spec.image_ref = Some(NameRef::new("ubuntu"));
+        s.claim = Some(&changed);
+        assert_eq!(ready(&decide(&s, now())).1, "ClaimNameTaken");
+        let elsewhere = claim(&old, json!({"phase": "Bound", "machineName": "m2"}));
+        s.claim = Some(&elsewhere);
+        assert_eq!(ready(&decide(&s, now())).1, "ClaimNameTaken");
+        let mut foreign = c.clone();
+        foreign.metadata.owner_references.as_mut().unwrap()[0].name = "someone".into();
+        s.claim = Some(&foreign);
+        let d = decide(&s, now());
+        assert!(matches!(d.claim, ClaimAction::Keep));
+        assert_eq!(ready(&d).1, "ClaimNameTaken");
+        // once taken over: Provisioned, and a new bootstrap Secret is not
+        // copied (it would redeploy)
+        let mut mine = c.clone();
+        mine.metadata.owner_references = owner_reference(&a).map(|o| vec![o]);
+        let r = run("m1-aaaa-1", "w0", json!({"phase": "Succeeded"}));
+        let nb = Bootstrap::Ready("w0-bootstrap-new".into());
+        s.bootstrap = &nb;
+        s.claim = Some(&mine);
+        s.machine = Some(&m);
+        s.last_success = Some(&r);
+        let d = decide(&s, now());
+        assert!(matches!(d.claim, ClaimAction::Keep), "{:?}", d.claim);
+        assert_eq!(ready(&d).1, "Provisioned");
+    }
+
+    #[test]
+    fn a_moved_claim_keeps_its_machine_name_against_a_template_selector() {
+        let a = moved_am();
+        let b = Bootstrap::Ready("w0-bootstrap".into());
+        let mut c = claim(&a, bound());
+        c.spec.selector = None;
+        c.spec.machine_name = Some("m1".into());
+        let mut s = snap(&a, &b);
+        s.claim = Some(&c);
+        assert!(matches!(decide(&s, now()).claim, ClaimAction::Keep));
+    }
+
+    #[test]
+    fn the_deploy_deadline_reaches_the_claim() {
+        let mut a = base_am();
+        a.spec.deploy_deadline = Some("45m".into());
+        assert_eq!(
+            claim_spec(&a.spec, None).deploy_deadline.as_deref(),
+            Some("45m")
+        );
     }
 
     #[test]

@@ -17,7 +17,11 @@
 //! (`anneal://<namespace>/<machine>`), `status.initialization.provisioned`,
 //! `status.ready`, `status.addresses` and `Ready=True`. Deleting it deletes
 //! the claim (the Machine's reclaimPolicy decides Retain or Recycle) and
-//! waits for the claim to go before the finalizer is removed.
+//! waits for the claim to go before the finalizer is removed. A moved
+//! AnnealMachine (`clusterctl move`: `spec.providerID` set, the claim of its
+//! name absent or not its own) takes the providerID's Machine over without a
+//! deploy: `status.adopted` on the Machine then a new claim naming it, or
+//! the former claim's owner references (docs/capi.md).
 //!
 //! The owner Machine is read as a `DynamicObject` (no Cluster API crate):
 //! the version of its owner reference, `spec.bootstrap.dataSecretName`.
@@ -416,6 +420,16 @@ async fn apply(am: &AnnealMachine, ns: &str, ctx: &Context) -> Result<Action, Ca
         }
         address = reservation(m, client).await?;
     }
+    // a moved AnnealMachine: the anneal Machine its providerID names
+    let provider_machine = match am.spec.provider_id.as_deref() {
+        Some(id) if !claim.as_ref().is_some_and(|c| decide::owns(am, c)) => {
+            match anneal_api::capi::parse_provider_id(id) {
+                Some((mns, m)) if mns == ns => machines.get_opt(m).await?,
+                _ => None,
+            }
+        }
+        _ => None,
+    };
     let snap = Snapshot {
         am,
         bootstrap: &boot,
@@ -424,8 +438,32 @@ async fn apply(am: &AnnealMachine, ns: &str, ctx: &Context) -> Result<Action, Ca
         current_run: current_run.as_ref(),
         last_success: last_success.as_ref(),
         reservation: address.as_deref(),
+        provider_machine: provider_machine.as_ref(),
     };
     let d = decide::decide(&snap, Timestamp::now());
+    if let (Some(a), Some(m)) = (&d.adopt, &provider_machine) {
+        // before the claim exists: its first generation counts as deployed,
+        // so its binding plans no DeployRun (under the Machine's
+        // resourceVersion: a Machine that moved on since it was read is
+        // looked at again)
+        let patch = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "status": {"adopted": anneal_api::Adoption {
+                claim: a.claim.clone(),
+                claim_generation: a.claim_generation,
+                at: Some(anneal_api::Time(Timestamp::now())),
+            }},
+        });
+        machines
+            .patch_status(
+                &a.machine,
+                &patch_params(FIELD_MANAGER),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        info!(namespace = %ns, annealmachine = %name, machine = %a.machine,
+            "moved AnnealMachine: Machine adopted for its claim");
+    }
     match &d.claim {
         ClaimAction::Keep => {}
         ClaimAction::Create(c) => {
@@ -454,6 +492,28 @@ async fn apply(am: &AnnealMachine, ns: &str, ctx: &Context) -> Result<Action, Ca
                 }
             }
         }
+        ClaimAction::TakeOver(owners) => {
+            if let Some(live) = &claim {
+                let patch = json!({
+                    "metadata": {"resourceVersion": live.resource_version(),
+                                 "ownerReferences": owners},
+                });
+                claims
+                    .patch(&name, &patch_params(FIELD_MANAGER), &Patch::Merge(&patch))
+                    .await?;
+                info!(namespace = %ns, annealmachine = %name, "moved AnnealMachine: MachineClaim taken over");
+            }
+        }
+    }
+    if let Some(message) = &d.adopted_event {
+        crate::controller::publish_event(
+            &ctx.recorder,
+            am,
+            EventType::Normal,
+            "Adopt",
+            anneal_api::capi::reasons::ADOPTED_PROVISIONED_CLAIM,
+            message.clone(),
+        );
     }
     let api: Api<AnnealMachine> = Api::namespaced(client.clone(), ns);
     if let Some(id) = &d.provider_id {
@@ -500,7 +560,9 @@ fn event_on_change(
         reasons::DEPLOYMENT_FAILED
         | reasons::WAITING_FOR_BMC
         | reasons::CLAIM_FAILED
-        | reasons::CLAIM_NAME_TAKEN => EventType::Warning,
+        | reasons::CLAIM_NAME_TAKEN
+        | reasons::PROVIDER_ID_NOT_FOUND
+        | reasons::MACHINE_NOT_ADOPTABLE => EventType::Warning,
         _ => return,
     };
     crate::controller::publish_event(

@@ -77,12 +77,24 @@ pub mod reasons {
     pub const DELETING: &str = "Deleting";
     /// AnnealMachine: the `cluster.x-k8s.io/paused` annotation is set.
     pub const PAUSED: &str = "Paused";
+    /// AnnealMachine (moved, `spec.providerID` set, no claim of its own):
+    /// the anneal Machine the providerID names does not exist (or is not of
+    /// its namespace); nothing is created.
+    pub const PROVIDER_ID_NOT_FOUND: &str = "ProviderIDNotFound";
+    /// AnnealMachine (moved): the anneal Machine its providerID names is not
+    /// Provisioned and free (or bound to a claim of its name), so it cannot
+    /// be taken over without a deploy; nothing is created.
+    pub const MACHINE_NOT_ADOPTABLE: &str = "MachineNotAdoptable";
+    /// Event on an AnnealMachine that took over its Machine (and claim) by
+    /// `spec.providerID` without a deploy (`clusterctl move`).
+    pub const ADOPTED_PROVISIONED_CLAIM: &str = "AdoptedProvisionedClaim";
     /// AnnealCluster: `spec.controlPlaneEndpoint.host` is not set.
     pub const WAITING_FOR_CONTROL_PLANE_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
     /// AnnealCluster: the infrastructure is ready.
     pub const CLUSTER_PROVISIONED: &str = "Provisioned";
 
-    /// Every reason above.
+    /// Every condition reason above (`ADOPTED_PROVISIONED_CLAIM` is an
+    /// Event's).
     pub const ALL: &[&str] = &[
         WAITING_FOR_BOOTSTRAP_DATA,
         WAITING_FOR_MACHINE,
@@ -94,6 +106,8 @@ pub mod reasons {
         WAITING_FOR_BMC,
         DELETING,
         PAUSED,
+        PROVIDER_ID_NOT_FOUND,
+        MACHINE_NOT_ADOPTABLE,
         WAITING_FOR_CONTROL_PLANE_ENDPOINT,
     ];
 }
@@ -244,6 +258,12 @@ pub struct AnnealMachineSpec {
     /// `PowerOff`.
     #[serde(default)]
     pub after_deploy: AfterDeploy,
+    /// How long a run of the claim may take from its start before it fails
+    /// (a Go duration such as `45m`; default: the manager's
+    /// `--deploy-deadline`), copied to the claim's `deployDeadline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32))]
+    pub deploy_deadline: Option<String>,
     /// The deployed OS's network configuration (as a MachineClaim's); its
     /// static addresses are reported in `status.addresses`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
