@@ -382,6 +382,154 @@ fn string_at(head: &[u8], off: u64, len: u64, max: u64) -> Option<String> {
         .map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
+/// What the header extensions say.
+#[derive(Default)]
+struct Extensions {
+    /// The external data file's name, when the extension names one.
+    data_file_name: Option<String>,
+    /// An external data file extension is present.
+    data_file: bool,
+    /// A full disk encryption extension is present.
+    crypto: bool,
+    /// The feature name table: (type, bit, name).
+    feature_names: Vec<(u8, u8, String)>,
+}
+
+/// Reads the header extensions of the header cluster `head`.
+fn parse_extensions(head: &[u8], header_len: u64, cluster: u64) -> Result<Extensions, Qcow2Error> {
+    // Header extensions: [header_len, cluster end), 8-byte aligned records
+    // until type 0; bytes past the end of the file read as zero (the end).
+    let mut ext = Extensions::default();
+    let mut pos = header_len;
+    while pos < cluster {
+        let p = usize::try_from(pos).unwrap_or(usize::MAX);
+        let kind = be32(head, p);
+        if kind == EXT_END {
+            break;
+        }
+        let ext_len = u64::from(be32(head, p.saturating_add(4)));
+        let data = pos + 8;
+        let end = data + ext_len;
+        if end > cluster {
+            return Err(Qcow2Error::HeaderExtension { kind, offset: pos });
+        }
+        match kind {
+            EXT_DATA_FILE => {
+                ext.data_file = true;
+                ext.data_file_name = string_at(head, data, ext_len, 4096);
+            }
+            EXT_CRYPTO => ext.crypto = true,
+            EXT_FEATURE_NAMES => {
+                let mut e = data;
+                while e + 48 <= end {
+                    let i = usize::try_from(e).unwrap_or(usize::MAX);
+                    if let Some(rec) = head.get(i..i + 48) {
+                        let name = rec[2..]
+                            .split(|&b| b == 0)
+                            .next()
+                            .map(|n| String::from_utf8_lossy(n).into_owned())
+                            .unwrap_or_default();
+                        ext.feature_names.push((rec[0], rec[1], name));
+                    }
+                    e += 48;
+                }
+            }
+            _ => {}
+        }
+        pos = end.next_multiple_of(8);
+    }
+
+    Ok(ext)
+}
+
+/// Refuses the features this reader does not handle (external data file,
+/// encryption, the corrupt bit, unknown incompatible bits) and returns the
+/// compression the header names.
+fn check_features(
+    incompatible: u64,
+    ext: &Extensions,
+    compression_type: u8,
+) -> Result<Compression, Qcow2Error> {
+    if incompatible & INCOMPAT_DATA_FILE != 0 || ext.data_file {
+        return Err(Qcow2Error::DataFile(ext.data_file_name.clone()));
+    }
+    if ext.crypto {
+        return Err(Qcow2Error::Encrypted(0));
+    }
+    if incompatible & INCOMPAT_CORRUPT != 0 {
+        return Err(Qcow2Error::Corrupt);
+    }
+    let unknown = incompatible & !INCOMPAT_KNOWN;
+    if unknown != 0 {
+        let mut names: Vec<String> = ext
+            .feature_names
+            .iter()
+            .filter(|(t, b, _)| *t == 0 && *b < 64 && unknown & (1u64 << b) != 0)
+            .map(|(_, b, n)| format!("{b} {n:?}"))
+            .collect();
+        names.dedup();
+        let names = if names.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", names.join(", "))
+        };
+        return Err(Qcow2Error::UnknownFeatures {
+            bits: unknown,
+            names,
+        });
+    }
+    let compression = match (incompatible & INCOMPAT_COMPRESSION != 0, compression_type) {
+        (false, 0) => Compression::Deflate,
+        (false, v) => {
+            return Err(Qcow2Error::CompressionType {
+                value: v,
+                detail: " (set without the compression type feature bit)",
+            });
+        }
+        (true, 1) => Compression::Zstd,
+        (true, 0) => {
+            return Err(Qcow2Error::CompressionType {
+                value: 0,
+                detail: " (the compression type feature bit needs a non-zero type)",
+            });
+        }
+        (true, v) => {
+            return Err(Qcow2Error::CompressionType {
+                value: v,
+                detail: " (0 zlib and 1 zstd are)",
+            });
+        }
+    };
+    Ok(compression)
+}
+
+/// Checks that the L1 table is bounded, large enough, aligned, and inside
+/// the file.
+fn check_l1(h: &Header, cluster: u64, file_len: u64) -> Result<(), Qcow2Error> {
+    let l1_err = |reason| Qcow2Error::L1Table {
+        offset: h.l1_table_offset,
+        entries: u64::from(h.l1_size),
+        reason,
+    };
+    let needed = h.l1_needed();
+    if u64::from(h.l1_size) * 8 > MAX_L1_BYTES {
+        return Err(l1_err("is larger than 32 MiB"));
+    }
+    if u64::from(h.l1_size) < needed {
+        return Err(l1_err("is too small for the virtual size"));
+    }
+    if !h.l1_table_offset.is_multiple_of(cluster) {
+        return Err(l1_err("is not aligned to a cluster"));
+    }
+    if h.l1_table_offset == 0 {
+        return Err(l1_err("overlaps the header"));
+    }
+    if h.l1_table_offset >= HOST_LIMIT || h.l1_table_offset + needed * 8 > file_len {
+        return Err(l1_err("lies beyond the end of the file"));
+    }
+    Ok(())
+}
+
 /// Parses and checks the header and its extensions. `head` is the start of
 /// the file (at least the header; the header cluster when the file has it,
 /// at most 2 MiB), `file_len` the file's length.
@@ -454,100 +602,8 @@ pub fn parse_header(head: &[u8], file_len: u64) -> Result<Header, Qcow2Error> {
         )));
     }
 
-    // Header extensions: [header_len, cluster end), 8-byte aligned records
-    // until type 0; bytes past the end of the file read as zero (the end).
-    let mut data_file_name = None;
-    let mut data_file_ext = false;
-    let mut crypto_ext = false;
-    let mut feature_names: Vec<(u8, u8, String)> = Vec::new();
-    let mut pos = header_len;
-    while pos < cluster {
-        let p = usize::try_from(pos).unwrap_or(usize::MAX);
-        let kind = be32(head, p);
-        if kind == EXT_END {
-            break;
-        }
-        let ext_len = u64::from(be32(head, p.saturating_add(4)));
-        let data = pos + 8;
-        let end = data + ext_len;
-        if end > cluster {
-            return Err(Qcow2Error::HeaderExtension { kind, offset: pos });
-        }
-        match kind {
-            EXT_DATA_FILE => {
-                data_file_ext = true;
-                data_file_name = string_at(head, data, ext_len, 4096);
-            }
-            EXT_CRYPTO => crypto_ext = true,
-            EXT_FEATURE_NAMES => {
-                let mut e = data;
-                while e + 48 <= end {
-                    let i = usize::try_from(e).unwrap_or(usize::MAX);
-                    if let Some(rec) = head.get(i..i + 48) {
-                        let name = rec[2..]
-                            .split(|&b| b == 0)
-                            .next()
-                            .map(|n| String::from_utf8_lossy(n).into_owned())
-                            .unwrap_or_default();
-                        feature_names.push((rec[0], rec[1], name));
-                    }
-                    e += 48;
-                }
-            }
-            _ => {}
-        }
-        pos = end.next_multiple_of(8);
-    }
-
-    if incompatible & INCOMPAT_DATA_FILE != 0 || data_file_ext {
-        return Err(Qcow2Error::DataFile(data_file_name));
-    }
-    if crypto_ext {
-        return Err(Qcow2Error::Encrypted(0));
-    }
-    if incompatible & INCOMPAT_CORRUPT != 0 {
-        return Err(Qcow2Error::Corrupt);
-    }
-    let unknown = incompatible & !INCOMPAT_KNOWN;
-    if unknown != 0 {
-        let mut names: Vec<String> = feature_names
-            .iter()
-            .filter(|(t, b, _)| *t == 0 && *b < 64 && unknown & (1u64 << b) != 0)
-            .map(|(_, b, n)| format!("{b} {n:?}"))
-            .collect();
-        names.dedup();
-        let names = if names.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", names.join(", "))
-        };
-        return Err(Qcow2Error::UnknownFeatures {
-            bits: unknown,
-            names,
-        });
-    }
-    let compression = match (incompatible & INCOMPAT_COMPRESSION != 0, compression_type) {
-        (false, 0) => Compression::Deflate,
-        (false, v) => {
-            return Err(Qcow2Error::CompressionType {
-                value: v,
-                detail: " (set without the compression type feature bit)",
-            });
-        }
-        (true, 1) => Compression::Zstd,
-        (true, 0) => {
-            return Err(Qcow2Error::CompressionType {
-                value: 0,
-                detail: " (the compression type feature bit needs a non-zero type)",
-            });
-        }
-        (true, v) => {
-            return Err(Qcow2Error::CompressionType {
-                value: v,
-                detail: " (0 zlib and 1 zstd are)",
-            });
-        }
-    };
+    let ext = parse_extensions(head, header_len, cluster)?;
+    let compression = check_features(incompatible, &ext, compression_type)?;
     let extended_l2 = incompatible & INCOMPAT_EXTENDED_L2 != 0;
     if extended_l2 && cluster_bits < EXTENDED_L2_MIN_CLUSTER_BITS {
         return Err(Qcow2Error::ExtendedL2ClusterSize(cluster));
@@ -569,27 +625,7 @@ pub fn parse_header(head: &[u8], file_len: u64) -> Result<Header, Qcow2Error> {
         compression,
         extended_l2,
     };
-    let l1_err = |reason| Qcow2Error::L1Table {
-        offset: h.l1_table_offset,
-        entries: u64::from(h.l1_size),
-        reason,
-    };
-    let needed = h.l1_needed();
-    if u64::from(h.l1_size) * 8 > MAX_L1_BYTES {
-        return Err(l1_err("is larger than 32 MiB"));
-    }
-    if u64::from(h.l1_size) < needed {
-        return Err(l1_err("is too small for the virtual size"));
-    }
-    if !h.l1_table_offset.is_multiple_of(cluster) {
-        return Err(l1_err("is not aligned to a cluster"));
-    }
-    if h.l1_table_offset == 0 {
-        return Err(l1_err("overlaps the header"));
-    }
-    if h.l1_table_offset >= HOST_LIMIT || h.l1_table_offset + needed * 8 > file_len {
-        return Err(l1_err("lies beyond the end of the file"));
-    }
+    check_l1(&h, cluster, file_len)?;
     Ok(h)
 }
 
@@ -690,7 +726,6 @@ impl Image {
     {
         let h = &self.header;
         let cs = h.cluster_size();
-        let cb = h.cluster_bits;
         let vsize = h.virtual_size;
         let span = h.l1_span();
         let entry_len = h.l2_entry_len();
@@ -744,7 +779,6 @@ impl Image {
             read_at(src, &mut l2, l2_off)?;
             for j in 0..entries {
                 let guest = base + j * cs;
-                let len = cs.min(vsize - guest);
                 let at = usize::try_from(j * entry_len).unwrap_or(usize::MAX);
                 let e = be64(&l2, at);
                 let bitmap = if h.extended_l2 {
@@ -752,106 +786,127 @@ impl Image {
                 } else {
                     0
                 };
-                let cluster_err = |host, reason| Qcow2Error::Cluster {
-                    guest,
-                    host,
-                    reason,
-                };
-                if e & L2_COMPRESSED != 0 {
-                    // Compressed: x = 62 - (cluster_bits - 8) offset bits,
-                    // then (cluster_bits - 8) bits of additional sectors.
-                    let x = 62 - (cb - 8);
-                    let host = e & ((1u64 << x) - 1);
-                    let sectors = ((e >> x) & ((1u64 << (cb - 8)) - 1)) + 1;
-                    if bitmap != 0 {
-                        return Err(cluster_err(
-                            host,
-                            "is compressed but has a subcluster bitmap",
-                        ));
-                    }
-                    if host >= HOST_LIMIT || host >= self.file_len {
-                        return Err(cluster_err(
-                            host,
-                            "is compressed beyond the end of the file",
-                        ));
-                    }
-                    let clen = sectors * 512 - (host % 512);
-                    emit(Extent {
-                        guest,
-                        len,
-                        map: Mapping::Compressed { host, len: clen },
-                    })?;
-                    continue;
-                }
-                let host = e & OFFSET_MASK;
-                if !host.is_multiple_of(cs) {
-                    return Err(cluster_err(host, "is not aligned to a cluster"));
-                }
-                if !h.extended_l2 {
-                    if e & L2_ZERO != 0 && h.version == 2 {
-                        // QEMU marks such an image corrupt and fails the read.
-                        return Err(cluster_err(
-                            host,
-                            "has the zero flag, which version 2 images do not have",
-                        ));
-                    }
-                    if e & L2_ZERO != 0 || host == 0 {
-                        emit(Extent {
-                            guest,
-                            len,
-                            map: Mapping::Zero,
-                        })?;
-                        continue;
-                    }
-                    if host >= self.file_len {
-                        return Err(cluster_err(host, "lies beyond the end of the file"));
-                    }
-                    emit(Extent {
-                        guest,
-                        len,
-                        map: Mapping::Data { host },
-                    })?;
-                    continue;
-                }
-                // Extended: bits 0-31 allocated, 32-63 reads as zeros.
-                let alloc = (bitmap & 0xffff_ffff) as u32;
-                let zero = (bitmap >> 32) as u32;
-                if alloc & zero != 0 {
-                    return Err(cluster_err(host, "has subclusters both allocated and zero"));
-                }
-                if alloc != 0 && host == 0 {
-                    return Err(cluster_err(
-                        host,
-                        "has allocated subclusters but no host offset",
-                    ));
-                }
-                if alloc != 0 && host >= self.file_len {
-                    return Err(cluster_err(host, "lies beyond the end of the file"));
-                }
-                let sc = cs / 32;
-                for k in 0..32u64 {
-                    let g = guest + k * sc;
-                    if g >= vsize {
-                        break;
-                    }
-                    let l = sc.min(vsize - g);
-                    let map = if alloc & (1 << k) != 0 {
-                        Mapping::Data {
-                            host: host + k * sc,
-                        }
-                    } else {
-                        Mapping::Zero
-                    };
-                    emit(Extent {
-                        guest: g,
-                        len: l,
-                        map,
-                    })?;
-                }
+                self.cluster_extents(guest, e, bitmap, &mut emit)?;
             }
         }
         if let Some(p) = pending {
             f(p)?;
+        }
+        Ok(())
+    }
+
+    /// Emits the extents of one L2 entry `e` (and its subcluster `bitmap`
+    /// in an extended L2 table) mapping the cluster at `guest`.
+    fn cluster_extents<E>(
+        &self,
+        guest: u64,
+        e: u64,
+        bitmap: u64,
+        emit: &mut E,
+    ) -> Result<(), Qcow2Error>
+    where
+        E: FnMut(Extent) -> Result<(), Qcow2Error>,
+    {
+        let h = &self.header;
+        let cs = h.cluster_size();
+        let cb = h.cluster_bits;
+        let vsize = h.virtual_size;
+        let len = cs.min(vsize - guest);
+        let cluster_err = |host, reason| Qcow2Error::Cluster {
+            guest,
+            host,
+            reason,
+        };
+        if e & L2_COMPRESSED != 0 {
+            // Compressed: x = 62 - (cluster_bits - 8) offset bits,
+            // then (cluster_bits - 8) bits of additional sectors.
+            let x = 62 - (cb - 8);
+            let host = e & ((1u64 << x) - 1);
+            let sectors = ((e >> x) & ((1u64 << (cb - 8)) - 1)) + 1;
+            if bitmap != 0 {
+                return Err(cluster_err(
+                    host,
+                    "is compressed but has a subcluster bitmap",
+                ));
+            }
+            if host >= HOST_LIMIT || host >= self.file_len {
+                return Err(cluster_err(
+                    host,
+                    "is compressed beyond the end of the file",
+                ));
+            }
+            let clen = sectors * 512 - (host % 512);
+            emit(Extent {
+                guest,
+                len,
+                map: Mapping::Compressed { host, len: clen },
+            })?;
+            return Ok(());
+        }
+        let host = e & OFFSET_MASK;
+        if !host.is_multiple_of(cs) {
+            return Err(cluster_err(host, "is not aligned to a cluster"));
+        }
+        if !h.extended_l2 {
+            if e & L2_ZERO != 0 && h.version == 2 {
+                // QEMU marks such an image corrupt and fails the read.
+                return Err(cluster_err(
+                    host,
+                    "has the zero flag, which version 2 images do not have",
+                ));
+            }
+            if e & L2_ZERO != 0 || host == 0 {
+                emit(Extent {
+                    guest,
+                    len,
+                    map: Mapping::Zero,
+                })?;
+                return Ok(());
+            }
+            if host >= self.file_len {
+                return Err(cluster_err(host, "lies beyond the end of the file"));
+            }
+            emit(Extent {
+                guest,
+                len,
+                map: Mapping::Data { host },
+            })?;
+            return Ok(());
+        }
+        // Extended: bits 0-31 allocated, 32-63 reads as zeros.
+        let alloc = (bitmap & 0xffff_ffff) as u32;
+        let zero = (bitmap >> 32) as u32;
+        if alloc & zero != 0 {
+            return Err(cluster_err(host, "has subclusters both allocated and zero"));
+        }
+        if alloc != 0 && host == 0 {
+            return Err(cluster_err(
+                host,
+                "has allocated subclusters but no host offset",
+            ));
+        }
+        if alloc != 0 && host >= self.file_len {
+            return Err(cluster_err(host, "lies beyond the end of the file"));
+        }
+        let sc = cs / 32;
+        for k in 0..32u64 {
+            let g = guest + k * sc;
+            if g >= vsize {
+                break;
+            }
+            let l = sc.min(vsize - g);
+            let map = if alloc & (1 << k) != 0 {
+                Mapping::Data {
+                    host: host + k * sc,
+                }
+            } else {
+                Mapping::Zero
+            };
+            emit(Extent {
+                guest: g,
+                len: l,
+                map,
+            })?;
         }
         Ok(())
     }
