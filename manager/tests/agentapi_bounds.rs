@@ -236,8 +236,14 @@ async fn slow_head(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn agent_api_bounds() {
+/// A control plane with anneal's CRDs and namespace `anneal-system`, and
+/// Machine `name` (boot MAC `mac`) Inspecting with boot token `token` armed
+/// for 10 minutes.
+async fn armed_machine(
+    name: &str,
+    mac: &str,
+    token: &str,
+) -> (ControlPlane, kube::Client, Api<Machine>) {
     let cp = ControlPlane::start().await.unwrap();
     cp.install_crds(&anneal_api::crds()).await.unwrap();
     let client = cp.client();
@@ -251,19 +257,25 @@ async fn agent_api_bounds() {
     let m: Machine = serde_json::from_value(json!({
         "apiVersion": "anneal.dev/v1alpha1",
         "kind": "Machine",
-        "metadata": {"name": "m1", "namespace": "default"},
-        "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:7f:20:01"},
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": mac},
     }))
     .unwrap();
     machines.create(&PostParams::default(), &m).await.unwrap();
-    let token = "ab".repeat(32);
-    let expires = time_in(Timestamp::now(), 600_000);
     set_status(
         &client,
-        "m1",
-        json!({"state": "Inspecting", "netBoot": {"tokenHash": token_hash(&token), "expiresAt": expires}}),
+        name,
+        json!({"state": "Inspecting", "netBoot": {"tokenHash": token_hash(token),
+               "expiresAt": time_in(Timestamp::now(), 600_000)}}),
     )
     .await;
+    (cp, client, machines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_api_bounds() {
+    let token = "ab".repeat(32);
+    let (_cp, client, machines) = armed_machine("m1", "52:54:00:7f:20:01", &token).await;
 
     let cancel = CancellationToken::new();
     let cfg = AgentApiConfig {
@@ -628,32 +640,8 @@ async fn agent_api_accept_errors_back_off() {
 /// right MAC (in another accepted spelling) afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_refuses_another_boot_mac() {
-    let cp = ControlPlane::start().await.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "anneal-system"}})).unwrap(),
-        )
-        .await;
-    let machines = Api::<Machine>::namespaced(client.clone(), "default");
-    let m: Machine = serde_json::from_value(json!({
-        "apiVersion": "anneal.dev/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": "m-mac", "namespace": "default"},
-        "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:7f:30:01"},
-    }))
-    .unwrap();
-    machines.create(&PostParams::default(), &m).await.unwrap();
     let token = "cd".repeat(32);
-    let expires = time_in(Timestamp::now(), 600_000);
-    set_status(
-        &client,
-        "m-mac",
-        json!({"state": "Inspecting", "netBoot": {"tokenHash": token_hash(&token), "expiresAt": expires}}),
-    )
-    .await;
+    let (_cp, client, machines) = armed_machine("m-mac", "52:54:00:7f:30:01", &token).await;
     let cancel = CancellationToken::new();
     let cfg = AgentApiConfig {
         listen: ([127, 0, 0, 1], 0).into(),
@@ -739,32 +727,8 @@ async fn register_refuses_another_boot_mac() {
 /// never renewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_used_session_is_renewed_and_an_expired_one_is_not() {
-    let cp = ControlPlane::start().await.unwrap();
-    cp.install_crds(&anneal_api::crds()).await.unwrap();
-    let client = cp.client();
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "anneal-system"}})).unwrap(),
-        )
-        .await;
-    let machines = Api::<Machine>::namespaced(client.clone(), "default");
-    let m: Machine = serde_json::from_value(json!({
-        "apiVersion": "anneal.dev/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": "m-renew", "namespace": "default"},
-        "spec": {"subnetRef": {"name": "lab"}, "bootMACAddress": "52:54:00:7f:40:01"},
-    }))
-    .unwrap();
-    machines.create(&PostParams::default(), &m).await.unwrap();
     let token = "ef".repeat(32);
-    set_status(
-        &client,
-        "m-renew",
-        json!({"state": "Inspecting", "netBoot": {"tokenHash": token_hash(&token),
-               "expiresAt": time_in(Timestamp::now(), 600_000)}}),
-    )
-    .await;
+    let (_cp, client, machines) = armed_machine("m-renew", "52:54:00:7f:40:01", &token).await;
     let cancel = CancellationToken::new();
     let renew_after = Duration::from_secs(1);
     let cfg = AgentApiConfig {
