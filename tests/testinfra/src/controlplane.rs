@@ -168,6 +168,93 @@ async fn wait_tcp(
     )
 }
 
+/// Writes the control plane's certificates and keys into `d`.
+fn write_pki(d: &Path, pki: &Pki) -> anyhow::Result<()> {
+    for (name, body) in [
+        ("ca.crt", &pki.ca_pem),
+        ("apiserver.crt", &pki.serving_cert),
+        ("apiserver.key", &pki.serving_key),
+        ("sa.key", &pki.sa_key),
+        ("sa.pub", &pki.sa_pub),
+        ("kubelet-client.crt", &pki.kubelet_client.0),
+        ("kubelet-client.key", &pki.kubelet_client.1),
+        ("kubelet.crt", &pki.kubelet_serving.0),
+        ("kubelet.key", &pki.kubelet_serving.1),
+        (
+            "apiserver-kubelet-client.crt",
+            &pki.apiserver_kubelet_client.0,
+        ),
+        (
+            "apiserver-kubelet-client.key",
+            &pki.apiserver_kubelet_client.1,
+        ),
+    ] {
+        std::fs::write(d.join(name), body)?;
+    }
+    Ok(())
+}
+
+/// The kube-apiserver command: serving on `port` with the certificates in
+/// `d`, backed by the etcd at `etcd_client`, logging to `api_log`.
+fn apiserver_command(
+    bin: &Path,
+    d: &Path,
+    etcd_client: u16,
+    port: u16,
+    api_log: &Path,
+) -> anyhow::Result<Command> {
+    let mut cmd = Command::new(bin);
+    cmd.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--advertise-address=127.0.0.1")
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--cert-dir={}", d.join("certs").display()))
+        .arg(format!(
+            "--tls-cert-file={}",
+            d.join("apiserver.crt").display()
+        ))
+        .arg(format!(
+            "--tls-private-key-file={}",
+            d.join("apiserver.key").display()
+        ))
+        .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
+        .arg(format!(
+            "--service-account-key-file={}",
+            d.join("sa.pub").display()
+        ))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            d.join("sa.key").display()
+        ))
+        .arg("--service-account-issuer=https://kubernetes.default.svc")
+        .arg("--service-cluster-ip-range=10.0.0.0/24")
+        // Node: the test node's kubelet (crate::node) acts as
+        // system:node:anneal-node; the kubelet flags let the API
+        // server reach it (logs, exec) at its InternalIP, never
+        // resolving the node's name through the host's resolver.
+        .arg("--authorization-mode=Node,RBAC")
+        .arg(format!(
+            "--kubelet-client-certificate={}",
+            d.join("apiserver-kubelet-client.crt").display()
+        ))
+        .arg(format!(
+            "--kubelet-client-key={}",
+            d.join("apiserver-kubelet-client.key").display()
+        ))
+        .arg(format!(
+            "--kubelet-certificate-authority={}",
+            d.join("ca.crt").display()
+        ))
+        .arg("--kubelet-preferred-address-types=InternalIP")
+        .arg("--enable-priority-and-fairness=false")
+        .arg("--profiling=false")
+        .arg("--v=1")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(d.join("kube-apiserver.out"))?)
+        .stderr(std::fs::File::create(api_log)?);
+    Ok(cmd)
+}
+
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlPlane")
@@ -203,27 +290,7 @@ impl ControlPlane {
         let dir = tempfile::Builder::new().prefix("anneal-cp-").tempdir()?;
         let d = dir.path();
         let pki = generate_pki()?;
-        for (name, body) in [
-            ("ca.crt", &pki.ca_pem),
-            ("apiserver.crt", &pki.serving_cert),
-            ("apiserver.key", &pki.serving_key),
-            ("sa.key", &pki.sa_key),
-            ("sa.pub", &pki.sa_pub),
-            ("kubelet-client.crt", &pki.kubelet_client.0),
-            ("kubelet-client.key", &pki.kubelet_client.1),
-            ("kubelet.crt", &pki.kubelet_serving.0),
-            ("kubelet.key", &pki.kubelet_serving.1),
-            (
-                "apiserver-kubelet-client.crt",
-                &pki.apiserver_kubelet_client.0,
-            ),
-            (
-                "apiserver-kubelet-client.key",
-                &pki.apiserver_kubelet_client.1,
-            ),
-        ] {
-            std::fs::write(d.join(name), body)?;
-        }
+        write_pki(d, &pki)?;
 
         let etcd_client = free_port()?;
         let etcd_peer = free_port()?;
@@ -266,55 +333,7 @@ impl ControlPlane {
         let api_log = d.join("kube-apiserver.log");
         let mut apiserver = ChildGroup::spawn(
             "kube-apiserver",
-            Command::new(&apiserver_bin)
-                .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
-                .arg(format!("--secure-port={port}"))
-                .arg(format!("--cert-dir={}", d.join("certs").display()))
-                .arg(format!(
-                    "--tls-cert-file={}",
-                    d.join("apiserver.crt").display()
-                ))
-                .arg(format!(
-                    "--tls-private-key-file={}",
-                    d.join("apiserver.key").display()
-                ))
-                .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
-                .arg(format!(
-                    "--service-account-key-file={}",
-                    d.join("sa.pub").display()
-                ))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    d.join("sa.key").display()
-                ))
-                .arg("--service-account-issuer=https://kubernetes.default.svc")
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
-                // Node: the test node's kubelet (crate::node) acts as
-                // system:node:anneal-node; the kubelet flags let the API
-                // server reach it (logs, exec) at its InternalIP, never
-                // resolving the node's name through the host's resolver.
-                .arg("--authorization-mode=Node,RBAC")
-                .arg(format!(
-                    "--kubelet-client-certificate={}",
-                    d.join("apiserver-kubelet-client.crt").display()
-                ))
-                .arg(format!(
-                    "--kubelet-client-key={}",
-                    d.join("apiserver-kubelet-client.key").display()
-                ))
-                .arg(format!(
-                    "--kubelet-certificate-authority={}",
-                    d.join("ca.crt").display()
-                ))
-                .arg("--kubelet-preferred-address-types=InternalIP")
-                .arg("--enable-priority-and-fairness=false")
-                .arg("--profiling=false")
-                .arg("--v=1")
-                .stdin(Stdio::null())
-                .stdout(std::fs::File::create(d.join("kube-apiserver.out"))?)
-                .stderr(std::fs::File::create(&api_log)?),
+            &mut apiserver_command(&apiserver_bin, d, etcd_client, port, &api_log)?,
         )?;
 
         let url = format!("https://127.0.0.1:{port}");

@@ -295,6 +295,123 @@ fn remove_cgroup(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
+/// Writes containerd's configuration and the CNI network into `dir`; the
+/// configuration's path.
+fn write_containerd_config(dir: &Path) -> anyhow::Result<PathBuf> {
+    let config = format!(
+        r#"version = 2
+root = "{dir}/containerd"
+state = "{run}/containerd"
+[grpc]
+  address = "{sock}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{dir}/cni/net.d"
+"#,
+        dir = NODE_DIR,
+        run = NODE_RUN,
+        sock = socket().display(),
+    );
+    let config_path = dir.join("containerd.toml");
+    std::fs::write(&config_path, config)?;
+    std::fs::write(
+        dir.join("cni/net.d/10-anneal.conflist"),
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "anneal-node",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": CNI_BRIDGE,
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    // through the bridge to the host (the API relay)
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": format!("{NODE_DIR}/cni/ipam"),
+                },
+            }],
+        })
+        .to_string(),
+    )?;
+    Ok(config_path)
+}
+
+/// Writes the kubelet's kubeconfig (its client certificate from the control
+/// plane's directory) and configuration (on a free port) into `dir`.
+fn write_kubelet_config(cp: &ControlPlane, dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let cp_dir = cp.dir();
+    let kubelet_kubeconfig = dir.join("kubelet.kubeconfig");
+    std::fs::write(
+        &kubelet_kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: kubelet\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: kubelet\ncurrent-context: c\n",
+            url = cp.url(),
+            ca = cp_dir.join("ca.crt").display(),
+            cert = cp_dir.join("kubelet-client.crt").display(),
+            key = cp_dir.join("kubelet-client.key").display(),
+        ),
+    )?;
+    let kubelet_port = free_port()?;
+    let kubelet_config = dir.join("kubelet.yaml");
+    std::fs::write(
+        &kubelet_config,
+        format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {NODE_IP}
+port: {kubelet_port}
+readOnlyPort: 0
+healthzPort: 0
+tlsCertFile: {crt}
+tlsPrivateKeyFile: {key}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: AlwaysAllow
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://{sock}
+podLogsDir: {dir}/pod-logs
+registerNode: true
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  imagefs.available: "1%"
+makeIPTablesUtilChains: false
+localStorageCapacityIsolation: false
+"#,
+            crt = cp_dir.join("kubelet.crt").display(),
+            key = cp_dir.join("kubelet.key").display(),
+            ca = cp_dir.join("ca.crt").display(),
+            sock = socket().display(),
+            dir = NODE_DIR,
+        ),
+    )?;
+    Ok((kubelet_kubeconfig, kubelet_config))
+}
+
 impl Node {
     /// Starts a node joined to `cp` and waits until it is Ready. `images`
     /// are OCI archives (`anneal-oci`) imported into containerd first.
@@ -378,141 +495,11 @@ impl Node {
         )?);
 
         // containerd
-        let config = format!(
-            r#"version = 2
-root = "{dir}/containerd"
-state = "{run}/containerd"
-[grpc]
-  address = "{sock}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{dir}/cni/net.d"
-"#,
-            dir = NODE_DIR,
-            run = NODE_RUN,
-            sock = socket().display(),
-        );
-        let config_path = dir.join("containerd.toml");
-        std::fs::write(&config_path, config)?;
-        std::fs::write(
-            dir.join("cni/net.d/10-anneal.conflist"),
-            serde_json::json!({
-                "cniVersion": "1.0.0",
-                "name": "anneal-node",
-                "plugins": [{
-                    "type": "bridge",
-                    "bridge": CNI_BRIDGE,
-                    "isGateway": true,
-                    "ipMasq": false,
-                    "hairpinMode": true,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": POD_CIDR}]],
-                        // through the bridge to the host (the API relay)
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": format!("{NODE_DIR}/cni/ipam"),
-                    },
-                }],
-            })
-            .to_string(),
-        )?;
-        self.containerd = Some(ChildGroup::spawn_logged(
-            "containerd",
-            Command::new("containerd").arg("--config").arg(&config_path),
-            &logs.join("containerd.log"),
-        )?);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !socket().exists() {
-            if let Some(st) = self.containerd.as_mut().and_then(ChildGroup::try_exit) {
-                anyhow::bail!(
-                    "containerd exited ({st}): {}",
-                    crate::tail_file(&logs.join("containerd.log"))
-                );
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "containerd's socket did not appear in 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let mut all = vec![pause_image()?];
-        all.extend(images.iter().cloned());
-        for archive in &all {
-            run(Command::new("ctr")
-                .arg("--address")
-                .arg(socket())
-                .args(["-n", "k8s.io", "images", "import"])
-                .arg(archive))
-            .with_context(|| format!("importing {}", archive.display()))?;
-        }
+        let config_path = write_containerd_config(dir)?;
+        self.start_containerd(&config_path, &logs, images).await?;
 
         // kubelet
-        let kubelet_kubeconfig = dir.join("kubelet.kubeconfig");
-        std::fs::write(
-            &kubelet_kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: kubelet\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: kubelet\ncurrent-context: c\n",
-                url = cp.url(),
-                ca = cp_dir.join("ca.crt").display(),
-                cert = cp_dir.join("kubelet-client.crt").display(),
-                key = cp_dir.join("kubelet-client.key").display(),
-            ),
-        )?;
-        let kubelet_port = free_port()?;
-        let kubelet_config = dir.join("kubelet.yaml");
-        std::fs::write(
-            &kubelet_config,
-            format!(
-                r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: {NODE_IP}
-port: {kubelet_port}
-readOnlyPort: 0
-healthzPort: 0
-tlsCertFile: {crt}
-tlsPrivateKeyFile: {key}
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: false
-  x509:
-    clientCAFile: {ca}
-authorization:
-  mode: AlwaysAllow
-cgroupDriver: cgroupfs
-failCgroupV1: false
-failSwapOn: false
-containerRuntimeEndpoint: unix://{sock}
-podLogsDir: {dir}/pod-logs
-registerNode: true
-serializeImagePulls: false
-imageGCHighThresholdPercent: 100
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  imagefs.available: "1%"
-makeIPTablesUtilChains: false
-localStorageCapacityIsolation: false
-"#,
-                crt = cp_dir.join("kubelet.crt").display(),
-                key = cp_dir.join("kubelet.key").display(),
-                ca = cp_dir.join("ca.crt").display(),
-                sock = socket().display(),
-                dir = NODE_DIR,
-            ),
-        )?;
+        let (kubelet_kubeconfig, kubelet_config) = write_kubelet_config(cp, dir)?;
         self.kubelet = Some(ChildGroup::spawn_logged(
             "kubelet",
             Command::new(cached_bin("kubelet")?)
@@ -562,6 +549,12 @@ localStorageCapacityIsolation: false
         )?);
 
         // Ready
+        self.wait_ready(cp, &logs).await
+    }
+
+    /// Waits until the node is Ready, failing when one of its components
+    /// exits first.
+    async fn wait_ready(&mut self, cp: &ControlPlane, logs: &Path) -> anyhow::Result<()> {
         let nodes: Api<KubeNode> = Api::all(cp.client());
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -600,6 +593,46 @@ localStorageCapacityIsolation: false
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Starts containerd with `config_path`, waits for its socket and imports
+    /// the pause image and `images`.
+    async fn start_containerd(
+        &mut self,
+        config_path: &Path,
+        logs: &Path,
+        images: &[PathBuf],
+    ) -> anyhow::Result<()> {
+        self.containerd = Some(ChildGroup::spawn_logged(
+            "containerd",
+            Command::new("containerd").arg("--config").arg(config_path),
+            &logs.join("containerd.log"),
+        )?);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !socket().exists() {
+            if let Some(st) = self.containerd.as_mut().and_then(ChildGroup::try_exit) {
+                anyhow::bail!(
+                    "containerd exited ({st}): {}",
+                    crate::tail_file(&logs.join("containerd.log"))
+                );
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "containerd's socket did not appear in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut all = vec![pause_image()?];
+        all.extend(images.iter().cloned());
+        for archive in &all {
+            run(Command::new("ctr")
+                .arg("--address")
+                .arg(socket())
+                .args(["-n", "k8s.io", "images", "import"])
+                .arg(archive))
+            .with_context(|| format!("importing {}", archive.display()))?;
+        }
+        Ok(())
     }
 
     /// Where pods reach the API server (set `KUBERNETES_SERVICE_HOST` and
