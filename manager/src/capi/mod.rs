@@ -26,6 +26,8 @@
 //! The owner Machine is read as a `DynamicObject` (no Cluster API crate):
 //! the version of its owner reference, `spec.bootstrap.dataSecretName`.
 
+/// The Event action of a takeover after `clusterctl move`.
+const ADOPT_ACTION: &str = "Adopt";
 pub mod decide;
 
 use std::sync::Arc;
@@ -510,7 +512,7 @@ async fn apply(am: &AnnealMachine, ns: &str, ctx: &Context) -> Result<Action, Ca
             &ctx.recorder,
             am,
             EventType::Normal,
-            "Adopt",
+            ADOPT_ACTION,
             anneal_api::capi::reasons::ADOPTED_PROVISIONED_CLAIM,
             message.clone(),
         );
