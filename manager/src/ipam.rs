@@ -396,6 +396,83 @@ fn event(ctx: &Context, reference: k8s_openapi::api::core::v1::ObjectReference, 
     });
 }
 
+/// Logs and publishes what a written plan did: each address reserved (on
+/// its Machine) and released (on the Subnet), and, when the pool just ran
+/// out, a warning on the Subnet and on each Machine waiting.
+fn publish_plan_events(ctx: &Context, subnet: &Subnet, p: &Plan, changed_cond: bool) {
+    let ns = subnet.namespace().unwrap_or_default();
+    let name = subnet.name_any();
+    let skey = format!("{ns}/{name}");
+    let machine_ref = |key: &str| -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+        let (mns, mname) = key.split_once('/').unwrap_or((ns.as_str(), key));
+        ctx.machines
+            .get(&ObjectRef::<Machine>::new(mname).within(mns))
+            .map(|m| m.object_ref(&()))
+    };
+    for r in &p.added {
+        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address reserved");
+        if let Some(mr) = machine_ref(&r.machine) {
+            event(
+                ctx,
+                mr,
+                Event {
+                    type_: EventType::Normal,
+                    reason: "AddressReserved".into(),
+                    note: Some(format!("{} reserved on Subnet {skey}", r.address)),
+                    action: "Reserve".into(),
+                    secondary: Some(subnet.object_ref(&())),
+                },
+            );
+        }
+    }
+    for r in &p.released {
+        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address released");
+        event(
+            ctx,
+            subnet.object_ref(&()),
+            Event {
+                type_: EventType::Normal,
+                reason: "AddressReleased".into(),
+                note: Some(format!("{} of Machine {} released", r.address, r.machine)),
+                action: "Release".into(),
+                secondary: None,
+            },
+        );
+    }
+    if changed_cond && !p.waiting.is_empty() {
+        let (_, _, message) = pool_condition(subnet, p);
+        warn!(subnet = %skey, waiting = p.waiting.len(), "lease range exhausted");
+        event(
+            ctx,
+            subnet.object_ref(&()),
+            Event {
+                type_: EventType::Warning,
+                reason: POOL_EXHAUSTED.into(),
+                note: Some(message.clone()),
+                action: "Reserve".into(),
+                secondary: None,
+            },
+        );
+        for key in &p.waiting {
+            if let Some(mr) = machine_ref(key) {
+                event(
+                    ctx,
+                    mr,
+                    Event {
+                        type_: EventType::Warning,
+                        reason: POOL_EXHAUSTED.into(),
+                        note: Some(format!(
+                            "no free address on Subnet {skey}: waiting for one to be released"
+                        )),
+                        action: "Reserve".into(),
+                        secondary: Some(subnet.object_ref(&())),
+                    },
+                );
+            }
+        }
+    }
+}
+
 async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, IpamError> {
     // An empty cache would release every reservation: come back once the
     // first list is in. (Not awaited here: a second reconcile parked on the
@@ -494,75 +571,7 @@ async fn reconcile(subnet: Arc<Subnet>, ctx: Arc<Context>) -> Result<Action, Ipa
     let Some(p) = planned else {
         return Ok(Action::requeue(RESYNC));
     };
-    let skey = format!("{ns}/{name}");
-    let machine_ref = |key: &str| -> Option<k8s_openapi::api::core::v1::ObjectReference> {
-        let (mns, mname) = key.split_once('/').unwrap_or((ns.as_str(), key));
-        ctx.machines
-            .get(&ObjectRef::<Machine>::new(mname).within(mns))
-            .map(|m| m.object_ref(&()))
-    };
-    for r in &p.added {
-        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address reserved");
-        if let Some(mr) = machine_ref(&r.machine) {
-            event(
-                &ctx,
-                mr,
-                Event {
-                    type_: EventType::Normal,
-                    reason: "AddressReserved".into(),
-                    note: Some(format!("{} reserved on Subnet {skey}", r.address)),
-                    action: "Reserve".into(),
-                    secondary: Some(subnet.object_ref(&())),
-                },
-            );
-        }
-    }
-    for r in &p.released {
-        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address released");
-        event(
-            &ctx,
-            subnet.object_ref(&()),
-            Event {
-                type_: EventType::Normal,
-                reason: "AddressReleased".into(),
-                note: Some(format!("{} of Machine {} released", r.address, r.machine)),
-                action: "Release".into(),
-                secondary: None,
-            },
-        );
-    }
-    if changed_cond && !p.waiting.is_empty() {
-        let (_, _, message) = pool_condition(&subnet, &p);
-        warn!(subnet = %skey, waiting = p.waiting.len(), "lease range exhausted");
-        event(
-            &ctx,
-            subnet.object_ref(&()),
-            Event {
-                type_: EventType::Warning,
-                reason: POOL_EXHAUSTED.into(),
-                note: Some(message.clone()),
-                action: "Reserve".into(),
-                secondary: None,
-            },
-        );
-        for key in &p.waiting {
-            if let Some(mr) = machine_ref(key) {
-                event(
-                    &ctx,
-                    mr,
-                    Event {
-                        type_: EventType::Warning,
-                        reason: POOL_EXHAUSTED.into(),
-                        note: Some(format!(
-                            "no free address on Subnet {skey}: waiting for one to be released"
-                        )),
-                        action: "Reserve".into(),
-                        secondary: Some(subnet.object_ref(&())),
-                    },
-                );
-            }
-        }
-    }
+    publish_plan_events(&ctx, &subnet, &p, changed_cond);
     Ok(Action::requeue(RESYNC))
 }
 
