@@ -313,6 +313,226 @@ pub async fn controller(scope: Scope, executor: Executor, cfg: SwarmConfig) {
     }
 }
 
+/// Starts the workloads `want` names that do not run (again when their
+/// arguments changed or they ended), records their health, and stops
+/// those no one wants any more; the keys of those serving.
+async fn run_workloads(
+    executor: &Executor,
+    want: &Desired,
+    started: &mut BTreeMap<String, WorkloadSpec>,
+    health: &mut BTreeMap<String, Health>,
+) -> Result<BTreeSet<String>, PassError> {
+    let mut running = BTreeSet::new();
+    for (k, spec) in &want.workloads {
+        let changed = started.get(k).is_some_and(|old| old.args != spec.args);
+        if changed {
+            executor.remove(&started[k]).await?;
+        }
+        let seen = executor.observe(spec).await?;
+        let ended = match &seen.phase {
+            Phase::Failed | Phase::Succeeded => Some(seen.failure()),
+            Phase::Running | Phase::Absent => None,
+        };
+        let serving = !changed
+            && seen.phase == Phase::Running
+            && (spec.args.first().map(String::as_str) != Some("seed") || seen.progress.is_some());
+        let h = health.remove(k);
+        health.insert(
+            k.clone(),
+            Health::next(h, serving, changed, ended, Instant::now()),
+        );
+        match seen.phase {
+            Phase::Running if !changed => {
+                // A seeder is ready once it has checked its contents and
+                // serves them (its `progress` line); a tracker once it runs.
+                if serving {
+                    running.insert(k.clone());
+                }
+            }
+            Phase::Running | Phase::Absent => {
+                executor.ensure(spec).await?;
+                tracing::info!(workload = %k, args = ?spec.args, "swarm workload started");
+            }
+            Phase::Failed | Phase::Succeeded => {
+                let (reason, message) = seen.failure();
+                tracing::warn!(workload = %k, %reason, %message, "swarm workload ended; restarting it");
+                executor.remove(spec).await?;
+                executor.ensure(spec).await?;
+            }
+        }
+        started.insert(k.clone(), spec.clone());
+    }
+    let gone: Vec<String> = started
+        .keys()
+        .filter(|k| !want.workloads.contains_key(*k))
+        .cloned()
+        .collect();
+    health.retain(|k, _| want.workloads.contains_key(k));
+    for k in gone {
+        if let Some(spec) = started.remove(&k) {
+            executor.remove(&spec).await?;
+            tracing::info!(workload = %k, "swarm workload stopped (no active deploy, grace period over)");
+        }
+    }
+    // What an earlier leader started and no one wants now (its Image or
+    // Site gone across namespaces, its grace period over while no manager
+    // led): `started` knows only this term's workloads.
+    if let Executor::Kubernetes(kx) = executor {
+        let keep: BTreeSet<String> = want.workloads.values().map(|s| kx.object_name(s)).collect();
+        for component in ["seeder", "tracker"] {
+            for name in kx.sweep_servers(component, &keep).await? {
+                tracing::info!(deployment = %name, "removed a swarm Deployment no deploy wants");
+            }
+        }
+    }
+    Ok(running)
+}
+
+/// Writes each Site's subnets, tracker URL and whether its seeders are
+/// ready, when they changed.
+async fn write_site_status(
+    scope: &Scope,
+    cfg: &SwarmConfig,
+    sites: &[Site],
+    subnets: &[Subnet],
+    subnet_site: &BTreeMap<String, String>,
+    want: &Desired,
+    running: &BTreeSet<String>,
+) -> Result<(), PassError> {
+    for s in sites {
+        let ns = s.namespace().unwrap_or_default();
+        let sk = key(&ns, &s.name_any());
+        let subnet_refs: Vec<serde_json::Value> = subnets
+            .iter()
+            .filter(|n| {
+                subnet_site.get(&key(&n.namespace().unwrap_or_default(), &n.name_any()))
+                    == Some(&sk)
+            })
+            .map(|n| json!({"name": n.name_any()}))
+            .collect();
+        let tracker_ok =
+            tracker_spec(s, cfg).is_none_or(|t| running.contains(&key(&t.namespace, &t.name)));
+        let seeders_ok = want
+            .site_seeders
+            .get(&sk)
+            .is_none_or(|l| l.iter().all(|k| running.contains(k)));
+        let seeder_ready = s.spec.seeder_subnet_ref.is_some()
+            && seeder_host(s, cfg).is_some()
+            && tracker_url(s, cfg).is_some()
+            && tracker_ok
+            && seeders_ok;
+        let st = s.status.clone().unwrap_or_default();
+        let url = tracker_url(s, cfg);
+        let refs_now: Vec<serde_json::Value> = st
+            .subnet_refs
+            .iter()
+            .map(|r| json!({"name": r.name}))
+            .collect();
+        if st.tracker_url != url || st.seeder_ready != Some(seeder_ready) || refs_now != subnet_refs
+        {
+            Api::<Site>::namespaced(scope.client.clone(), &ns)
+                .patch_status(
+                    &s.name_any(),
+                    &crate::controller::patch_params(FIELD_MANAGER),
+                    &Patch::Merge(&json!({"status": {
+                        "subnetRefs": subnet_refs,
+                        "trackerURL": url,
+                        "seederReady": seeder_ready,
+                    }})),
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets or clears each Image's `SeederDegraded` condition from the health
+/// of its seeders.
+async fn write_seeder_conditions(
+    scope: &Scope,
+    images: &BTreeMap<String, &Image>,
+    want: &Desired,
+    health: &BTreeMap<String, Health>,
+) -> Result<(), PassError> {
+    let now = Instant::now();
+    for (ik, image) in images {
+        let seeders: Vec<(String, String, Health)> = want
+            .image_seeders
+            .get(ik)
+            .map(|l| {
+                l.iter()
+                    .filter_map(|(site, wk)| {
+                        health
+                            .get(wk)
+                            .map(|h| (site.clone(), wk.clone(), h.clone()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let had = image.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == types::SEEDER_DEGRADED)
+        });
+        let Some((degraded, reason, message)) = seeder_condition(&seeders, now) else {
+            if !had {
+                continue;
+            }
+            set_seeder_condition(
+                scope,
+                image,
+                false,
+                reasons::NO_ACTIVE_DEPLOY,
+                "no deploy of this Image is active: no seeder runs".into(),
+            )
+            .await?;
+            continue;
+        };
+        set_seeder_condition(scope, image, degraded, reason, message).await?;
+    }
+    Ok(())
+}
+
+/// Writes each PartitionContent's `status.seeders` (Sites seeding it, with
+/// the machines deploying it), when it changed.
+async fn write_content_seeders(
+    scope: &Scope,
+    contents: &[PartitionContent],
+    want: &Desired,
+) -> Result<(), PassError> {
+    for c in contents {
+        let ns = c.namespace().unwrap_or_default();
+        let ck = key(&ns, &c.name_any());
+        let now: Vec<SeederStatus> = c
+            .status
+            .as_ref()
+            .map(|s| s.seeders.clone())
+            .unwrap_or_default();
+        let want_list: Vec<SeederStatus> = want
+            .content_seeders
+            .get(&ck)
+            .map(|m| {
+                m.iter()
+                    .map(|(site, machines)| SeederStatus {
+                        site: site.clone(),
+                        machines: *machines,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if now != want_list {
+            Api::<PartitionContent>::namespaced(scope.client.clone(), &ns)
+                .patch_status(
+                    &c.name_any(),
+                    &crate::controller::patch_params(FIELD_MANAGER),
+                    &Patch::Merge(&json!({"status": {"seeders": want_list}})),
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}
+
 async fn pass(
     scope: &Scope,
     executor: &Executor,
@@ -432,185 +652,13 @@ async fn pass(
     }
 
     // Workloads: start, restart, stop.
-    let mut running = BTreeSet::new();
-    for (k, spec) in &want.workloads {
-        let changed = started.get(k).is_some_and(|old| old.args != spec.args);
-        if changed {
-            executor.remove(&started[k]).await?;
-        }
-        let seen = executor.observe(spec).await?;
-        let ended = match &seen.phase {
-            Phase::Failed | Phase::Succeeded => Some(seen.failure()),
-            Phase::Running | Phase::Absent => None,
-        };
-        let serving = !changed
-            && seen.phase == Phase::Running
-            && (spec.args.first().map(String::as_str) != Some("seed") || seen.progress.is_some());
-        let h = health.remove(k);
-        health.insert(
-            k.clone(),
-            Health::next(h, serving, changed, ended, Instant::now()),
-        );
-        match seen.phase {
-            Phase::Running if !changed => {
-                // A seeder is ready once it has checked its contents and
-                // serves them (its `progress` line); a tracker once it runs.
-                if serving {
-                    running.insert(k.clone());
-                }
-            }
-            Phase::Running | Phase::Absent => {
-                executor.ensure(spec).await?;
-                tracing::info!(workload = %k, args = ?spec.args, "swarm workload started");
-            }
-            Phase::Failed | Phase::Succeeded => {
-                let (reason, message) = seen.failure();
-                tracing::warn!(workload = %k, %reason, %message, "swarm workload ended; restarting it");
-                executor.remove(spec).await?;
-                executor.ensure(spec).await?;
-            }
-        }
-        started.insert(k.clone(), spec.clone());
-    }
-    let gone: Vec<String> = started
-        .keys()
-        .filter(|k| !want.workloads.contains_key(*k))
-        .cloned()
-        .collect();
-    health.retain(|k, _| want.workloads.contains_key(k));
-    for k in gone {
-        if let Some(spec) = started.remove(&k) {
-            executor.remove(&spec).await?;
-            tracing::info!(workload = %k, "swarm workload stopped (no active deploy, grace period over)");
-        }
-    }
-    // What an earlier leader started and no one wants now (its Image or
-    // Site gone across namespaces, its grace period over while no manager
-    // led): `started` knows only this term's workloads.
-    if let Executor::Kubernetes(kx) = executor {
-        let keep: BTreeSet<String> = want.workloads.values().map(|s| kx.object_name(s)).collect();
-        for component in ["seeder", "tracker"] {
-            for name in kx.sweep_servers(component, &keep).await? {
-                tracing::info!(deployment = %name, "removed a swarm Deployment no deploy wants");
-            }
-        }
-    }
-
+    let running = run_workloads(executor, &want, started, health).await?;
     // Site status.
-    for s in &sites {
-        let ns = s.namespace().unwrap_or_default();
-        let sk = key(&ns, &s.name_any());
-        let subnet_refs: Vec<serde_json::Value> = subnets
-            .iter()
-            .filter(|n| {
-                subnet_site.get(&key(&n.namespace().unwrap_or_default(), &n.name_any()))
-                    == Some(&sk)
-            })
-            .map(|n| json!({"name": n.name_any()}))
-            .collect();
-        let tracker_ok =
-            tracker_spec(s, cfg).is_none_or(|t| running.contains(&key(&t.namespace, &t.name)));
-        let seeders_ok = want
-            .site_seeders
-            .get(&sk)
-            .is_none_or(|l| l.iter().all(|k| running.contains(k)));
-        let seeder_ready = s.spec.seeder_subnet_ref.is_some()
-            && seeder_host(s, cfg).is_some()
-            && tracker_url(s, cfg).is_some()
-            && tracker_ok
-            && seeders_ok;
-        let st = s.status.clone().unwrap_or_default();
-        let url = tracker_url(s, cfg);
-        let refs_now: Vec<serde_json::Value> = st
-            .subnet_refs
-            .iter()
-            .map(|r| json!({"name": r.name}))
-            .collect();
-        if st.tracker_url != url || st.seeder_ready != Some(seeder_ready) || refs_now != subnet_refs
-        {
-            Api::<Site>::namespaced(scope.client.clone(), &ns)
-                .patch_status(
-                    &s.name_any(),
-                    &crate::controller::patch_params(FIELD_MANAGER),
-                    &Patch::Merge(&json!({"status": {
-                        "subnetRefs": subnet_refs,
-                        "trackerURL": url,
-                        "seederReady": seeder_ready,
-                    }})),
-                )
-                .await?;
-        }
-    }
-
+    write_site_status(scope, cfg, &sites, &subnets, &subnet_site, &want, &running).await?;
     // Image SeederDegraded.
-    let now = Instant::now();
-    for (ik, image) in &images {
-        let seeders: Vec<(String, String, Health)> = want
-            .image_seeders
-            .get(ik)
-            .map(|l| {
-                l.iter()
-                    .filter_map(|(site, wk)| {
-                        health
-                            .get(wk)
-                            .map(|h| (site.clone(), wk.clone(), h.clone()))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let had = image.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == types::SEEDER_DEGRADED)
-        });
-        let Some((degraded, reason, message)) = seeder_condition(&seeders, now) else {
-            if !had {
-                continue;
-            }
-            set_seeder_condition(
-                scope,
-                image,
-                false,
-                reasons::NO_ACTIVE_DEPLOY,
-                "no deploy of this Image is active: no seeder runs".into(),
-            )
-            .await?;
-            continue;
-        };
-        set_seeder_condition(scope, image, degraded, reason, message).await?;
-    }
-
+    write_seeder_conditions(scope, &images, &want, health).await?;
     // PartitionContent status.seeders.
-    for c in &contents {
-        let ns = c.namespace().unwrap_or_default();
-        let ck = key(&ns, &c.name_any());
-        let now: Vec<SeederStatus> = c
-            .status
-            .as_ref()
-            .map(|s| s.seeders.clone())
-            .unwrap_or_default();
-        let want_list: Vec<SeederStatus> = want
-            .content_seeders
-            .get(&ck)
-            .map(|m| {
-                m.iter()
-                    .map(|(site, machines)| SeederStatus {
-                        site: site.clone(),
-                        machines: *machines,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        if now != want_list {
-            Api::<PartitionContent>::namespaced(scope.client.clone(), &ns)
-                .patch_status(
-                    &c.name_any(),
-                    &crate::controller::patch_params(FIELD_MANAGER),
-                    &Patch::Merge(&json!({"status": {"seeders": want_list}})),
-                )
-                .await?;
-        }
-    }
+    write_content_seeders(scope, &contents, &want).await?;
     Ok(())
 }
 

@@ -44,7 +44,9 @@ use tracing::{info, warn};
 use super::{ContentContext, IMPORT_LABEL};
 use crate::conditions;
 use crate::controller::{Identity, ReconcileError, Scope, drive, is_conflict, patch_params};
-use crate::workload::{Kind, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name};
+use crate::workload::{
+    Kind, Observation, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name,
+};
 
 const FIELD_MANAGER: &str = "anneal-imports";
 
@@ -581,6 +583,75 @@ fn progress_of(v: &Value, done: bool) -> ByteProgress {
     }
 }
 
+/// A finished ingest job: creates the Image and its contents from the
+/// job's result and marks the import Succeeded (Failed when the result
+/// cannot be read or a name is taken).
+async fn succeeded(
+    imp: &ImageImport,
+    ns: &str,
+    status: &ImageImportStatus,
+    obs: &Observation,
+    ctx: &ContentContext,
+) -> Result<Action, ImportError> {
+    let name = imp.name_any();
+    let outcome = obs.outcome.clone().unwrap_or_default();
+    let result: IngestResult = match serde_json::from_value(outcome) {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                imp,
+                reasons::WORKLOAD_FAILED,
+                format!("the ingest result cannot be read: {e}"),
+                ctx,
+            )
+            .await;
+        }
+    };
+    if let Err(message) = create_objects(imp, ns, &result, ctx).await? {
+        return fail(imp, reasons::NAME_TAKEN, message, ctx).await;
+    }
+    let mut next = status.clone();
+    next.state = Some(ImportState::Succeeded);
+    next.image_ref = Some(NameRef::new(&imp.spec.image_name));
+    next.content_refs = result
+        .contents
+        .iter()
+        .map(|c| NameRef::new(&c.name))
+        .collect();
+    next.completion_time = Some(Time(Timestamp::now()));
+    let mut p = obs
+        .progress
+        .as_ref()
+        .map(|p| progress_of(p, true))
+        .unwrap_or_default();
+    p.percent = 100;
+    p.phase = Some("Done".into());
+    next.progress = Some(p);
+    let verified = if result.source_sha256.is_empty() {
+        "no checksum given: the source was not verified".to_owned()
+    } else {
+        format!("checksum verified: sha256 {}", result.source_sha256)
+    };
+    let message = format!(
+        "Image {} and {} PartitionContent(s) created from {} ({verified})",
+        imp.spec.image_name,
+        result.contents.len(),
+        imp.spec.source.url,
+    );
+    conditions::set(
+        &mut next.conditions,
+        types::SUCCEEDED,
+        true,
+        reasons::IMPORTED,
+        &message,
+        imp.metadata.generation,
+    );
+    write_status(imp, &next, ctx).await?;
+    info!(import = %name, image = %imp.spec.image_name, contents = result.contents.len(), "import succeeded");
+    event(ctx, imp, EventType::Normal, reasons::IMPORTED, message);
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
 async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Action, ImportError> {
     let ns = imp.namespace().ok_or(ImportError::NoNamespace)?;
     let name = imp.name_any();
@@ -681,64 +752,7 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
                     };
                     fail(&imp, &reason, message, &ctx).await
                 }
-                Phase::Succeeded => {
-                    let outcome = obs.outcome.clone().unwrap_or_default();
-                    let result: IngestResult = match serde_json::from_value(outcome) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            return fail(
-                                &imp,
-                                reasons::WORKLOAD_FAILED,
-                                format!("the ingest result cannot be read: {e}"),
-                                &ctx,
-                            )
-                            .await;
-                        }
-                    };
-                    if let Err(message) = create_objects(&imp, &ns, &result, &ctx).await? {
-                        return fail(&imp, reasons::NAME_TAKEN, message, &ctx).await;
-                    }
-                    let mut next = status.clone();
-                    next.state = Some(ImportState::Succeeded);
-                    next.image_ref = Some(NameRef::new(&imp.spec.image_name));
-                    next.content_refs = result
-                        .contents
-                        .iter()
-                        .map(|c| NameRef::new(&c.name))
-                        .collect();
-                    next.completion_time = Some(Time(Timestamp::now()));
-                    let mut p = obs
-                        .progress
-                        .as_ref()
-                        .map(|p| progress_of(p, true))
-                        .unwrap_or_default();
-                    p.percent = 100;
-                    p.phase = Some("Done".into());
-                    next.progress = Some(p);
-                    let verified = if result.source_sha256.is_empty() {
-                        "no checksum given: the source was not verified".to_owned()
-                    } else {
-                        format!("checksum verified: sha256 {}", result.source_sha256)
-                    };
-                    let message = format!(
-                        "Image {} and {} PartitionContent(s) created from {} ({verified})",
-                        imp.spec.image_name,
-                        result.contents.len(),
-                        imp.spec.source.url,
-                    );
-                    conditions::set(
-                        &mut next.conditions,
-                        types::SUCCEEDED,
-                        true,
-                        reasons::IMPORTED,
-                        &message,
-                        imp.metadata.generation,
-                    );
-                    write_status(&imp, &next, &ctx).await?;
-                    info!(import = %name, image = %imp.spec.image_name, contents = result.contents.len(), "import succeeded");
-                    event(&ctx, &imp, EventType::Normal, reasons::IMPORTED, message);
-                    Ok(Action::requeue(Duration::from_secs(1)))
-                }
+                Phase::Succeeded => succeeded(&imp, &ns, &status, &obs, &ctx).await,
             }
         }
     }
