@@ -280,6 +280,98 @@ struct Answer {
     bytes: u64,
 }
 
+/// The connection carrying one upload's body.
+type Sender = hyper::client::conn::http1::SendRequest<
+    StreamBody<futures::channel::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>>,
+>;
+
+/// Connects to the upload endpoint over TLS and HTTP/1.1; the request
+/// sender and the task driving the connection.
+async fn connect(
+    ep: &Endpoint,
+    target: &str,
+) -> Result<(Sender, tokio::task::JoinHandle<hyper::Result<()>>), Error> {
+    let unreachable = |source| Error::UploadUnreachable {
+        url: target.to_owned(),
+        source,
+    };
+    let tcp = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port))
+        .await
+        .map_err(unreachable)?;
+    let server_name = rustls::pki_types::ServerName::try_from(ep.host.clone()).map_err(|_| {
+        Error::BadUploadUrl {
+            url: ep.url.clone(),
+        }
+    })?;
+    let tls = ep
+        .tls
+        .connect(server_name, tcp)
+        .await
+        .map_err(|source| Error::UploadTls {
+            url: target.to_owned(),
+            source,
+        })?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .map_err(|e| Error::UploadHttp {
+            url: target.to_owned(),
+            detail: e.to_string(),
+        })?;
+    Ok((sender, tokio::spawn(conn)))
+}
+
+/// The error for an upload the endpoint refused, with the endpoint's
+/// message and a hint per status.
+fn refused(
+    target: String,
+    status: hyper::StatusCode,
+    body: &[u8],
+    namespace: &str,
+    name: &str,
+) -> Error {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let hint = match status.as_u16() {
+        401 => "the token was not accepted: pass --token $(kubectl create token SERVICEACCOUNT -n NAMESPACE)".to_string(),
+        403 => format!(
+            "the token's subject may not create imageimports.anneal.dev in namespace {namespace}: bind it a Role that allows it"
+        ),
+        409 => format!(
+            "an upload named {name} already exists: import another --name, or import the staged file itself: kubectl anneal import staged://{name} --name OTHER -n {namespace}"
+        ),
+        413 => "the file is larger than the manager's --max-source-bytes: raise it or import a smaller (e.g. qcow2) image".to_string(),
+        503 => "the endpoint is busy (16 uploads at once) or cannot reach the API server: retry later".to_string(),
+        _ => "see the manager's log".to_string(),
+    };
+    Error::UploadRefused {
+        url: target,
+        status: status.as_u16(),
+        message,
+        hint,
+    }
+}
+
+/// The upload's PUT, asking for `100 Continue` before its body.
+fn put_request<B>(
+    ep: &Endpoint,
+    namespace: &str,
+    name: &str,
+    total: u64,
+    body: B,
+) -> Result<hyper::Request<B>, hyper::http::Error> {
+    hyper::Request::builder()
+        .method(hyper::Method::PUT)
+        .uri(format!("/v1/staged/{namespace}/{name}"))
+        .header(hyper::header::HOST, format!("{}:{}", ep.host, ep.port))
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {}", ep.token))
+        .header(hyper::header::CONTENT_LENGTH, total)
+        .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+        .header(hyper::header::EXPECT, "100-continue")
+        .body(body)
+}
+
 /// Uploads `path` as `staged://name`; returns its sha256 (hex), checked
 /// against the endpoint's.
 async fn upload(
@@ -300,34 +392,7 @@ async fn upload(
         "{}/v1/staged/{namespace}/{name}",
         ep.url.trim_end_matches('/')
     );
-    let unreachable = |source| Error::UploadUnreachable {
-        url: target.clone(),
-        source,
-    };
-    let tcp = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port))
-        .await
-        .map_err(unreachable)?;
-    let server_name = rustls::pki_types::ServerName::try_from(ep.host.clone()).map_err(|_| {
-        Error::BadUploadUrl {
-            url: ep.url.clone(),
-        }
-    })?;
-    let tls = ep
-        .tls
-        .connect(server_name, tcp)
-        .await
-        .map_err(|source| Error::UploadTls {
-            url: target.clone(),
-            source,
-        })?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| Error::UploadHttp {
-                url: target.clone(),
-                detail: e.to_string(),
-            })?;
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = connect(ep, &target).await?;
 
     let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     let body = StreamBody::new(rx);
@@ -338,16 +403,8 @@ async fn upload(
     // on the endpoint's 100 Continue, or after CONTINUE_WAIT from one that
     // does not send it.
     let go = Arc::new(tokio::sync::Notify::new());
-    let mut request = hyper::Request::builder()
-        .method(hyper::Method::PUT)
-        .uri(format!("/v1/staged/{namespace}/{name}"))
-        .header(hyper::header::HOST, format!("{}:{}", ep.host, ep.port))
-        .header(hyper::header::AUTHORIZATION, format!("Bearer {}", ep.token))
-        .header(hyper::header::CONTENT_LENGTH, total)
-        .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
-        .header(hyper::header::EXPECT, "100-continue")
-        .body(body)
-        .map_err(|e| Error::UploadHttp {
+    let mut request =
+        put_request(ep, namespace, name, total, body).map_err(|e| Error::UploadHttp {
             url: target.clone(),
             detail: e.to_string(),
         })?;
@@ -445,28 +502,7 @@ async fn upload(
     drop(sender);
     conn.abort();
     if !status.is_success() {
-        let message = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_string))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-        let hint = match status.as_u16() {
-            401 => "the token was not accepted: pass --token $(kubectl create token SERVICEACCOUNT -n NAMESPACE)".to_string(),
-            403 => format!(
-                "the token's subject may not create imageimports.anneal.dev in namespace {namespace}: bind it a Role that allows it"
-            ),
-            409 => format!(
-                "an upload named {name} already exists: import another --name, or import the staged file itself: kubectl anneal import staged://{name} --name OTHER -n {namespace}"
-            ),
-            413 => "the file is larger than the manager's --max-source-bytes: raise it or import a smaller (e.g. qcow2) image".to_string(),
-            503 => "the endpoint is busy (16 uploads at once) or cannot reach the API server: retry later".to_string(),
-            _ => "see the manager's log".to_string(),
-        };
-        return Err(Error::UploadRefused {
-            url: target,
-            status: status.as_u16(),
-            message,
-            hint,
-        });
+        return Err(refused(target, status, &body, namespace, name));
     }
     let answer: Answer = serde_json::from_slice(&body).map_err(|_| Error::UploadHttp {
         url: target.clone(),
