@@ -96,6 +96,48 @@ fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// `partclone.ext4 -c` of `img` into `pc_img`, synced.
+fn partclone_capture(log: &Path, img: &Path, pc_img: &Path) -> anyhow::Result<()> {
+    run(Command::new("partclone.ext4")
+        .args(["-c", "-q", "-L"])
+        .arg(log)
+        .arg("-s")
+        .arg(img)
+        .arg("-o")
+        .arg(pc_img))?;
+    run(&mut Command::new("sync"))
+}
+
+/// `partclone.restore` of `pc_img` onto a fresh `target`, synced.
+fn partclone_restore(log: &Path, pc_img: &Path, target: &Path) -> anyhow::Result<()> {
+    std::fs::File::create(target)?.set_len(FS_SIZE)?;
+    run(Command::new("partclone.restore")
+        .args(["-q", "-C", "-L"])
+        .arg(log)
+        .arg("-s")
+        .arg(pc_img)
+        .arg("-O")
+        .arg(target))?;
+    run(&mut Command::new("sync"))
+}
+
+/// Whether `a` and `b` hold the same bytes in a sample of the content's
+/// used extents (every seventh, its first MiB).
+fn same_used_blocks(a: &Path, b: &Path, content: &Content) -> anyhow::Result<bool> {
+    use std::os::unix::fs::FileExt as _;
+    let a = std::fs::File::open(a)?;
+    let b = std::fs::File::open(b)?;
+    let mut ok = true;
+    for e in content.index.extents.iter().step_by(7) {
+        let n = e.len.min(1 << 20) as usize;
+        let (mut x, mut y) = (vec![0u8; n], vec![0u8; n]);
+        a.read_exact_at(&mut x, e.offset)?;
+        b.read_exact_at(&mut y, e.offset)?;
+        ok &= x == y;
+    }
+    Ok(ok)
+}
+
 fn main() -> anyhow::Result<()> {
     let runs: usize = anneal_bench::option_or("--runs", 5)?;
     let used_mib: u64 = anneal_bench::option_or("--used-mib", 1536)?;
@@ -121,16 +163,7 @@ fn main() -> anyhow::Result<()> {
     for run_no in 0..runs {
         // capture
         fresh(&pc_img);
-        cap_pc.push(time(|| {
-            run(Command::new("partclone.ext4")
-                .args(["-c", "-q", "-L"])
-                .arg(&log)
-                .arg("-s")
-                .arg(&img)
-                .arg("-o")
-                .arg(&pc_img))?;
-            run(&mut Command::new("sync"))
-        })?);
+        cap_pc.push(time(|| partclone_capture(&log, &img, &pc_img))?);
         fresh(&idx_path);
         fresh(&stream_path);
         cap_anneal.push(time(|| {
@@ -144,17 +177,7 @@ fn main() -> anyhow::Result<()> {
         for t in [&t1, &t2, &t3] {
             fresh(t);
         }
-        rs_pc.push(time(|| {
-            std::fs::File::create(&t2)?.set_len(FS_SIZE)?;
-            run(Command::new("partclone.restore")
-                .args(["-q", "-C", "-L"])
-                .arg(&log)
-                .arg("-s")
-                .arg(&pc_img)
-                .arg("-O")
-                .arg(&t2))?;
-            run(&mut Command::new("sync"))
-        })?);
+        rs_pc.push(time(|| partclone_restore(&log, &pc_img, &t2))?);
         // anneal and dd alternate which goes first, so neither always
         // inherits the other's write-back or the disk cache's state
         let anneal = || {
@@ -198,20 +221,7 @@ fn main() -> anyhow::Result<()> {
     // the anneal result is a clean filesystem identical to partclone's
     run(Command::new("e2fsck").arg("-fn").arg(&t1))?;
     let content = Content::load("p1", &idx_path, &stream_path)?;
-    let same = {
-        use std::os::unix::fs::FileExt as _;
-        let a = std::fs::File::open(&t1)?;
-        let b = std::fs::File::open(&t2)?;
-        let mut ok = true;
-        for e in content.index.extents.iter().step_by(7) {
-            let n = e.len.min(1 << 20) as usize;
-            let (mut x, mut y) = (vec![0u8; n], vec![0u8; n]);
-            a.read_exact_at(&mut x, e.offset)?;
-            b.read_exact_at(&mut y, e.offset)?;
-            ok &= x == y;
-        }
-        ok
-    };
+    let same = same_used_blocks(&t1, &t2, &content)?;
     if !same {
         bail!("anneal and partclone.restore outputs differ in used blocks");
     }
