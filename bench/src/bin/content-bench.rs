@@ -201,6 +201,71 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 20)
 }
 
+/// The benchmark's content: the one kept in `store` (with `keep`), else a
+/// GPT disk with `data_mib` MiB of ext4 files ingested from staged:// and
+/// verified; its name and stream file.
+fn prepare_content(
+    dir: &Path,
+    store: &Path,
+    agent: &Path,
+    data_mib: u64,
+    keep: bool,
+) -> anyhow::Result<(String, PathBuf)> {
+    Ok(match find_content(store)? {
+        Some(c) if keep => c,
+        _ => {
+            if store.exists() {
+                std::fs::remove_dir_all(store)?;
+            }
+            let staged = store.join(NS).join(".staged");
+            std::fs::create_dir_all(&staged)?;
+            let size_mib = data_mib + data_mib / 4 + 64;
+            eprintln!("building a {size_mib} MiB disk with {data_mib} MiB of ext4 files...");
+            let build = dir.join("build");
+            std::fs::create_dir_all(&build)?;
+            let disk = anneal_bench::gpt_disk(&build, size_mib, data_mib)?;
+            std::fs::rename(&disk, staged.join("disk.raw"))?;
+            std::fs::remove_dir_all(&build)?;
+            anneal_bench::run(
+                Command::new(agent)
+                    .arg("ingest")
+                    .args(["--url", "staged://disk.raw", "--store"])
+                    .arg(store)
+                    .args(["--namespace", NS, "--import", "disk", "--prefix", "disk"])
+                    .stderr(Stdio::null()),
+            )?;
+            std::fs::remove_dir_all(&staged)?;
+            let (name, stream) = find_content(store)?.context("ingest published no content")?;
+            anneal_bench::run(
+                Command::new(agent)
+                    .args(["store", "verify", "--store"])
+                    .arg(store)
+                    .args(["--namespace", NS, "--content", &name])
+                    .stderr(Stdio::null()),
+            )?;
+            (name, stream)
+        }
+    })
+}
+
+/// Checks that the servers on `ports` serve `stream`'s bytes (a few ranges
+/// of `path`).
+fn same_ranges(ports: &[u16], path: &str, stream: &Path, size: u64) -> anyhow::Result<()> {
+    let file = std::fs::File::open(stream)?;
+    for &p in ports {
+        let mut c = Conn::new(p);
+        for a in [0, size / 3, size - (1 << 20)] {
+            let b = (a + (1 << 20)).min(size) - 1;
+            let mut body = Vec::new();
+            c.range(path, a, b, Some(&mut body))?;
+            let mut want = vec![0u8; body.len()];
+            file.read_exact_at(&mut want, a)?;
+            ensure!(body == want, "port {p}: bytes {a}-{b} differ from the file");
+        }
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let rounds: usize = anneal_bench::option_or("--rounds", 3)?;
     let workers: usize = anneal_bench::option_or("--workers", 4)?;
@@ -219,41 +284,7 @@ fn main() -> anyhow::Result<()> {
 
     // the content: ingest a disk from staged://, verify the biggest content
     let store = dir.join("store");
-    let (name, stream) = match find_content(&store)? {
-        Some(c) if keep => c,
-        _ => {
-            if store.exists() {
-                std::fs::remove_dir_all(&store)?;
-            }
-            let staged = store.join(NS).join(".staged");
-            std::fs::create_dir_all(&staged)?;
-            let size_mib = data_mib + data_mib / 4 + 64;
-            eprintln!("building a {size_mib} MiB disk with {data_mib} MiB of ext4 files...");
-            let build = dir.join("build");
-            std::fs::create_dir_all(&build)?;
-            let disk = anneal_bench::gpt_disk(&build, size_mib, data_mib)?;
-            std::fs::rename(&disk, staged.join("disk.raw"))?;
-            std::fs::remove_dir_all(&build)?;
-            anneal_bench::run(
-                Command::new(&agent)
-                    .arg("ingest")
-                    .args(["--url", "staged://disk.raw", "--store"])
-                    .arg(&store)
-                    .args(["--namespace", NS, "--import", "disk", "--prefix", "disk"])
-                    .stderr(Stdio::null()),
-            )?;
-            std::fs::remove_dir_all(&staged)?;
-            let (name, stream) = find_content(&store)?.context("ingest published no content")?;
-            anneal_bench::run(
-                Command::new(&agent)
-                    .args(["store", "verify", "--store"])
-                    .arg(&store)
-                    .args(["--namespace", NS, "--content", &name])
-                    .stderr(Stdio::null()),
-            )?;
-            (name, stream)
-        }
-    };
+    let (name, stream) = prepare_content(&dir, &store, &agent, data_mib, keep)?;
     let size = std::fs::metadata(&stream)?.len();
     let path = format!("/content/{NS}/{name}/stream");
     eprintln!("content {name}: stream of {:.1} MiB", mib(size));
@@ -277,18 +308,7 @@ fn main() -> anyhow::Result<()> {
     let nginx = Nginx::start(&dir.join("nginx"), &store, nginx_workers, Some("content"))?;
 
     // both serve the file's bytes (a few ranges compared)
-    let file = std::fs::File::open(&stream)?;
-    for p in [port, nginx.port] {
-        let mut c = Conn::new(p);
-        for a in [0, size / 3, size - (1 << 20)] {
-            let b = (a + (1 << 20)).min(size) - 1;
-            let mut body = Vec::new();
-            c.range(&path, a, b, Some(&mut body))?;
-            let mut want = vec![0u8; body.len()];
-            file.read_exact_at(&mut want, a)?;
-            ensure!(body == want, "port {p}: bytes {a}-{b} differ from the file");
-        }
-    }
+    same_ranges(&[port, nginx.port], &path, &stream, size)?;
     // warm-up: the stream into the page cache, connections paths exercised
     fetch(port, &path, size, workers, range, 1)?;
     fetch(nginx.port, &path, size, workers, range, 1)?;
