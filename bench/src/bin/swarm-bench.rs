@@ -35,10 +35,11 @@
 //! `--agent PATH`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use anneal_image::ContentIndex;
 use anneal_image::capture::{Options, capture_region};
 use anneal_image::torrent::Metainfo;
 use anneal_testinfra::{ChildGroup, Netns};
@@ -439,6 +440,65 @@ fn wait_log(log: &Path, needle: &str, secs: u64) -> Result<String> {
     }
 }
 
+/// A content of `mib` MiB of noise captured as a raw partition (every
+/// byte used) into `<work>/store`: its index and the store.
+fn noise_content(work: &Path, mib: u64, piece_kib: u32) -> Result<(ContentIndex, PathBuf)> {
+    let raw = work.join("part.raw");
+    let size = mib << 20;
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&raw)?;
+        for i in 0..mib {
+            f.write_all(&anneal_bench::noise(i, 1 << 20))?;
+        }
+    }
+    let store = work.join("store");
+    let cdir = store.join(NS).join(NAME);
+    std::fs::create_dir_all(&cdir)?;
+    let (index, _) = capture_region(
+        &std::fs::File::open(&raw)?,
+        0,
+        size,
+        &cdir.join("index"),
+        &cdir.join("stream"),
+        Options {
+            piece_length: piece_kib << 10,
+        },
+    )?;
+    std::fs::remove_file(&raw)?;
+    Ok((index, store))
+}
+
+/// Prints the slowest host's time per method and host count as a Markdown
+/// table.
+fn print_table(
+    hosts: &[usize],
+    methods: &[String],
+    table: &BTreeMap<(String, usize), (f64, Option<f64>)>,
+) {
+    println!(
+        "\n| method | {} |",
+        hosts
+            .iter()
+            .map(|n| format!("N={n}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|{}", "---|".repeat(hosts.len()));
+    for m in methods {
+        let cells: Vec<String> = hosts
+            .iter()
+            .map(|n| {
+                table
+                    .get(&(m.clone(), *n))
+                    .map(|(t, _)| format!("{t:.1} s"))
+                    .unwrap_or_default()
+            })
+            .collect();
+        println!("| {m} | {} |", cells.join(" | "));
+    }
+}
+
 fn main() -> Result<()> {
     let mib: u64 = anneal_bench::option_or("--mib", 256)?;
     let piece_kib: u32 = anneal_bench::option_or(
@@ -468,29 +528,8 @@ fn main() -> Result<()> {
         eprintln!("work directory kept: {}", work.path().display());
     }
     // The content: noise captured as a raw partition (every byte used).
-    let raw = work.path().join("part.raw");
     let size = mib << 20;
-    {
-        use std::io::Write as _;
-        let mut f = std::fs::File::create(&raw)?;
-        for i in 0..mib {
-            f.write_all(&anneal_bench::noise(i, 1 << 20))?;
-        }
-    }
-    let store = work.path().join("store");
-    let cdir = store.join(NS).join(NAME);
-    std::fs::create_dir_all(&cdir)?;
-    let (index, _) = capture_region(
-        &std::fs::File::open(&raw)?,
-        0,
-        size,
-        &cdir.join("index"),
-        &cdir.join("stream"),
-        Options {
-            piece_length: piece_kib << 10,
-        },
-    )?;
-    std::fs::remove_file(&raw)?;
+    let (index, store) = noise_content(work.path(), mib, piece_kib)?;
     let tracker_url = format!("http://{SEEDER_IP}:{TRACKER_PORT}/announce");
     let torrent = work.path().join("content.torrent");
     std::fs::write(
@@ -584,27 +623,7 @@ fn main() -> Result<()> {
         }
     }
 
-    println!(
-        "\n| method | {} |",
-        hosts
-            .iter()
-            .map(|n| format!("N={n}"))
-            .collect::<Vec<_>>()
-            .join(" | ")
-    );
-    println!("|---|{}", "---|".repeat(hosts.len()));
-    for m in &methods {
-        let cells: Vec<String> = hosts
-            .iter()
-            .map(|n| {
-                table
-                    .get(&(m.clone(), *n))
-                    .map(|(t, _)| format!("{t:.1} s"))
-                    .unwrap_or_default()
-            })
-            .collect();
-        println!("| {m} | {} |", cells.join(" | "));
-    }
+    print_table(&hosts, &methods, &table);
     let get = |m: &str, n: usize| table.get(&(m.to_string(), n)).map(|(t, _)| *t);
     let mut json = serde_json::json!({
         "mib": mib, "pieceKiB": piece_kib, "rate": rate, "hosts": hosts,
