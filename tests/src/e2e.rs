@@ -33,8 +33,8 @@ use anneal_manager::agentapi::{AgentApiConfig, RunningAgentApi};
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_qemu_bmc::{BmcConfig, RunningBmc};
 use anneal_testinfra::{
-    ControlPlane, DiskBus, DiskConfig, Firmware, Netns, NicConfig, TcpForward, Vm, VmConfig,
-    debian_kernel, debian_kernel_arm64,
+    ControlPlane, DebianKernel, DiskBus, DiskConfig, Firmware, Netns, NicConfig, TcpForward, Vm,
+    VmConfig, debian_kernel, debian_kernel_arm64,
 };
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -257,6 +257,198 @@ fn log_to(path: &std::path::Path) {
     }
 }
 
+/// The lifecycle half's configuration for the lab, and the swarm's when
+/// the lab has one.
+fn lifecycle_config(
+    opts: &LabOptions,
+) -> (LifecycleConfig, Option<anneal_manager::swarm::SwarmConfig>) {
+    let mut lc = LifecycleConfig {
+        boot_token_lifetime: Duration::from_secs(600),
+        graceful_shutdown_timeout: Duration::from_secs(3),
+        bmc_timeout: Duration::from_secs(5),
+        // the BMCs of the tests speak plain HTTP (redfish+http://)
+        allow_insecure_bmc: true,
+        ..LifecycleConfig::default()
+    };
+    if opts.deploy {
+        lc.deploy.content_url = Some(CONTENT_URL.into());
+        lc.health_interval = Duration::from_secs(10);
+    }
+    let swarm = opts.swarm.then(|| anneal_manager::swarm::SwarmConfig {
+        tracker_interval_secs: 5,
+        // the lab's two machines finish within seconds of each other
+        seed_idle_secs: 5,
+        // Under TCG on a loaded two-core machine (this lab's two VMs
+        // and another lane's), an agent whose stripe is complete can go
+        // 30 s (the default) without a piece while the other VM, which
+        // holds the pieces it needs, is starved of CPU: one CI run fell
+        // back to HTTP after 15 of 59 pieces that way. A swarm that
+        // stops still falls back (and e2e_swarm fails on the reason).
+        swarm_stall_timeout_secs: 120,
+        ..anneal_manager::swarm::SwarmConfig::default()
+    });
+    if let Some(sw) = &swarm {
+        lc.deploy.swarm = sw.clone();
+    }
+    lc.fast_track_window = opts.fast_track_window;
+    if opts.stall_timeout.is_some() {
+        lc.deploy.stall_timeout = opts.stall_timeout;
+    }
+    (lc, swarm)
+}
+
+/// Creates the lab's Subnet (lease mode) and, for a swarm lab, its Site: its
+/// tracker on the bridge, the lab Subnet its seeder Subnet.
+async fn create_subnet(client: &kube::Client, swarm: bool) -> anyhow::Result<()> {
+    let subnets: Api<Subnet> = Api::namespaced(client.clone(), NAMESPACE);
+    subnets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+                "metadata": {"name": SUBNET},
+                "spec": {
+                    "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
+                    "bootd": {"serverIP": SERVER_IP, "mode": "External"},
+                    "dhcp": {"mode": "lease", "gateway": "", "leaseTime": "10m", "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.150"}}
+                }
+            }))?,
+        )
+        .await?;
+    if swarm {
+        // The Site: its tracker on the bridge, the lab Subnet its seeder
+        // Subnet.
+        let sites: Api<anneal_api::Site> = Api::namespaced(client.clone(), NAMESPACE);
+        sites
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({
+                    "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
+                    "metadata": {"name": "site"},
+                    "spec": {"seederSubnetRef": {"name": SUBNET}, "tracker": {"ip": SERVER_IP}},
+                }))?,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Runs the manager's reservations controller alone (the lab without the
+/// deploy's controller set).
+fn start_ipam(client: &kube::Client, cancel: &CancellationToken) {
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "anneal-manager".into(),
+            instance: None,
+        },
+    );
+    let c = cancel.clone();
+    tokio::spawn(anneal_manager::ipam::run(
+        client.clone(),
+        None,
+        anneal_manager::metrics::Metrics::new(),
+        recorder,
+        async move { c.cancelled().await },
+    ));
+}
+
+/// bootd's configuration: the agent API, the kernel and initramfs to boot,
+/// the boot files by architecture and Secure Boot.
+fn bootd_config(
+    opts: &LabOptions,
+    api: &RunningAgentApi,
+    kernel: &DebianKernel,
+    machine_kernel: &DebianKernel,
+    dir: &Path,
+    initrd: &Path,
+) -> anyhow::Result<StaticConfig> {
+    let (x86_initrd, arm_pair) = if opts.aarch64 {
+        (
+            dir.join("no-x86_64-initramfs-in-an-arm64-lab"),
+            format!(
+                ", aarch64: {{kernel: {}, initrd: {}}}",
+                machine_kernel.vmlinuz.display(),
+                initrd.display()
+            ),
+        )
+    } else {
+        (initrd.to_path_buf(), String::new())
+    };
+    Ok(StaticConfig::from_yaml(&format!(
+        "serverIP: {SERVER_IP}\ncidr: 10.77.0.0/24\ndhcp: {{mode: lease}}\n\
+         api: {{url: \"{API_URL}\", caSha256: \"{}\"}}\n\
+         artifacts: {{kernel: {}, initrd: {}{arm_pair}}}\nfiles: {}\n",
+        api.pki().ca_sha256,
+        kernel.vmlinuz.display(),
+        x86_initrd.display(),
+        if opts.aarch64 {
+            let a = anneal_testinfra::arm64_pieces()?;
+            format!(
+                "{{shimaa64.efi: {}, grubaa64.efi: {}}}",
+                a.shim.display(),
+                a.grub.display()
+            )
+        } else if opts.secure_boot {
+            let sb = anneal_testinfra::cache_dir().join("secureboot");
+            format!(
+                "{{snponly.efi: /usr/lib/ipxe/snponly.efi, shimx64.efi: {}, grubx64.efi: {}}}",
+                sb.join("shimx64.efi").display(),
+                sb.join("grubx64.efi").display()
+            )
+        } else {
+            FILES.to_string()
+        },
+    ))?)
+}
+
+/// Where the lab's workloads (ingest, content server, seeders) find the
+/// agent binary: beside the host build, or a swarm lab's own directory.
+fn workload_bin_dir(dir: &Path, swarm: bool, ns_name: &str) -> anyhow::Result<PathBuf> {
+    let mut bin_dir = crate::artifacts::agent_host()
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .context("agent binary directory")?;
+    if swarm {
+        bin_dir = swarm_bin_dir(dir, &bin_dir, ns_name)?;
+    }
+    Ok(bin_dir)
+}
+
+/// Runs the manager's `Runtime` with its content half (claims, images,
+/// reservations, the content server on `port`), workloads as processes
+/// from `bin_dir` under `dir_store`, until `cancel`.
+fn start_runtime(
+    client: &kube::Client,
+    bin_dir: PathBuf,
+    dir_store: &Path,
+    port: u16,
+    swarm: Option<anneal_manager::swarm::SwarmConfig>,
+    cancel: &CancellationToken,
+) {
+    let runtime =
+        anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
+            .with_content(anneal_manager::content::ContentConfig {
+                executor: anneal_manager::workload::Executor::Process(
+                    anneal_manager::workload::process::ProcessExecutor::new(bin_dir, dir_store),
+                ),
+                store_name: "lab-store".into(),
+                max_source_bytes: None,
+                ingest_deadline_secs: 1800,
+                server_listen: Some(format!("127.0.0.1:{port}")),
+                upload: None,
+                swarm,
+                bootd: None,
+            });
+    let shutdown = runtime.shutdown_token();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        c.cancelled().await;
+        shutdown.cancel();
+    });
+    tokio::spawn(runtime.run());
+}
+
 impl Lab {
     /// Brings up the control plane, the manager, bootd and the artifacts.
     /// `say` reports progress.
@@ -304,38 +496,7 @@ impl Lab {
 
         // The manager's lifecycle half, as `manager run` starts it.
         let cancel = CancellationToken::new();
-        let mut lc = LifecycleConfig {
-            boot_token_lifetime: Duration::from_secs(600),
-            graceful_shutdown_timeout: Duration::from_secs(3),
-            bmc_timeout: Duration::from_secs(5),
-            // the BMCs of the tests speak plain HTTP (redfish+http://)
-            allow_insecure_bmc: true,
-            ..LifecycleConfig::default()
-        };
-        if opts.deploy {
-            lc.deploy.content_url = Some(CONTENT_URL.into());
-            lc.health_interval = Duration::from_secs(10);
-        }
-        let swarm = opts.swarm.then(|| anneal_manager::swarm::SwarmConfig {
-            tracker_interval_secs: 5,
-            // the lab's two machines finish within seconds of each other
-            seed_idle_secs: 5,
-            // Under TCG on a loaded two-core machine (this lab's two VMs
-            // and another lane's), an agent whose stripe is complete can go
-            // 30 s (the default) without a piece while the other VM, which
-            // holds the pieces it needs, is starved of CPU: one CI run fell
-            // back to HTTP after 15 of 59 pieces that way. A swarm that
-            // stops still falls back (and e2e_swarm fails on the reason).
-            swarm_stall_timeout_secs: 120,
-            ..anneal_manager::swarm::SwarmConfig::default()
-        });
-        if let Some(sw) = &swarm {
-            lc.deploy.swarm = sw.clone();
-        }
-        lc.fast_track_window = opts.fast_track_window;
-        if opts.stall_timeout.is_some() {
-            lc.deploy.stall_timeout = opts.stall_timeout;
-        }
+        let (lc, swarm) = lifecycle_config(&opts);
         let (api, _controller) = anneal_manager::lifecycle::start(
             client.clone(),
             lc,
@@ -359,36 +520,7 @@ impl Lab {
         ));
 
         // The Subnet (lease mode); its reservations are the manager's.
-        let subnets: Api<Subnet> = Api::namespaced(client.clone(), NAMESPACE);
-        subnets
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(serde_json::json!({
-                    "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
-                    "metadata": {"name": SUBNET},
-                    "spec": {
-                        "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
-                        "bootd": {"serverIP": SERVER_IP, "mode": "External"},
-                        "dhcp": {"mode": "lease", "gateway": "", "leaseTime": "10m", "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.150"}}
-                    }
-                }))?,
-            )
-            .await?;
-        if opts.swarm {
-            // The Site: its tracker on the bridge, the lab Subnet its seeder
-            // Subnet.
-            let sites: Api<anneal_api::Site> = Api::namespaced(client.clone(), NAMESPACE);
-            sites
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(serde_json::json!({
-                        "apiVersion": "anneal.dev/v1alpha1", "kind": "Site",
-                        "metadata": {"name": "site"},
-                        "spec": {"seederSubnetRef": {"name": SUBNET}, "tracker": {"ip": SERVER_IP}},
-                    }))?,
-                )
-                .await?;
-        }
+        create_subnet(&client, opts.swarm).await?;
         // The manager's reservations controller fills status.dhcp; the
         // deploy lab runs the whole controller set (claims, images,
         // reservations) as `manager run` does, the lifecycle half aside.
@@ -399,37 +531,9 @@ impl Lab {
             let dir_store = dir.join("store");
             std::fs::create_dir_all(&dir_store)?;
             workloads = Some(WorkloadsGuard(dir_store.clone()));
-            let mut bin_dir = crate::artifacts::agent_host()
-                .parent()
-                .map(std::path::Path::to_path_buf)
-                .context("agent binary directory")?;
-            if swarm.is_some() {
-                bin_dir = swarm_bin_dir(&dir, &bin_dir, ns.name())?;
-            }
+            let bin_dir = workload_bin_dir(&dir, swarm.is_some(), ns.name())?;
             let port = anneal_testinfra::free_port()?;
-            let runtime =
-                anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
-                    .with_content(anneal_manager::content::ContentConfig {
-                        executor: anneal_manager::workload::Executor::Process(
-                            anneal_manager::workload::process::ProcessExecutor::new(
-                                bin_dir, &dir_store,
-                            ),
-                        ),
-                        store_name: "lab-store".into(),
-                        max_source_bytes: None,
-                        ingest_deadline_secs: 1800,
-                        server_listen: Some(format!("127.0.0.1:{port}")),
-                        upload: None,
-                        swarm: swarm.clone(),
-                        bootd: None,
-                    });
-            let shutdown = runtime.shutdown_token();
-            let c = cancel.clone();
-            tokio::spawn(async move {
-                c.cancelled().await;
-                shutdown.cancel();
-            });
-            tokio::spawn(runtime.run());
+            start_runtime(&client, bin_dir, &dir_store, port, swarm.clone(), &cancel);
             content_forward = Some(ns.forward_tcp(
                 SocketAddr::from(([10, 77, 0, 1], 8088)),
                 SocketAddr::from(([127, 0, 0, 1], port)),
@@ -439,21 +543,7 @@ impl Lab {
             ));
             store = Some(dir_store);
         } else {
-            let recorder = kube::runtime::events::Recorder::new(
-                client.clone(),
-                kube::runtime::events::Reporter {
-                    controller: "anneal-manager".into(),
-                    instance: None,
-                },
-            );
-            let c = cancel.clone();
-            tokio::spawn(anneal_manager::ipam::run(
-                client.clone(),
-                None,
-                anneal_manager::metrics::Metrics::new(),
-                recorder,
-                async move { c.cancelled().await },
-            ));
+            start_ipam(&client, &cancel);
         }
 
         let initrd = build.await.context("artifact build panicked")?;
@@ -467,43 +557,7 @@ impl Lab {
         // bootd: sockets inside the namespace, watcher on the host side.
         // An arm64 lab serves the arm64 pair only: no x86_64 machine boots
         // there, so no x86_64 initramfs is built (its path names that).
-        let (x86_initrd, arm_pair) = if opts.aarch64 {
-            (
-                dir.join("no-x86_64-initramfs-in-an-arm64-lab"),
-                format!(
-                    ", aarch64: {{kernel: {}, initrd: {}}}",
-                    machine_kernel.vmlinuz.display(),
-                    initrd.display()
-                ),
-            )
-        } else {
-            (initrd.clone(), String::new())
-        };
-        let base = StaticConfig::from_yaml(&format!(
-            "serverIP: {SERVER_IP}\ncidr: 10.77.0.0/24\ndhcp: {{mode: lease}}\n\
-             api: {{url: \"{API_URL}\", caSha256: \"{}\"}}\n\
-             artifacts: {{kernel: {}, initrd: {}{arm_pair}}}\nfiles: {}\n",
-            api.pki().ca_sha256,
-            kernel.vmlinuz.display(),
-            x86_initrd.display(),
-            if opts.aarch64 {
-                let a = anneal_testinfra::arm64_pieces()?;
-                format!(
-                    "{{shimaa64.efi: {}, grubaa64.efi: {}}}",
-                    a.shim.display(),
-                    a.grub.display()
-                )
-            } else if opts.secure_boot {
-                let sb = anneal_testinfra::cache_dir().join("secureboot");
-                format!(
-                    "{{snponly.efi: /usr/lib/ipxe/snponly.efi, shimx64.efi: {}, grubx64.efi: {}}}",
-                    sb.join("shimx64.efi").display(),
-                    sb.join("grubx64.efi").display()
-                )
-            } else {
-                FILES.to_string()
-            },
-        ))?;
+        let base = bootd_config(&opts, &api, &kernel, &machine_kernel, &dir, &initrd)?;
         let wcfg = WatchConfig {
             namespace: NAMESPACE.into(),
             subnet: SUBNET.into(),
