@@ -326,7 +326,10 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         "{}",
         r.stderr
     );
-    // The import is gone but its upload stays: 409 from the endpoint.
+    // A successful import removed its upload (issue 44); an upload no
+    // import has consumed yet keeps its name: 409 from the endpoint.
+    let staged = store.join("images/.staged/disk");
+    assert!(!staged.exists(), "the staged upload outlived its import");
     imports
         .delete("disk", &DeleteParams::default())
         .await
@@ -336,6 +339,7 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         async move { imports.get_opt("disk").await.ok()?.is_none().then_some(()) }
     })
     .await;
+    std::fs::write(&staged, b"an upload waiting for its import").unwrap();
     let mut args = upload_args("disk", &disk_arg);
     args.extend(["--image-name".into(), "disk2".into()]);
     let r = call(args).await;
