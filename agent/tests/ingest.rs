@@ -659,7 +659,12 @@ fn qcow2_and_staged_sources() {
         &store,
         "imp-bad",
         "bad",
-        &["--format", "raw", "--checksum", &format!("sha256:{}", "0".repeat(64))],
+        &[
+            "--format",
+            "raw",
+            "--checksum",
+            &format!("sha256:{}", "0".repeat(64)),
+        ],
     )
     .err("ChecksumMismatch");
     assert!(std::fs::read(staged.join("upload-1")).unwrap() == std::fs::read(&disk).unwrap());
@@ -674,7 +679,10 @@ fn qcow2_and_staged_sources() {
     assert_eq!(res["format"], "raw");
     assert_matches_capture(res, &cap, &store, "imp-s", "s");
     // captured in place, then removed once its contents are published
-    assert!(!staged.join("upload-1").exists(), "the staged upload outlived its import");
+    assert!(
+        !staged.join("upload-1").exists(),
+        "the staged upload outlived its import"
+    );
     ingest("staged://upload-2", &store, "imp-t", "t", &[]).err("SourceNotFound");
 }
 
