@@ -1097,6 +1097,23 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
             other => other,
         };
     }
+    // Released by a claim under reclaimPolicy Retain (the claim controller
+    // wrote Released): shut down and the override cleared, once (issue 44)
+    if p.state() == MachineState::Released
+        && p.m().spec.claim_ref.is_none()
+        && p.m().spec.reclaim_policy == anneal_api::ReclaimPolicy::Retain
+        && client
+        && condition(&p.d.status.conditions, types::READY)
+            .is_none_or(|c| c.reason != reasons::RECYCLE_PENDING)
+        && condition(&p.d.status.conditions, types::PROGRESSING)
+            .is_none_or(|c| c.reason != reasons::RELEASED)
+    {
+        retain_power_off(p);
+        return Outcome::Wait {
+            reason: "released: powered off",
+            requeue: Some(p.cfg().health_interval),
+        };
+    }
     // Released by a claim under reclaimPolicy Recycle: wipe.
     if p.state() == MachineState::Released
         && p.m().spec.claim_ref.is_none()
@@ -1505,6 +1522,24 @@ fn deprovisioning(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcom
     }
 }
 
+/// Retain: the released server is shut down and its boot override
+/// cleared, as a reclaim does (Recycle boots it to wipe instead); the
+/// Progressing reason `Released` records that it was done.
+fn retain_power_off(p: &mut Pass<'_, '_>) {
+    // a server the BMC reports off is left alone
+    if p.d.status.powered_on != Some(false) {
+        p.call(BmcAction::ClearOverride);
+        p.call(BmcAction::Shutdown { announce: true });
+        p.d.status.powered_on = Some(false);
+    }
+    p.cond(
+        types::PROGRESSING,
+        false,
+        reasons::RELEASED,
+        "the claim was released under reclaimPolicy Retain: powered off, disks untouched",
+    );
+}
+
 /// Provisioned: a changed intent starts a new run; a released claim
 /// leaves the machine Released (disks untouched).
 fn provisioned(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
@@ -1512,22 +1547,15 @@ fn provisioned(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
         p.transition(MachineState::Released);
         let retain = p.m().spec.reclaim_policy == anneal_api::ReclaimPolicy::Retain;
         if retain && client {
-            // Retain: the released server is shut down and its boot
-            // override cleared, as a reclaim does (Recycle boots it to wipe)
-            p.call(BmcAction::ClearOverride);
-            p.call(BmcAction::Shutdown { announce: true });
-            p.d.status.powered_on = Some(false);
+            retain_power_off(p);
+        } else {
+            p.cond(
+                types::PROGRESSING,
+                false,
+                reasons::RELEASED,
+                "the claim was released; disks untouched",
+            );
         }
-        p.cond(
-            types::PROGRESSING,
-            false,
-            reasons::RELEASED,
-            if retain {
-                "the claim was released under reclaimPolicy Retain: powered off, disks untouched"
-            } else {
-                "the claim was released; disks untouched"
-            },
-        );
         return Outcome::Transition {
             next: MachineState::Released,
             event: "Released",
@@ -1877,6 +1905,33 @@ mod tests {
         let d = apply(&snap(&recycled, &cfg, answer(true)));
         assert_eq!(state(&d), MachineState::Released);
         assert!(actions(&d).is_empty(), "{:?}", actions(&d));
+        // the claim controller wrote Released itself: the same, once
+        let released = machine(
+            json!({}),
+            json!({}),
+            json!({"state": "Released", "poweredOn": true,
+                   "conditions": [{"type": "Ready", "status": "False", "reason": "Released",
+                                   "message": "claim c1 was deleted", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+        );
+        let d = apply(&snap(&released, &cfg, answer(true)));
+        assert_eq!(
+            actions(&d),
+            vec![
+                BmcAction::ClearOverride,
+                BmcAction::Shutdown { announce: true }
+            ]
+        );
+        let again = machine(
+            json!({}),
+            json!({}),
+            serde_json::to_value(&d.draft.status).unwrap(),
+        );
+        let d = apply(&snap(&again, &cfg, answer(true)));
+        assert!(
+            actions(&d).is_empty(),
+            "powered off once only: {:?}",
+            actions(&d)
+        );
     }
 
     #[test]
@@ -2327,8 +2382,13 @@ mod tests {
         // already off: nothing
         let d = apply(&snap(&m, &cfg, answer(false)));
         assert!(d.actions.is_empty());
-        // Released is not shut down
-        let rel = machine(json!({}), json!({}), json!({"state": reasons::RELEASED}));
+        // Released and already powered off for its release: not again
+        let rel = machine(
+            json!({}),
+            json!({}),
+            json!({"state": reasons::RELEASED, "conditions": [{"type": "Progressing", "status": "False",
+                "reason": "Released", "message": "powered off", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+        );
         assert!(apply(&snap(&rel, &cfg, answer(true))).actions.is_empty());
     }
 
