@@ -414,7 +414,41 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
             .is_none()
     );
     annotate("walk-a", "anneal.dev/operation", Some("unpark")).await;
+    // unpark refreshes the inventory (issue 44): a new inspection, the old
+    // MachineHardware gone until the agent reports again
+    state_is("walk-a", "Inspecting").await;
+    eventually(
+        "walk-a's inventory gone at unpark",
+        Duration::from_secs(30),
+        || async { hw.get_opt("walk-a").await.unwrap().is_none().then_some(()) },
+    )
+    .await;
+    let token_unpark = eventually(
+        "walk-a's new boot token",
+        Duration::from_secs(30),
+        || async { boot_token(&client, "walk-a").await },
+    )
+    .await;
+    let (code, reg) = agent
+        .register_as(&token_unpark, Some("default/walk-a"), MAC_A)
+        .await;
+    assert_eq!(code, 200, "{reg}");
+    let session = reg["sessionToken"].as_str().unwrap().to_string();
+    let (code, _) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some(&session),
+            Some("1"),
+            Some(sample_hardware()),
+        )
+        .await;
+    assert_eq!(code, 204);
     state_is("walk-a", "Available").await;
+    assert!(
+        hw.get_opt("walk-a").await.unwrap().is_some(),
+        "the new inventory"
+    );
     // paused: nothing happens, not even a consumed annotation
     let paused_lines = || {
         logs.text()
