@@ -1073,6 +1073,23 @@ impl Lab {
         Ok(())
     }
 
+    /// The VM's Redfish ComputerSystem as its BMC answers it (`PowerState`,
+    /// `Boot`), behind the manager's back.
+    pub fn bmc_system(&self) -> anyhow::Result<serde_json::Value> {
+        let port = self.bmc.as_ref().map_or(0, |b| b.addr().port());
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-f", "-u"])
+            .arg(format!("{BMC_USER}:{BMC_PASSWORD}"))
+            .arg(format!("http://127.0.0.1:{port}/redfish/v1/Systems/vm0"))
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "BMC GET system: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
     /// Types `text` on the VM's serial console.
     pub fn type_on_console(&self, text: &str) -> anyhow::Result<()> {
         self.vm.as_ref().context("no VM")?.send_serial(text)
