@@ -310,6 +310,18 @@ pub async fn boot_token(client: &kube::Client, machine: &str) -> Option<String> 
     secret_token(client, "default", &format!("{machine}-boot-token")).await
 }
 
+/// The boot token of Machine `machine` (namespace default) once it is
+/// armed: its Secret holds a token whose hash the Machine's
+/// `status.netBoot.tokenHash` carries. The Secret is written before the
+/// status, so a token read from the Secret alone may not register yet.
+pub async fn armed_boot_token(client: &kube::Client, machine: &str) -> Option<String> {
+    let token = boot_token(client, machine).await?;
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let m = machines.get_opt(machine).await.unwrap()?;
+    let armed = m.status.as_ref()?.net_boot.as_ref()?.token_hash.as_deref()?;
+    (armed == anneal_manager::lifecycle::status::token_hash(&token)).then_some(token)
+}
+
 /// The token held by boot-token Secret `namespace/name`, if it exists.
 pub async fn secret_token(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =

@@ -175,7 +175,7 @@ async fn rejected_tokens_and_a_wrong_ca_stop_the_agent_in_a_vm() {
     let mut tokens = BTreeMap::new();
     for (name, _) in all {
         let t = eventually("boot token", Duration::from_secs(60), || async {
-            boot_token(&client, name).await
+            armed_boot_token(&client, name).await
         })
         .await;
         tokens.insert(name, t);

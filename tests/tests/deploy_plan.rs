@@ -130,13 +130,13 @@ async fn register_next_boot(
     what: &str,
 ) -> String {
     let token = eventually(what, Duration::from_secs(30), || async {
-        boot_token(client, name).await
+        armed_boot_token(client, name).await
     })
     .await;
     let (code, reg) = agent
         .register_as(&token, Some(&format!("default/{name}")), mac_of(name))
         .await;
-    assert_eq!(code, 200, "{reg}");
+    assert_eq!(code, 200, "{what}: {reg}");
     reg["sessionToken"].as_str().unwrap().to_string()
 }
 
@@ -536,7 +536,7 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
             if state(&machines, "dp-1").await != "Deprovisioning" {
                 return None;
             }
-            boot_token(&client, "dp-1").await
+            armed_boot_token(&client, "dp-1").await
         },
     )
     .await;

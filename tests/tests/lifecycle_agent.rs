@@ -42,7 +42,7 @@ async fn lifecycle_real_agent_client_registers_reports_and_powers_off() {
         .await
         .unwrap();
     let token = eventually("boot token", Duration::from_secs(60), || async {
-        boot_token(&client, "agent-m").await
+        armed_boot_token(&client, "agent-m").await
     })
     .await;
 

@@ -93,7 +93,7 @@ async fn lifecycle_walk_over_ipmi() {
     let token = eventually("ipmi-a armed", Duration::from_secs(60), || async {
         let m = machine_json(&machines, "ipmi-a").await;
         if m["status"]["state"] == "Inspecting" && m["status"]["netBoot"]["tokenHash"].is_string() {
-            boot_token(&client, "ipmi-a").await
+            armed_boot_token(&client, "ipmi-a").await
         } else {
             None
         }

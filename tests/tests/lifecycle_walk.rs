@@ -86,7 +86,7 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     let token_a = eventually("walk-a armed", Duration::from_secs(60), || async {
         let m = machine_json(&machines, "walk-a").await;
         if m["status"]["state"] == "Inspecting" && m["status"]["netBoot"]["tokenHash"].is_string() {
-            boot_token(&client, "walk-a").await
+            armed_boot_token(&client, "walk-a").await
         } else {
             None
         }
@@ -126,7 +126,7 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     let rf = client_for(&bmcvm);
     assert_eq!(rf.power_state().await.unwrap(), PowerState::On);
     let token_b = eventually("walk-b armed", Duration::from_secs(30), || async {
-        boot_token(&client, "walk-b").await
+        armed_boot_token(&client, "walk-b").await
     })
     .await;
 
@@ -426,7 +426,7 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     let token_unpark = eventually(
         "walk-a's new boot token",
         Duration::from_secs(30),
-        || async { boot_token(&client, "walk-a").await },
+        || async { armed_boot_token(&client, "walk-a").await },
     )
     .await;
     let (code, reg) = agent
