@@ -318,7 +318,13 @@ pub async fn armed_boot_token(client: &kube::Client, machine: &str) -> Option<St
     let token = boot_token(client, machine).await?;
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
     let m = machines.get_opt(machine).await.unwrap()?;
-    let armed = m.status.as_ref()?.net_boot.as_ref()?.token_hash.as_deref()?;
+    let armed = m
+        .status
+        .as_ref()?
+        .net_boot
+        .as_ref()?
+        .token_hash
+        .as_deref()?;
     (armed == anneal_manager::lifecycle::status::token_hash(&token)).then_some(token)
 }
 
