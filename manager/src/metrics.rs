@@ -118,45 +118,103 @@ impl Metrics {
     }
 }
 
+/// Connections `/metrics` serves at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 32;
+/// How long a connection may take to send its request and read the answer.
+pub const CONNECTION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves `GET /metrics` (and `/healthz`) on `listener` until the task is
-/// dropped. Deliberately minimal: one request per connection.
+/// dropped. Deliberately minimal: one request per connection, at most
+/// [`MAX_CONNECTIONS`] at once, each closed after [`CONNECTION_DEADLINE`];
+/// a request head is read into 4 KiB at most.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    serve_bounded(listener, metrics, MAX_CONNECTIONS, CONNECTION_DEADLINE).await;
+}
+
+async fn serve_bounded(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    max: usize,
+    deadline: std::time::Duration,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok((stream, _)) = listener.accept().await else {
+            // out of descriptors or similar: do not spin
+            tokio::time::sleep(crate::agentapi::ACCEPT_BACKOFF).await;
             continue;
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let n = match stream.read(&mut buf).await {
-                Ok(n) => n,
-                Err(_) => return,
-            };
-            let head = String::from_utf8_lossy(buf.get(..n).unwrap_or_default());
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body, ctype) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    metrics.render(),
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-                "/healthz" => ("200 OK", "ok\n".to_string(), "text/plain"),
-                _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
+            let _slot = slot;
+            let _ = tokio::time::timeout(deadline, answer(stream, &metrics)).await;
         });
     }
+}
+
+async fn answer(mut stream: tokio::net::TcpStream, metrics: &Metrics) {
+    let mut buf = vec![0u8; 4096];
+    let n = match stream.read(&mut buf).await {
+        Ok(n) => n,
+        Err(_) => return,
+    };
+    let head = String::from_utf8_lossy(buf.get(..n).unwrap_or_default());
+    let path = head.split_whitespace().nth(1).unwrap_or("/");
+    let (status, body, ctype) = match path {
+        "/metrics" => (
+            "200 OK",
+            metrics.render(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        "/healthz" => ("200 OK", "ok\n".to_string(), "text/plain"),
+        _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
+
+    /// Idle connections hold the slots only until their deadline: with
+    /// every slot taken by a silent client, the next request is answered
+    /// once those are closed.
+    #[tokio::test]
+    async fn silent_connections_are_bounded_in_number_and_time() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_bounded(
+            listener,
+            Metrics::new(),
+            2,
+            std::time::Duration::from_millis(300),
+        ));
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        // the silent ones were closed (end of stream, nothing sent) before
+        // the third was even accepted
+        for s in idle {
+            let mut rest = [0u8; 16];
+            assert_eq!(s.try_read(&mut rest).unwrap(), 0);
+        }
+        server.abort();
+    }
 
     /// Every metric the registry renders (`# TYPE NAME TYPE`) has a row in
     /// docs/metrics.md with that type (a counter as `NAME_total`).
