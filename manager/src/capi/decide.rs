@@ -473,15 +473,13 @@ fn condition_message(conds: &[anneal_api::Condition], type_: &str) -> Option<Str
         .map(|c| c.message.clone())
 }
 
-/// The decision for an AnnealMachine that is not being deleted; `now` is
-/// the clock of condition transitions.
-pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
-    let am = s.am;
-    let generation = am.metadata.generation;
-    let name = am.name_any();
-    let mut status = am.status.clone().unwrap_or_default();
-    status.observed_generation = generation;
-    let ready = |status: &mut AnnealMachineStatus, ok: bool, reason: &str, msg: String| {
+/// The setter of an AnnealMachine's `Ready` condition, for its `generation`
+/// at `now`.
+fn ready_setter(
+    generation: Option<i64>,
+    now: Timestamp,
+) -> impl Fn(&mut AnnealMachineStatus, bool, &str, String) {
+    move |status: &mut AnnealMachineStatus, ok: bool, reason: &str, msg: String| {
         conditions::set_at(
             &mut status.conditions,
             types::READY,
@@ -491,7 +489,15 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
             generation,
             now,
         );
-    };
+    }
+}
+
+/// The decision for an AnnealMachine that is not being deleted; `now` is
+/// the clock of condition transitions.
+pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
+    let am = s.am;
+    let mut status = am.status.clone().unwrap_or_default();
+    status.observed_generation = am.metadata.generation;
     let mut out = Decision {
         claim: ClaimAction::Keep,
         provider_id: None,
@@ -512,42 +518,73 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
         Bootstrap::Ready(secret) => Some(secret.as_str()),
         _ => None,
     };
-    let Some(claim) = s.claim else {
-        // nothing is created before the bootstrap data exists
-        match secret {
-            Some(secret) => {
-                out.claim = ClaimAction::Create(Box::new(new_claim(am, secret)));
-                status.claim_ref = Some(NameRef::new(&name));
-                ready(
-                    &mut status,
-                    false,
-                    reasons::WAITING_FOR_MACHINE,
-                    format!("creating MachineClaim {name}"),
-                );
-                out.requeue = WAITING;
-            }
-            None => {
-                let msg = match s.bootstrap {
-                    Bootstrap::NoOwner => {
-                        "waiting for the Cluster API Machine to own this AnnealMachine".to_string()
-                    }
-                    Bootstrap::OwnerMissing(m) => {
-                        format!("waiting for Cluster API Machine {m} (not found)")
-                    }
-                    _ => format!(
-                        "waiting for the bootstrap data Secret of Cluster API Machine {} \
-                         (spec.bootstrap.dataSecretName)",
-                        owner_name(s.bootstrap)
-                    ),
-                };
-                status.ready = Some(false);
-                ready(&mut status, false, reasons::WAITING_FOR_BOOTSTRAP_DATA, msg);
-            }
-        }
-        status.ready.get_or_insert(false);
-        out.status = status;
-        return out;
+    out.status = match s.claim {
+        None => without_claim(s, secret, &mut out, status, now),
+        Some(claim) => with_claim(s, claim, secret, &mut out, status, now),
     };
+    out
+}
+
+/// No claim of the AnnealMachine's name: it is created once the bootstrap
+/// data (`secret`) exist, nothing before.
+fn without_claim(
+    s: &Snapshot<'_>,
+    secret: Option<&str>,
+    out: &mut Decision,
+    mut status: AnnealMachineStatus,
+    now: Timestamp,
+) -> AnnealMachineStatus {
+    let am = s.am;
+    let name = am.name_any();
+    let ready = ready_setter(am.metadata.generation, now);
+    match secret {
+        Some(secret) => {
+            out.claim = ClaimAction::Create(Box::new(new_claim(am, secret)));
+            status.claim_ref = Some(NameRef::new(&name));
+            ready(
+                &mut status,
+                false,
+                reasons::WAITING_FOR_MACHINE,
+                format!("creating MachineClaim {name}"),
+            );
+            out.requeue = WAITING;
+        }
+        None => {
+            let msg = match s.bootstrap {
+                Bootstrap::NoOwner => {
+                    "waiting for the Cluster API Machine to own this AnnealMachine".to_string()
+                }
+                Bootstrap::OwnerMissing(m) => {
+                    format!("waiting for Cluster API Machine {m} (not found)")
+                }
+                _ => format!(
+                    "waiting for the bootstrap data Secret of Cluster API Machine {} \
+                     (spec.bootstrap.dataSecretName)",
+                    owner_name(s.bootstrap)
+                ),
+            };
+            status.ready = Some(false);
+            ready(&mut status, false, reasons::WAITING_FOR_BOOTSTRAP_DATA, msg);
+        }
+    }
+    status.ready.get_or_insert(false);
+    status
+}
+
+/// The claim of the AnnealMachine's name exists (and the AnnealMachine is
+/// not a moved one): if it is its own, its spec is kept in line and the
+/// status follows the claim, its Machine and the Machine's deploy.
+fn with_claim(
+    s: &Snapshot<'_>,
+    claim: &MachineClaim,
+    secret: Option<&str>,
+    out: &mut Decision,
+    mut status: AnnealMachineStatus,
+    now: Timestamp,
+) -> AnnealMachineStatus {
+    let am = s.am;
+    let name = am.name_any();
+    let ready = ready_setter(am.metadata.generation, now);
     if !owns(am, claim) {
         status.claim_ref = None;
         status.ready = Some(false);
@@ -560,8 +597,7 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
                  delete or rename it"
             ),
         );
-        out.status = status;
-        return out;
+        return status;
     }
     status.claim_ref = Some(NameRef::new(&name));
     // keep the claim's spec in line (the claim's own rules decide whether a
@@ -591,8 +627,7 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
                 reasons::CLAIM_FAILED,
                 format!("MachineClaim {name} failed to bind: {bound_conds}"),
             );
-            out.status = status;
-            return out;
+            return status;
         }
         Some(ClaimPhase::Bound) => {}
         _ => {
@@ -610,8 +645,7 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
                 format!("MachineClaim {name}: {detail}"),
             );
             out.requeue = WAITING;
-            out.status = status;
-            return out;
+            return status;
         }
     }
     let Some(machine) = s.machine else {
@@ -624,8 +658,7 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
             format!("MachineClaim {name} is bound to Machine {m}, which is not readable yet"),
         );
         out.requeue = WAITING;
-        out.status = status;
-        return out;
+        return status;
     };
     let mname = machine.name_any();
     let ns = machine.namespace().unwrap_or_default();
@@ -646,11 +679,26 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
             reasons::PROVISIONED,
             format!("Machine {mname} is provisioned for MachineClaim {name} ({id})"),
         );
-        out.status = status;
-        return out;
+        return status;
     }
     status.ready = Some(false);
     out.requeue = WAITING;
+    not_provisioned_yet(s, claim, machine, &mut status, now);
+    status
+}
+
+/// `Ready` False for a claim bound to `machine` that is not provisioned
+/// for it yet: its DeployRun failed, its BMC does not answer, or its state
+/// (and deploy progress).
+fn not_provisioned_yet(
+    s: &Snapshot<'_>,
+    claim: &MachineClaim,
+    machine: &Machine,
+    status: &mut AnnealMachineStatus,
+    now: Timestamp,
+) {
+    let ready = ready_setter(s.am.metadata.generation, now);
+    let mname = machine.name_any();
     let mst = machine.status.clone().unwrap_or_default();
     if let Some(run) = s.current_run.filter(|r| run_is_for(r, claim))
         && run.status.as_ref().and_then(|st| st.phase) == Some(RunPhase::Failed)
@@ -662,7 +710,7 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "no message".to_string());
         ready(
-            &mut status,
+            status,
             false,
             reasons::DEPLOYMENT_FAILED,
             format!("DeployRun {} failed: {msg}", run.name_any()),
@@ -673,7 +721,7 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
         .find(|c| c.type_ == types::BMC_REACHABLE && c.status == "False")
     {
         ready(
-            &mut status,
+            status,
             false,
             reasons::WAITING_FOR_BMC,
             format!(
@@ -692,14 +740,12 @@ pub fn decide(s: &Snapshot<'_>, now: Timestamp) -> Decision {
             .map(|p| format!(", deploy {p}%"))
             .unwrap_or_default();
         ready(
-            &mut status,
+            status,
             false,
             reasons::PROVISIONING,
             format!("Machine {mname} is {state}{progress}"),
         );
     }
-    out.status = status;
-    out
 }
 
 fn owner_name(b: &Bootstrap) -> &str {
