@@ -1,7 +1,8 @@
 //! The anneal manager: one runtime ([`Runtime`]) running the controllers
 //! (claims, readiness rules, reservations, validity, the Machine lifecycle,
 //! the Cluster API provider when Cluster API is installed)
-//! behind leader election, the agent API, and the CRD YAML generator.
+//! behind leader election, the agent API, the metadata endpoint, and the
+//! CRD YAML generator.
 
 pub mod agentapi;
 pub mod bmc;
@@ -16,6 +17,7 @@ pub mod deploy;
 pub mod ipam;
 pub mod ipmi;
 pub mod leader;
+pub mod metadata;
 pub mod metrics;
 pub mod patch;
 pub mod readiness;

@@ -60,6 +60,11 @@ struct RunArgs {
     /// Seconds between renewals.
     #[arg(long, default_value_t = 5)]
     renew_secs: u64,
+    /// Serve the metadata endpoint (Day-1 data over HTTP: OpenStack layout,
+    /// NoCloud seed, Ignition; docs/deploy.md) here, on the provisioning
+    /// network, e.g. `10.0.0.2:8089`. Unset: not served.
+    #[arg(long)]
+    metadata_listen: Option<std::net::SocketAddr>,
     /// Images: the ImageImport, PartitionContent and Image controllers.
     #[command(flatten)]
     content: ContentArgs,
@@ -243,6 +248,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease_duration: std::time::Duration::from_secs(args.lease_duration_secs),
         renew_every: std::time::Duration::from_secs(args.renew_secs),
     });
+    let metadata = args
+        .metadata_listen
+        .map(|listen| anneal_manager::metadata::MetadataConfig {
+            listen,
+            namespace: args.namespace.clone(),
+        });
     let cfg = anneal_manager::RunConfig {
         namespace: args.namespace,
         concurrency: args.concurrency,
@@ -256,6 +267,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.lifecycle.agent_api_listen.port(),
     )?;
     let mut runtime = anneal_manager::Runtime::new(client, cfg);
+    if let Some(md) = metadata {
+        runtime = runtime.with_metadata(md);
+    }
     if let Some(mut content) = content {
         content.swarm = Some(args.lifecycle.swarm.clone());
         runtime = runtime.with_content(content);

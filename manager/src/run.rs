@@ -7,8 +7,9 @@
 //! identity), the [`Metrics`] and the leader election.
 //!
 //! What runs where:
-//! - on every replica: `/metrics` and the agent API (agents may reach any
-//!   replica; the agent API writes only under optimistic locks);
+//! - on every replica: `/metrics`, the agent API (agents may reach any
+//!   replica; the agent API writes only under optimistic locks) and the
+//!   metadata endpoint when configured (it only reads);
 //! - only while this replica holds the leader Lease: EVERY controller —
 //!   claims, readiness, ipam, validity, the Cluster API provider (idle
 //!   unless Cluster API is installed) and the Machine lifecycle (the one
@@ -88,6 +89,15 @@ pub enum RunError {
     /// The agent API could not start.
     #[error("starting the agent API")]
     AgentApi(#[source] crate::agentapi::AgentApiError),
+    /// The metadata endpoint could not bind.
+    #[error("binding the metadata endpoint to {addr} (pick a free address with --metadata-listen)")]
+    Metadata {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// A controller stopped while it should be running.
     #[error("controller {0} stopped on its own (see its log lines above); restart the manager")]
     ControllerExited(&'static str),
@@ -103,6 +113,7 @@ pub struct Runtime {
     metrics: Arc<Metrics>,
     lifecycle: Option<(LifecycleConfig, AgentApiConfig)>,
     content: Option<crate::content::ContentConfig>,
+    metadata: Option<crate::metadata::MetadataConfig>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -134,6 +145,7 @@ impl Runtime {
             metrics: Metrics::new(),
             lifecycle: None,
             content: None,
+            metadata: None,
         }
     }
 
@@ -150,6 +162,13 @@ impl Runtime {
     #[must_use]
     pub fn with_content(mut self, cfg: crate::content::ContentConfig) -> Self {
         self.content = Some(cfg);
+        self
+    }
+
+    /// Also serves the metadata endpoint (every replica).
+    #[must_use]
+    pub fn with_metadata(mut self, cfg: crate::metadata::MetadataConfig) -> Self {
+        self.metadata = Some(cfg);
         self
     }
 
@@ -263,6 +282,17 @@ impl Runtime {
             ),
             None => None,
         };
+        let metadata = match &self.metadata {
+            Some(cfg) => Some(
+                crate::metadata::start(self.client.clone(), cfg.clone(), agent_cancel.clone())
+                    .await
+                    .map_err(|source| RunError::Metadata {
+                        addr: cfg.listen,
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
 
         let elector = self
             .cfg
@@ -317,6 +347,10 @@ impl Runtime {
         if let Some(api) = agent_api {
             api.join().await;
             info!("agent API stopped");
+        }
+        if let Some(md) = metadata {
+            md.join().await;
+            info!("metadata endpoint stopped");
         }
         services.cancel();
         if let Some(t) = metrics_task {

@@ -528,6 +528,7 @@ async fn create_objects(
                 layout,
                 params: imp.spec.params.clone(),
                 post_hook_refs: imp.spec.post_hook_refs.clone(),
+                day1_defaults: imp.spec.day1_defaults.clone(),
             },
             status: None,
         };

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use anneal_api::agent::{PlannedConfigDrive, SecretBytes};
-use anneal_api::{HardwareNic, MachineClaim, NetAddressing, NetworkData, SecretDataRef, Subnet};
+use anneal_api::{
+    HardwareNic, Image, MachineClaim, NetAddressing, NetworkData, SecretDataRef, Subnet,
+};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
@@ -32,6 +34,41 @@ pub const NETWORK_DATA_KEY: &str = "networkData";
 pub const PUBLIC_KEYS_KEY: &str = "authorized_keys";
 /// Placeholder replaced by the run's name once it is known.
 const INSTANCE_ID: &str = "instance-id";
+
+/// `claim` with the Day-1 defaults of its OS Image (`image`) filled into
+/// the fields it leaves unset: `spec.userData` and
+/// `spec.metaData.publicKeysSecretRef`. Borrowed unchanged when there is
+/// nothing to fill.
+pub fn with_image_defaults<'c>(
+    claim: &'c MachineClaim,
+    image: Option<&Image>,
+) -> std::borrow::Cow<'c, MachineClaim> {
+    let Some(d) = image.and_then(|i| i.spec.day1_defaults.as_ref()) else {
+        return std::borrow::Cow::Borrowed(claim);
+    };
+    let s = &claim.spec;
+    let fill_user = s.user_data.is_none() && d.user_data.is_some();
+    let fill_keys = s
+        .meta_data
+        .as_ref()
+        .is_none_or(|m| m.public_keys_secret_ref.is_none())
+        && d.public_keys_secret_ref.is_some();
+    if !fill_user && !fill_keys {
+        return std::borrow::Cow::Borrowed(claim);
+    }
+    let mut c = claim.clone();
+    if fill_user {
+        c.spec.user_data.clone_from(&d.user_data);
+    }
+    if fill_keys {
+        c.spec
+            .meta_data
+            .get_or_insert_with(Default::default)
+            .public_keys_secret_ref
+            .clone_from(&d.public_keys_secret_ref);
+    }
+    std::borrow::Cow::Owned(c)
+}
 
 /// The key a reference reads.
 pub fn key_of<'a>(r: &'a SecretDataRef, default: &'a str) -> &'a str {
@@ -598,6 +635,50 @@ fn in_subnet(f: &str, ip: Ipv4Addr, len: u8, s: &Subnet, d: &Day1<'_>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_images_day1_defaults_fill_only_what_the_claim_leaves_unset() {
+        let image: Image = serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Image",
+            "metadata": {"name": "os", "namespace": "ns"},
+            "spec": {"layout": {"partitionTable": "gpt", "slots": []},
+                     "day1Defaults": {"userData": {"name": "base"},
+                                      "publicKeysSecretRef": {"name": "ops", "key": "k"}}}}))
+        .unwrap();
+        let claim = |spec: Value| -> MachineClaim {
+            serde_json::from_value(json!({"apiVersion": "anneal.dev/v1alpha1",
+                "kind": "MachineClaim", "metadata": {"name": "c", "namespace": "ns"},
+                "spec": spec}))
+            .unwrap()
+        };
+        let bare = claim(json!({"imageRef": {"name": "os"}}));
+        assert!(!wanted(&bare));
+        let filled = with_image_defaults(&bare, Some(&image));
+        assert!(wanted(&filled));
+        assert_eq!(filled.spec.user_data.as_ref().unwrap().name, "base");
+        assert_eq!(
+            wanted_secrets(&filled),
+            [
+                ("base".into(), "userData".into()),
+                ("ops".into(), "k".into())
+            ]
+        );
+        // the claim's own fields win; its hostname stays beside the keys
+        let own = claim(
+            json!({"imageRef": {"name": "os"}, "userData": {"name": "mine"},
+            "metaData": {"hostname": "h1"}}),
+        );
+        let filled = with_image_defaults(&own, Some(&image));
+        assert_eq!(filled.spec.user_data.as_ref().unwrap().name, "mine");
+        let md = filled.spec.meta_data.as_ref().unwrap();
+        assert_eq!(md.hostname.as_deref(), Some("h1"));
+        assert_eq!(md.public_keys_secret_ref.as_ref().unwrap().name, "ops");
+        // no Image or no defaults: the claim as it is
+        assert!(matches!(
+            with_image_defaults(&own, None),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 
     fn subnet() -> Subnet {
         serde_json::from_value(json!({

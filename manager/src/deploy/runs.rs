@@ -338,6 +338,9 @@ async fn gather_and_plan(
         .image_ref
         .as_ref()
         .and_then(|r| images.get(&r.name));
+    // the Image's Day-1 defaults fill what the claim leaves unset
+    let effective = super::cloudinit::with_image_defaults(claim, os);
+    let claim = &*effective;
     for h in hook_order(os, claim) {
         if let Some(hook) = hooks_api.get_opt(&h).await? {
             hooks.insert(h, hook);
@@ -400,7 +403,7 @@ async fn gather_and_plan(
 /// Reads what a claim's cloud-init data is made from: its Secrets (the
 /// claim's namespace only), the Machine's labels, boot MAC and Subnet, the
 /// inventory's NICs.
-async fn gather_day1<'a>(
+pub(crate) async fn gather_day1<'a>(
     client: &Client,
     m: &'a Machine,
     claim: &MachineClaim,

@@ -73,6 +73,9 @@ pub struct ImageImportSpec {
     /// Copied onto the Image: PostHooks its content needs, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_hook_refs: Vec<NameRef>,
+    /// Copied onto the Image: Day-1 defaults of its claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub day1_defaults: Option<Day1Defaults>,
     /// How long a finished import stays after `status.completionTime` before
     /// it is deleted; absent keeps it forever. Deleting an import never
     /// deletes what it created.
@@ -361,6 +364,24 @@ pub struct ImageSpec {
     /// PostHooks this image's content needs, run before the claim's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_hook_refs: Vec<NameRef>,
+    /// Day-1 defaults for the claims of this Image that do not set their
+    /// own (Secrets of the Image's namespace, which is the claim's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub day1_defaults: Option<Day1Defaults>,
+}
+
+/// Day-1 defaults of an Image: what a claim gets when it sets none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Day1Defaults {
+    /// User data for claims without `spec.userData` (a cloud-config every
+    /// machine of this Image gets, for example).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<super::claim::SecretDataRef>,
+    /// SSH public keys for claims without
+    /// `spec.metaData.publicKeysSecretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_keys_secret_ref: Option<super::claim::SecretDataRef>,
 }
 
 /// Partition table kind.
