@@ -92,40 +92,16 @@ impl Client {
     }
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> anyhow::Result<()> {
-    if anneal_bench::flag("--help") {
-        println!(
-            "agentapi-load [--connections N (1000)] [--legit M (5)] [--manager PATH]\n\
-             N concurrent bogus-token connections against the manager's agent API while M \
-             agents register; prints the API server's Machine LISTs, the registrations and \
-             the manager's peak RSS against {BUDGET_MIB} MiB; writes target/bench/agentapi-load.json"
-        );
-        return Ok(());
-    }
-    let connections: usize = option("--connections").map_or(Ok(1000), |v| v.parse())?;
-    let legit: usize = option("--legit").map_or(Ok(5), |v| v.parse())?;
-    let manager_bin = anneal_bench::sibling_bin("manager", "--manager", "anneal-manager")?;
-    let cp = ControlPlane::start().await?;
-    cp.install_crds(&anneal_api::crds()).await?;
-    let client = cp.client();
-    let _ = Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "anneal-system"}}))?,
-        )
-        .await;
-    let api_port = free_port()?;
-    let log = cp.dir().join("manager.log");
-    let mut cmd = Command::new(&manager_bin);
-    cmd.args(["run", "--no-leader-election"])
-        .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()?))
-        .arg(format!("--agent-api-listen=127.0.0.1:{api_port}"))
-        .args(["--agent-api-name", "127.0.0.1"])
-        .env("KUBECONFIG", cp.kubeconfig_path())
-        .env("RUST_LOG", "warn");
-    let manager = ChildGroup::spawn_logged("manager", &mut cmd, &log)?;
-    // legitimate machines (no BMC): the manager arms each with a boot token
+/// A call's status code (or its error) and how long it took.
+type Answer = (Result<u16, String>, Duration);
+
+/// `legit` legitimate Machines (no BMC) and the boot tokens the manager arms
+/// them with: (namespace/name, token) each.
+async fn boot_tokens(
+    client: &kube::Client,
+    legit: usize,
+    log: &std::path::Path,
+) -> anyhow::Result<Vec<(String, String)>> {
     let machines = Api::<Machine>::namespaced(client.clone(), "default");
     for i in 0..legit {
         let m: Machine = serde_json::from_value(json!({
@@ -160,7 +136,12 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    // the CA certificate where the manager publishes it
+    Ok(tokens)
+}
+
+/// A client of the agent API on `api_port`, trusting the CA certificate
+/// where the manager publishes it.
+async fn agent_client(client: &kube::Client, api_port: u16) -> anyhow::Result<Client> {
     let ca =
         Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "anneal-system")
             .get("anneal-agent-api-ca")
@@ -182,11 +163,19 @@ async fn main() -> anyhow::Result<()> {
     .with_safe_default_protocol_versions()?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let agent = Arc::new(Client {
+    Ok(Client {
         tls: TlsConnector::from(Arc::new(tls)),
         addr: SocketAddr::from(([127, 0, 0, 1], api_port)),
-    });
-    // the agent API answers (the index has its first list)
+    })
+}
+
+/// Returns once the agent API on `api_port` answers (the index has its
+/// first list), within 60 s.
+async fn wait_answering(
+    agent: &Client,
+    api_port: u16,
+    log: &std::path::Path,
+) -> anyhow::Result<()> {
     let ready = Instant::now() + Duration::from_secs(60);
     while agent
         .call(
@@ -207,10 +196,14 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
+}
 
-    let lists_before = machine_lists(&client).await?;
-    let start = Instant::now();
-    let flood: Vec<_> = (0..connections)
+/// `connections` concurrent bogus-token calls, each from its own loopback
+/// address: half register with a bogus boot token, half call `next` with a
+/// bogus session.
+fn spawn_flood(agent: &Arc<Client>, connections: usize) -> Vec<tokio::task::JoinHandle<Answer>> {
+    (0..connections)
         .map(|i| {
             let agent = agent.clone();
             let from = IpAddr::V4(Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250 + 1) as u8));
@@ -230,10 +223,15 @@ async fn main() -> anyhow::Result<()> {
                 (r.map_err(|e| format!("{e:#}")), t.elapsed())
             })
         })
-        .collect();
-    // legitimate agents register while the flood is in flight
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let legit_calls: Vec<_> = tokens
+        .collect()
+}
+
+/// The legitimate agents' registrations with their boot `tokens`.
+fn spawn_registrations(
+    agent: &Arc<Client>,
+    tokens: &[(String, String)],
+) -> Vec<tokio::task::JoinHandle<Answer>> {
+    tokens
         .iter()
         .enumerate()
         .map(|(i, (machine, token))| {
@@ -247,7 +245,52 @@ async fn main() -> anyhow::Result<()> {
                 (r.map_err(|e| format!("{e:#}")), t.elapsed())
             })
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> anyhow::Result<()> {
+    if anneal_bench::flag("--help") {
+        println!(
+            "agentapi-load [--connections N (1000)] [--legit M (5)] [--manager PATH]\n\
+             N concurrent bogus-token connections against the manager's agent API while M \
+             agents register; prints the API server's Machine LISTs, the registrations and \
+             the manager's peak RSS against {BUDGET_MIB} MiB; writes target/bench/agentapi-load.json"
+        );
+        return Ok(());
+    }
+    let connections: usize = option("--connections").map_or(Ok(1000), |v| v.parse())?;
+    let legit: usize = option("--legit").map_or(Ok(5), |v| v.parse())?;
+    let manager_bin = anneal_bench::sibling_bin("manager", "--manager", "anneal-manager")?;
+    let cp = ControlPlane::start().await?;
+    cp.install_crds(&anneal_api::crds()).await?;
+    let client = cp.client();
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "anneal-system"}}))?,
+        )
+        .await;
+    let api_port = free_port()?;
+    let log = cp.dir().join("manager.log");
+    let mut cmd = Command::new(&manager_bin);
+    cmd.args(["run", "--no-leader-election"])
+        .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()?))
+        .arg(format!("--agent-api-listen=127.0.0.1:{api_port}"))
+        .args(["--agent-api-name", "127.0.0.1"])
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("RUST_LOG", "warn");
+    let manager = ChildGroup::spawn_logged("manager", &mut cmd, &log)?;
+    let tokens = boot_tokens(&client, legit, &log).await?;
+    let agent = Arc::new(agent_client(&client, api_port).await?);
+    wait_answering(&agent, api_port, &log).await?;
+
+    let lists_before = machine_lists(&client).await?;
+    let start = Instant::now();
+    let flood = spawn_flood(&agent, connections);
+    // legitimate agents register while the flood is in flight
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let legit_calls = spawn_registrations(&agent, &tokens);
     let mut legit_ok = 0;
     let mut legit_secs = Vec::new();
     for c in legit_calls {

@@ -71,27 +71,26 @@ fn main() -> anyhow::Result<()> {
     res
 }
 
-fn bench(
-    dir: &Path,
-    agent: &Path,
-    rounds: usize,
-    data_mib: u64,
-    range_mib: u64,
-) -> anyhow::Result<()> {
-    let raw = anneal_bench::gpt_disk(dir, 1024, data_mib)?;
-    let cap = dir.join("cap");
-    anneal_bench::run(
-        Command::new(agent)
-            .arg("capture")
-            .arg(&raw)
-            .arg("--out")
-            .arg(&cap),
-    )?;
-    std::fs::remove_file(&raw)?;
-    let layout: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(cap.join("layout.json"))?)?;
-    let store = dir.join("store");
-    let port = anneal_bench::free_port()?;
+/// The captured contents, published in the store and served on `port`.
+struct Published {
+    /// Each content's entry of the deploy plan.
+    contents: Vec<serde_json::Value>,
+    /// Each content's stream URL.
+    streams: Vec<String>,
+    /// Each content's stream file in the store.
+    files: Vec<PathBuf>,
+    /// The streams' bytes.
+    total: u64,
+}
+
+/// Moves every content of the capture `cap` (its `layout`) into `store`,
+/// verified, for the server on `port`.
+fn publish(
+    cap: &Path,
+    layout: &serde_json::Value,
+    store: &Path,
+    port: u16,
+) -> anyhow::Result<Published> {
     let mut contents = Vec::new();
     let mut streams = Vec::new();
     let mut stream_files = Vec::new();
@@ -121,6 +120,129 @@ fn bench(
         streams.push(url);
         stream_files.push(c.join("stream"));
     }
+    Ok(Published {
+        contents,
+        streams,
+        files: stream_files,
+        total,
+    })
+}
+
+/// `anneal-agent deploy` of `plan` onto a fresh `target`: (wall seconds,
+/// seconds inside the target's writes summed over the `contents`: from the
+/// agent's `content written` lines).
+fn deploy_ours(
+    agent: &Path,
+    plan: &Path,
+    target: &Path,
+    range_mib: u64,
+    contents: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let _ = std::fs::remove_file(target);
+    let t = Instant::now();
+    let out = Command::new(agent)
+        .arg("deploy")
+        .arg("--plan")
+        .arg(plan)
+        .args(["--range-mib", &range_mib.to_string()])
+        .output()?;
+    let secs = t.elapsed().as_secs_f64();
+    ensure!(
+        out.status.success(),
+        "anneal-agent deploy failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // a slow round must not hide a retry: say so
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let retries = stdout.matches("retry:").count();
+    if retries > 0 {
+        eprintln!("ours: {retries} range retries in this round");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let writing: Vec<f64> = stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter(|l| l.contains("content written"))
+        .filter_map(|l| {
+            let v = l.split("write_seconds=").nth(1)?;
+            v.split(|c: char| c.is_whitespace() || c == ',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ensure!(
+        writing.len() == contents,
+        "anneal-agent deploy logged {} 'content written' lines for {} contents",
+        writing.len(),
+        contents
+    );
+    Ok((secs, writing.iter().sum()))
+}
+
+/// The reference: `curl | dd oflag=direct` of every stream into a file of
+/// `dir`; its wall seconds.
+fn curl_dd(dir: &Path, streams: &[String]) -> anyhow::Result<f64> {
+    let mut script = String::from("set -e -o pipefail\n");
+    for (i, url) in streams.iter().enumerate() {
+        let f = dir.join(format!("ref{i}.img"));
+        let _ = std::fs::remove_file(&f);
+        script.push_str(&format!(
+            "curl -sf '{url}' | dd of='{}' oflag=direct bs=4M iflag=fullblock conv=fsync status=none\n",
+            f.display()
+        ));
+    }
+    let t = Instant::now();
+    anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// `dd oflag=direct` of every stream `files` (in the page cache) into a
+/// file of `dir`; its wall seconds.
+fn dd_from_cache(dir: &Path, files: &[PathBuf]) -> anyhow::Result<f64> {
+    let mut script = String::from("set -e\n");
+    for (i, f) in files.iter().enumerate() {
+        let out = dir.join(format!("dd{i}.img"));
+        let _ = std::fs::remove_file(&out);
+        script.push_str(&format!(
+            "dd if='{}' of='{}' oflag=direct bs=4M conv=fsync status=none\n",
+            f.display(),
+            out.display()
+        ));
+    }
+    let t = Instant::now();
+    anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn bench(
+    dir: &Path,
+    agent: &Path,
+    rounds: usize,
+    data_mib: u64,
+    range_mib: u64,
+) -> anyhow::Result<()> {
+    let raw = anneal_bench::gpt_disk(dir, 1024, data_mib)?;
+    let cap = dir.join("cap");
+    anneal_bench::run(
+        Command::new(agent)
+            .arg("capture")
+            .arg(&raw)
+            .arg("--out")
+            .arg(&cap),
+    )?;
+    std::fs::remove_file(&raw)?;
+    let layout: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cap.join("layout.json"))?)?;
+    let store = dir.join("store");
+    let port = anneal_bench::free_port()?;
+    let Published {
+        contents,
+        streams,
+        files: stream_files,
+        total,
+    } = publish(&cap, &layout, &store, port)?;
     eprintln!(
         "{} contents, {:.1} MiB of used blocks",
         contents.len(),
@@ -156,83 +278,12 @@ fn bench(
     )?;
     anneal_bench::wait_listening(port, 10)?;
 
-    // (wall seconds, seconds inside the target's writes summed over the
-    // contents: from the agent's `content written` lines)
-    let ours = || -> anyhow::Result<(f64, f64)> {
-        let _ = std::fs::remove_file(&target);
-        let t = Instant::now();
-        let out = Command::new(agent)
-            .arg("deploy")
-            .arg("--plan")
-            .arg(&plan_path)
-            .args(["--range-mib", &range_mib.to_string()])
-            .output()?;
-        let secs = t.elapsed().as_secs_f64();
-        ensure!(
-            out.status.success(),
-            "anneal-agent deploy failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // a slow round must not hide a retry: say so
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let retries = stdout.matches("retry:").count();
-        if retries > 0 {
-            eprintln!("ours: {retries} range retries in this round");
-        }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let writing: Vec<f64> = stdout
-            .lines()
-            .chain(stderr.lines())
-            .filter(|l| l.contains("content written"))
-            .filter_map(|l| {
-                let v = l.split("write_seconds=").nth(1)?;
-                v.split(|c: char| c.is_whitespace() || c == ',')
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        ensure!(
-            writing.len() == streams.len(),
-            "anneal-agent deploy logged {} 'content written' lines for {} contents",
-            writing.len(),
-            streams.len()
-        );
-        Ok((secs, writing.iter().sum()))
-    };
-    let reference = || -> anyhow::Result<f64> {
-        let mut script = String::from("set -e -o pipefail\n");
-        for (i, url) in streams.iter().enumerate() {
-            let f = dir.join(format!("ref{i}.img"));
-            let _ = std::fs::remove_file(&f);
-            script.push_str(&format!(
-                "curl -sf '{url}' | dd of='{}' oflag=direct bs=4M iflag=fullblock conv=fsync status=none\n",
-                f.display()
-            ));
-        }
-        let t = Instant::now();
-        anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
-        Ok(t.elapsed().as_secs_f64())
-    };
+    let ours = || deploy_ours(agent, &plan_path, &target, range_mib, streams.len());
+    let reference = || curl_dd(dir, &streams);
     // The write rate alone: dd direct from the streams in the page cache
     // (no network, no hashing). The whole deploy path against it bounds
     // the restore part of the deploy from below.
-    let dd_direct = || -> anyhow::Result<f64> {
-        let mut script = String::from("set -e\n");
-        for (i, f) in stream_files.iter().enumerate() {
-            let out = dir.join(format!("dd{i}.img"));
-            let _ = std::fs::remove_file(&out);
-            script.push_str(&format!(
-                "dd if='{}' of='{}' oflag=direct bs=4M conv=fsync status=none\n",
-                f.display(),
-                out.display()
-            ));
-        }
-        let t = Instant::now();
-        anneal_bench::run(Command::new("bash").arg("-c").arg(&script))?;
-        Ok(t.elapsed().as_secs_f64())
-    };
+    let dd_direct = || dd_from_cache(dir, &stream_files);
     // warm-up: the streams into the server's page cache, all paths once
     reference()?;
     ours()?;

@@ -115,53 +115,42 @@ fn internal_of(line: &str) -> Option<Internal> {
     })
 }
 
-fn main() -> anyhow::Result<()> {
-    let runs: usize = anneal_bench::option_or("--runs", 3)?;
-    let size_mib: u64 = anneal_bench::option_or("--size-mib", 1024)?;
-    let data_mib: u64 = anneal_bench::option_or("--data-mib", 390)?;
-    let keep = anneal_bench::flag("--keep");
-    let dir = PathBuf::from(
-        anneal_bench::option("--dir").unwrap_or_else(|| "/var/tmp/anneal-bench-ingest".into()),
-    );
-    let agent = agent_bin()?;
-    let load_before = anneal_bench::load_average();
+/// What the measurements run against: the source served by nginx at `url`
+/// and its local copy, the store, scratch and capture directories.
+struct Bench {
+    agent: PathBuf,
+    url: String,
+    /// The source's SHA-256.
+    sha: String,
+    local: PathBuf,
+    store: PathBuf,
+    scratch: PathBuf,
+    cap: PathBuf,
+}
 
-    let src_dir = dir.join("src");
-    std::fs::create_dir_all(&src_dir)?;
-    let disk = src_dir.join("disk.raw");
-    if !(keep && disk.is_file()) {
-        eprintln!("building a {size_mib} MiB GPT disk image with {data_mib} MiB of ext4 files...");
-        anneal_bench::gpt_disk(&src_dir, size_mib, data_mib)?;
-    }
-    let disk_bytes = std::fs::metadata(&disk)?.len();
-    let sha = sha256(&disk)?;
-    let local = dir.join("local.raw");
-    run(Command::new("cp")
-        .arg("--sparse=always")
-        .arg(&disk)
-        .arg(&local))?;
+/// One ingest: (wall seconds, [first bytes, download+capture, publish]
+/// seconds from its phase lines, its own `raw source streamed` figures).
+type Ingested = (f64, [f64; 3], Internal);
 
-    let nginx = Nginx::start(&dir.join("nginx"), &src_dir, 1, None)?;
-    let url = format!("http://127.0.0.1:{}/disk.raw", nginx.port);
-    let store = dir.join("store");
-    let scratch = dir.join("scratch");
-    let cap = dir.join("capture");
-
-    let ingest = |check: bool, checksum: bool| -> anyhow::Result<(f64, [f64; 3], Internal)> {
-        fresh_dir(&store)?;
-        fresh_dir(&scratch)?;
+impl Bench {
+    /// `anneal-agent ingest` of the URL into a fresh store (with
+    /// `--checksum` when `checksum`); with `check`, what it published is
+    /// compared with the local capture's contents.
+    fn ingest(&self, check: bool, checksum: bool) -> anyhow::Result<Ingested> {
+        fresh_dir(&self.store)?;
+        fresh_dir(&self.scratch)?;
         sync()?;
         let mut lines = Vec::new();
         let mut phases: Vec<(String, f64)> = Vec::new();
         let mut internal = Internal::default();
         let start = Instant::now();
         let t = timed(|| {
-            let mut child = Command::new(&agent)
+            let mut child = Command::new(&self.agent)
                 .arg("ingest")
                 .arg("--url")
-                .arg(&url)
+                .arg(&self.url)
                 .arg("--store")
-                .arg(&store)
+                .arg(&self.store)
                 .args([
                     "--namespace",
                     "bench",
@@ -171,12 +160,12 @@ fn main() -> anyhow::Result<()> {
                     "disk",
                 ])
                 .args(if checksum {
-                    vec!["--checksum".to_owned(), format!("sha256:{sha}")]
+                    vec!["--checksum".to_owned(), format!("sha256:{}", self.sha)]
                 } else {
                     Vec::new()
                 })
                 .arg("--scratch")
-                .arg(&scratch)
+                .arg(&self.scratch)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()?;
@@ -217,115 +206,132 @@ fn main() -> anyhow::Result<()> {
             .find(|v| v["event"] == "result")
             .context("ingest printed no result line")?;
         // the source's hash is reported only when a checksum asked for it
-        let want_sha = if checksum { sha.as_str() } else { "" };
+        let want_sha = if checksum { self.sha.as_str() } else { "" };
         ensure!(
             result["sourceSha256"] == want_sha,
             "ingest result: {result}"
         );
         if check {
-            // what ingest published is what capture produces from the file
-            let mut compared = 0;
-            for c in result["contents"].as_array().into_iter().flatten() {
-                let name = c["name"].as_str().unwrap_or_default();
-                let n = c["partitionNumber"].as_u64().unwrap_or(0);
-                let ours = store.join("bench").join(name).join("stream");
-                let theirs = cap.join(format!("p{n}.stream"));
-                if !same_file(&ours, &theirs)? {
-                    bail!("{} differs from {}", ours.display(), theirs.display());
-                }
-                compared += 1;
-            }
-            ensure!(compared > 0, "ingest result names no content: {result}");
+            self.check_published(&result)?;
         }
-        fresh_dir(&store)?;
-        fresh_dir(&scratch)?;
+        fresh_dir(&self.store)?;
+        fresh_dir(&self.scratch)?;
         let at = |p: &str| phases.iter().find(|(q, _)| q == p).map(|(_, t)| *t);
         let (c, p) = (at("Capturing").unwrap_or(t), at("Publishing").unwrap_or(t));
         Ok((t, [c, p - c, t - p], internal))
-    };
-    let curl = || -> anyhow::Result<f64> {
+    }
+
+    /// What ingest published (its `result` line) is what capture produces
+    /// from the file.
+    fn check_published(&self, result: &serde_json::Value) -> anyhow::Result<()> {
+        let mut compared = 0;
+        for c in result["contents"].as_array().into_iter().flatten() {
+            let name = c["name"].as_str().unwrap_or_default();
+            let n = c["partitionNumber"].as_u64().unwrap_or(0);
+            let ours = self.store.join("bench").join(name).join("stream");
+            let theirs = self.cap.join(format!("p{n}.stream"));
+            if !same_file(&ours, &theirs)? {
+                bail!("{} differs from {}", ours.display(), theirs.display());
+            }
+            compared += 1;
+        }
+        ensure!(compared > 0, "ingest result names no content: {result}");
+        Ok(())
+    }
+
+    /// `curl -o /dev/null` of the URL: the reference's download.
+    fn curl(&self) -> anyhow::Result<f64> {
         timed(|| {
             run(Command::new("curl")
                 .args(["-sf", "-o", "/dev/null"])
-                .arg(&url))
+                .arg(&self.url))
         })
-    };
-    // diagnostic, not in the ratio: what spooling the source to a local
-    // file costs (curl into a file, then sync)
-    let spool = || -> anyhow::Result<f64> {
-        fresh_dir(&scratch)?;
+    }
+
+    /// Diagnostic, not in the ratio: what spooling the source to a local
+    /// file costs (curl into a file, then sync).
+    fn spool(&self) -> anyhow::Result<f64> {
+        fresh_dir(&self.scratch)?;
         let t = timed(|| {
             run(Command::new("curl")
                 .args(["-sf", "-o"])
-                .arg(scratch.join("spool.raw"))
-                .arg(&url))?;
+                .arg(self.scratch.join("spool.raw"))
+                .arg(&self.url))?;
             sync()
         })?;
-        fresh_dir(&scratch)?;
+        fresh_dir(&self.scratch)?;
         Ok(t)
-    };
-    let capture = || -> anyhow::Result<f64> {
-        fresh_dir(&cap)?;
+    }
+
+    /// `anneal-agent capture` of the local copy: the reference's capture.
+    fn capture(&self) -> anyhow::Result<f64> {
+        fresh_dir(&self.cap)?;
         sync()?;
         timed(|| {
-            run(Command::new(&agent)
+            run(Command::new(&self.agent)
                 .arg("capture")
-                .arg(&local)
+                .arg(&self.local)
                 .arg("--out")
-                .arg(&cap)
+                .arg(&self.cap)
                 .stderr(Stdio::null()))?;
             sync()
         })
-    };
+    }
+}
 
-    // warm-up: the source into the page cache, both binaries loaded; the
-    // contents compared once
-    eprintln!("warm-up and check (ingest output == capture output)...");
-    curl()?;
-    capture()?;
-    ingest(true, false)?;
-    ingest(true, true)?;
+/// The seconds of every run.
+#[derive(Debug, Default)]
+struct Runs {
+    ours: Vec<f64>,
+    ours_ck: Vec<f64>,
+    t_curl: Vec<f64>,
+    t_cap: Vec<f64>,
+    ph_fetch: Vec<f64>,
+    ph_cap: Vec<f64>,
+    ph_pub: Vec<f64>,
+    t_spool: Vec<f64>,
+    internals: Vec<Internal>,
+}
 
-    let (mut ours, mut t_curl, mut t_cap) = (Vec::new(), Vec::new(), Vec::new());
-    let mut ours_ck = Vec::new();
-    let (mut ph_fetch, mut ph_cap, mut ph_pub, mut t_spool) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut internals: Vec<Internal> = Vec::new();
+/// `runs` runs of ingest, ingest with a checksum and the reference (curl,
+/// capture), the order alternating, and the spooling diagnostic.
+fn measure(b: &Bench, runs: usize) -> anyhow::Result<Runs> {
+    let mut m = Runs::default();
     for r in 0..runs {
         let mut ours_run = || -> anyhow::Result<()> {
-            let (t, [f, c, p], i) = ingest(false, false)?;
-            ours.push(t);
-            ph_fetch.push(f);
-            ph_cap.push(c);
-            ph_pub.push(p);
-            internals.push(i);
+            let (t, [f, c, p], i) = b.ingest(false, false)?;
+            m.ours.push(t);
+            m.ph_fetch.push(f);
+            m.ph_cap.push(c);
+            m.ph_pub.push(p);
+            m.internals.push(i);
             Ok(())
         };
         if r % 2 == 0 {
             ours_run()?;
-            ours_ck.push(ingest(false, true)?.0);
-            t_curl.push(curl()?);
-            t_cap.push(capture()?);
+            m.ours_ck.push(b.ingest(false, true)?.0);
+            m.t_curl.push(b.curl()?);
+            m.t_cap.push(b.capture()?);
         } else {
-            t_curl.push(curl()?);
-            t_cap.push(capture()?);
-            ours_ck.push(ingest(false, true)?.0);
+            m.t_curl.push(b.curl()?);
+            m.t_cap.push(b.capture()?);
+            m.ours_ck.push(b.ingest(false, true)?.0);
             ours_run()?;
         }
-        t_spool.push(spool()?);
+        m.t_spool.push(b.spool()?);
         eprintln!(
             "run {r}: ingest {:.2}s (first bytes {:.2}s, download+capture {:.2}s, publish {:.2}s), with --checksum {:.2}s | curl {:.2}s + capture {:.2}s = {:.2}s | diagnostic: curl to a file + sync {:.2}s",
-            ours[r],
-            ph_fetch[r],
-            ph_cap[r],
-            ph_pub[r],
-            ours_ck[r],
-            t_curl[r],
-            t_cap[r],
-            t_curl[r] + t_cap[r],
-            t_spool[r]
+            m.ours[r],
+            m.ph_fetch[r],
+            m.ph_cap[r],
+            m.ph_pub[r],
+            m.ours_ck[r],
+            m.t_curl[r],
+            m.t_cap[r],
+            m.t_curl[r] + m.t_cap[r],
+            m.t_spool[r]
         );
-        let i = &internals[r];
+        let i = &m.internals[r];
         eprintln!(
             "run {r}: inside ingest: body read at {:.2}s, capture returned at {:.2}s; spool memory peak {} MiB, spilled {} MiB",
             i.download,
@@ -334,8 +340,30 @@ fn main() -> anyhow::Result<()> {
             i.spilled >> 20
         );
     }
-    drop(nginx);
-    let reference: Vec<f64> = t_curl.iter().zip(&t_cap).map(|(a, b)| a + b).collect();
+    Ok(m)
+}
+
+/// The medians and ratios of `m`: written to target/bench/ingest.json and
+/// printed.
+fn report(
+    m: &Runs,
+    disk_bytes: u64,
+    data_mib: u64,
+    load_before: Option<String>,
+) -> anyhow::Result<()> {
+    let Runs {
+        ours,
+        ours_ck,
+        t_curl,
+        t_cap,
+        ph_fetch,
+        ph_cap,
+        ph_pub,
+        t_spool,
+        internals,
+    } = m;
+    let runs = ours.len();
+    let reference: Vec<f64> = t_curl.iter().zip(t_cap).map(|(a, b)| a + b).collect();
     let mut per_run: Vec<f64> = ours
         .iter()
         .zip(&reference)
@@ -403,8 +431,59 @@ fn main() -> anyhow::Result<()> {
     println!(
         "ingest --checksum (the whole source hashed as well): {mo_ck:.2}s / {mr:.2}s = {ratio_ck:.2} (beside the goal)"
     );
-    let _ = std::fs::remove_file(&local);
-    for d in [&store, &scratch, &cap] {
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let runs: usize = anneal_bench::option_or("--runs", 3)?;
+    let size_mib: u64 = anneal_bench::option_or("--size-mib", 1024)?;
+    let data_mib: u64 = anneal_bench::option_or("--data-mib", 390)?;
+    let keep = anneal_bench::flag("--keep");
+    let dir = PathBuf::from(
+        anneal_bench::option("--dir").unwrap_or_else(|| "/var/tmp/anneal-bench-ingest".into()),
+    );
+    let agent = agent_bin()?;
+    let load_before = anneal_bench::load_average();
+
+    let src_dir = dir.join("src");
+    std::fs::create_dir_all(&src_dir)?;
+    let disk = src_dir.join("disk.raw");
+    if !(keep && disk.is_file()) {
+        eprintln!("building a {size_mib} MiB GPT disk image with {data_mib} MiB of ext4 files...");
+        anneal_bench::gpt_disk(&src_dir, size_mib, data_mib)?;
+    }
+    let disk_bytes = std::fs::metadata(&disk)?.len();
+    let sha = sha256(&disk)?;
+    let local = dir.join("local.raw");
+    run(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&disk)
+        .arg(&local))?;
+
+    let nginx = Nginx::start(&dir.join("nginx"), &src_dir, 1, None)?;
+    let b = Bench {
+        agent,
+        url: format!("http://127.0.0.1:{}/disk.raw", nginx.port),
+        sha,
+        local,
+        store: dir.join("store"),
+        scratch: dir.join("scratch"),
+        cap: dir.join("capture"),
+    };
+
+    // warm-up: the source into the page cache, both binaries loaded; the
+    // contents compared once
+    eprintln!("warm-up and check (ingest output == capture output)...");
+    b.curl()?;
+    b.capture()?;
+    b.ingest(true, false)?;
+    b.ingest(true, true)?;
+
+    let m = measure(&b, runs)?;
+    drop(nginx);
+    report(&m, disk_bytes, data_mib, load_before)?;
+    let _ = std::fs::remove_file(&b.local);
+    for d in [&b.store, &b.scratch, &b.cap] {
         let _ = std::fs::remove_dir_all(d);
     }
     if !keep {
