@@ -28,6 +28,27 @@ pub struct ErrorLabel {
     pub error: String,
 }
 
+/// Label set: a Machine state (`status.state`; `None` before the first).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// State, for example `Available`.
+    pub state: String,
+}
+
+/// Every value of [`StateLabel::state`].
+pub const MACHINE_STATES: &[&str] = &[
+    "None",
+    "Enrolling",
+    "Inspecting",
+    "Available",
+    "Provisioning",
+    "Provisioned",
+    "Deprovisioning",
+    "PoweringOff",
+    "Released",
+    "Parked",
+];
+
 /// The manager's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -44,6 +65,9 @@ pub struct Metrics {
     pub releases: Counter,
     /// 1 while this replica holds the leader Lease.
     pub leader: Gauge,
+    /// Machines by state (the leader's Machine lifecycle sets it; every
+    /// state has a sample, 0 included).
+    pub machines: Family<StateLabel, Gauge>,
 }
 
 impl Metrics {
@@ -56,6 +80,7 @@ impl Metrics {
         let bind_conflicts = Counter::default();
         let releases = Counter::default();
         let leader = Gauge::default();
+        let machines = Family::<StateLabel, Gauge>::default();
         registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -78,6 +103,11 @@ impl Metrics {
             "1 while this replica is the leader",
             leader.clone(),
         );
+        registry.register(
+            "machines",
+            "Machines by state (the leader's count)",
+            machines.clone(),
+        );
         Arc::new(Self {
             registry,
             reconciles,
@@ -86,7 +116,21 @@ impl Metrics {
             bind_conflicts,
             releases,
             leader,
+            machines,
         })
+    }
+
+    /// Sets the machines-by-state gauge from `(state, count)` pairs; a state
+    /// not given is 0.
+    pub fn set_machine_states<'a>(&self, counts: impl IntoIterator<Item = (&'a str, i64)>) {
+        let counts: std::collections::BTreeMap<&str, i64> = counts.into_iter().collect();
+        for s in MACHINE_STATES {
+            self.machines
+                .get_or_create(&StateLabel {
+                    state: (*s).to_string(),
+                })
+                .set(counts.get(s).copied().unwrap_or(0));
+        }
     }
 
     /// Counts one reconcile of `kind`.

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anneal_api::{Machine, MachineHardware, Subnet};
+use anneal_api::{Machine, MachineHardware, MachineState, Subnet};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -268,6 +268,11 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
     let mapper_backoff = ctx.bmc_backoff.clone();
     let controller = Controller::new(scope.api::<Machine>(), watcher::Config::default());
     let store = controller.store();
+    tokio::spawn(count_states(
+        store.clone(),
+        scope.metrics.clone(),
+        scope.cancel.clone(),
+    ));
     let waiting = store.clone();
     let bound = store.clone();
     let secrets_of = store.clone();
@@ -362,6 +367,52 @@ pub async fn controller(scope: Scope, cfg: LifecycleConfig) {
             },
         );
     drive(ID, &scope, controller, reconcile, ctx).await;
+}
+
+/// How often the machines-by-state gauge is recounted from the store.
+const STATE_GAUGE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Sets the machines-by-state gauge from the controller's store while this
+/// term lasts (the leader's); its samples are removed when the term ends,
+/// so a follower reports none.
+async fn count_states(
+    store: Store<Machine>,
+    metrics: Arc<crate::metrics::Metrics>,
+    cancel: CancellationToken,
+) {
+    let ready = tokio::select! {
+        r = store.wait_until_ready() => r.is_ok(),
+        () = cancel.cancelled() => false,
+    };
+    while ready {
+        metrics.set_machine_states(state_counts(&store.state()));
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(STATE_GAUGE_EVERY) => {}
+        }
+    }
+    metrics.machines.clear();
+}
+
+/// Machines per state name (`None` before the first state).
+fn state_counts(machines: &[Arc<Machine>]) -> Vec<(&'static str, i64)> {
+    let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+    for m in machines {
+        let name = match m.status.as_ref().and_then(|s| s.state) {
+            None => "None",
+            Some(MachineState::Enrolling) => "Enrolling",
+            Some(MachineState::Inspecting) => "Inspecting",
+            Some(MachineState::Available) => "Available",
+            Some(MachineState::Provisioning) => "Provisioning",
+            Some(MachineState::Provisioned) => "Provisioned",
+            Some(MachineState::Deprovisioning) => "Deprovisioning",
+            Some(MachineState::PoweringOff) => "PoweringOff",
+            Some(MachineState::Released) => "Released",
+            Some(MachineState::Parked) => "Parked",
+        };
+        *counts.entry(name).or_default() += 1;
+    }
+    counts.into_iter().collect()
 }
 
 /// The namespaces of the Secrets `machines` reference for their BMCs
@@ -629,4 +680,43 @@ pub async fn start_from_args(
     };
     let (server, _controller) = start(client, cfg, api, cancel).await?;
     Ok(Some(server))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_state_gauge_counts_every_state_and_zeroes_the_rest() {
+        let m = |state: Option<&str>| -> Arc<Machine> {
+            let mut v = serde_json::json!({"apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+                "metadata": {"name": "m", "namespace": "ns"}, "spec": {"subnetRef": {"name": "s"}}});
+            if let Some(s) = state {
+                v["status"] = serde_json::json!({ "state": s });
+            }
+            Arc::new(serde_json::from_value(v).unwrap())
+        };
+        let ms = [
+            m(Some("Available")),
+            m(Some("Available")),
+            m(Some("Provisioned")),
+            m(None),
+        ];
+        let counts = state_counts(&ms);
+        assert_eq!(counts, [("Available", 2), ("None", 1), ("Provisioned", 1)]);
+        let metrics = crate::metrics::Metrics::new();
+        metrics.set_machine_states(counts);
+        let text = metrics.render();
+        for line in [
+            r#"anneal_manager_machines{state="Available"} 2"#,
+            r#"anneal_manager_machines{state="Provisioned"} 1"#,
+            r#"anneal_manager_machines{state="None"} 1"#,
+            r#"anneal_manager_machines{state="Parked"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        metrics.machines.clear();
+        assert!(!metrics.render().contains("anneal_manager_machines{"));
+    }
 }
