@@ -6,6 +6,7 @@
 //! tenant's). qemu-img (tests/setup.sh, Debian's qemu-utils) only builds
 //! the inputs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -3,6 +3,7 @@
 //! with a permanent error and no registration; a CA fingerprint mismatch (or
 //! a chain without the CA) refuses the connection before any request.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 mod support;
 

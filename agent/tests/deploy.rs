@@ -3,6 +3,7 @@
 //! sparse file through a plan; a proxy in the test corrupts one range once
 //! or always; a wrong index hash is refused before any write; `wipe`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};

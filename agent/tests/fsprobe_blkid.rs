@@ -2,6 +2,7 @@
 //! reports) against real mkfs output, cross-checked with
 //! `blkid -p` (the tools come from tests/setup.d/agent.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::BTreeMap;
 use std::process::Command;

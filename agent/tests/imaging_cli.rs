@@ -1,6 +1,7 @@
 //! `anneal-agent capture` of a qcow2 disk and `anneal-agent restore` onto a
 //! larger file, through the binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::path::Path;
 use std::process::Command;

@@ -3,6 +3,7 @@
 //! HTTPS with a test CA), compared with `anneal-agent capture` of the same
 //! files; and the content server on the published store.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -3,6 +3,7 @@
 //! with no address yet), then the lease applied over netlink and read back
 //! with `ip`. Needs root, iproute2 and dnsmasq (CI runs as root).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

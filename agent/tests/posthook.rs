@@ -8,6 +8,7 @@
 //! them); the bytes anneal encodes for the same entry must be identical.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_agent::posthook::{self, Context, StepError, efi};
 use anneal_api::agent::PlannedStep;

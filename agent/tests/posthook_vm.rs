@@ -7,6 +7,7 @@
 //! disk is checked on the host afterwards. A VM test: about a minute under TCG.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_testinfra::{DiskBus, DiskConfig, Vm, VmConfig};
 use std::path::PathBuf;

@@ -2,6 +2,7 @@
 //! byte ranges checked with curl (a real client) and with raw requests for
 //! the refusals, keep-alive, the connection bound and an idle connection.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

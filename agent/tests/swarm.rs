@@ -8,6 +8,7 @@
 //! target full of 0xFF makes the slot equal the source partition, gaps
 //! zeroed; into a slot smaller than it, it is refused before any write.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt as _;

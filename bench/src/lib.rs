@@ -6,6 +6,7 @@
 //!
 //! Every program writes `target/bench/<name>.json` at the workspace root and
 //! prints each ratio as `name: ours / reference = ratio`.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

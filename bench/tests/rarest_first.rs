@@ -1,5 +1,6 @@
 //! The rarest-first bookkeeping and choice added to the vendored librqbit
 //! (vendor/librqbit/NOTICE.anneal), through its public API.
+#![allow(clippy::too_many_lines)]
 
 use librqbit::piece_selection::{Availability, Stripe, choose_from_seeder, choose_rarest};
 

@@ -4,6 +4,7 @@
 //! SHA-1, hashed with ring since vendor/librqbit-sha1-wrapper), and the
 //! leechers upload to each other (a fifth of the bytes at least) while the
 //! seed's upload is capped. `RUST_LOG=librqbit=debug` shows the swarm.
+#![allow(clippy::too_many_lines)]
 
 use std::{net::SocketAddr, num::NonZeroU32, path::Path, time::Duration};
 

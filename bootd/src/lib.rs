@@ -3,6 +3,7 @@
 //! [`Server`] runs every listener of one Subnet in-process, so tests start it
 //! directly (or inside a network namespace with [`NetnsServer`]). The binary
 //! only parses arguments and calls in here.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod config;
 pub mod dhcp;

@@ -3,6 +3,7 @@
 //! reassembled by the kernel and answered; the OFFER stays within the
 //! client's option 57 (or 576 without it), IP and UDP headers counted.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -3,6 +3,7 @@
 //! entry); with the flag they are broadcast. The client namespace captures
 //! the frames with an AF_PACKET socket and reads their destinations.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -13,6 +13,7 @@
 //! - a client that stops reading a download is closed at the stall deadline;
 //! - accept errors (EMFILE under a low RLIMIT_NOFILE) back off, not spin.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

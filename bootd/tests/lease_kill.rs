@@ -7,6 +7,7 @@
 //! Synchronisation is on events only: bootd's "bootd serving" log line,
 //! ACKs received by the client, the child's exit.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};

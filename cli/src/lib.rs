@@ -6,6 +6,7 @@
 //! kubeconfig context's namespace, else `default`. Machine operations write
 //! exactly the field or annotation of docs/api.md that the manager honours
 //! and print what changed.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -4,6 +4,7 @@
 //! `watch` redraws its bars in a real terminal (tmux) as the run's percent
 //! moves, prints plain lines when stdout is a pipe, and ends with a table.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::path::Path;
 use std::process::Stdio;

@@ -2,6 +2,7 @@
 //! apiserver of `anneal_testinfra::ControlPlane`) with a kubeconfig file:
 //! each command's output, and the objects afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::too_many_lines)]
 
 use std::path::Path;
 

@@ -17,6 +17,7 @@
 //! - over the connection cap a request waits for a slot;
 //! - requests with bogus tokens make the API server do no LIST.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;

@@ -15,6 +15,7 @@
 //! former claim taken over), a providerID naming no Machine creates
 //! nothing; an AnnealCluster becomes provisioned with its endpoint.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -5,6 +5,7 @@
 //! BMC listening). ipmi_sim's chassis is the state directory of
 //! qemu/ipmi-sim/chassis-control.sh.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! constraints of the generated CRDs refuse invalid objects with a message
 //! naming the field, and accept their valid counterparts.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_testinfra::ControlPlane;
 use kube::api::{

@@ -4,6 +4,7 @@
 //! readiness rules, and the kubectl view (printer columns, explain).
 //! One control plane for the whole file.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

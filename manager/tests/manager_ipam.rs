@@ -6,6 +6,7 @@
 //! delete and on leaving the Subnet, proxy mode; `reservationCount` and
 //! `bootdReady` (issue 18).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

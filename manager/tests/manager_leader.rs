@@ -2,6 +2,7 @@
 //! leader is SIGKILLed while it is binding; the other takes over and no
 //! machine is ever bound twice.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Stdio};

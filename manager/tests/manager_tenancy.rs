@@ -14,6 +14,7 @@
 //!    `SubnetNotGranted` and no reservation; when the first Machine goes,
 //!    the second holds the MAC.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

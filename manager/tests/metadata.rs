@@ -8,6 +8,7 @@
 //! nothing. The clients bind loopback source addresses (127.0.0.0/8 all
 //! reach the endpoint on 127.0.0.1).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

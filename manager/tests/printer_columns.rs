@@ -9,6 +9,7 @@
 //! (A JSONPath column shows only the first match of `[*]`: counts such as
 //! an Image's slots or a Subnet's reservations need a status field.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_api::{DeployRun, Image, Machine, PartitionContent, Subnet};
 use anneal_testinfra::ControlPlane;

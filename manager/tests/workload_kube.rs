@@ -3,6 +3,7 @@
 //! apply and hold, field by field, what the workload spec says; applying
 //! again changes nothing; `observe` and `remove` work on them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_api::ImageImport;
 use anneal_manager::content::ContentContext;

@@ -6,6 +6,7 @@
 //!
 //! Run as root: `cargo run --release -p anneal-bench --bin bootd-bench [-- --quick]`
 //! (`--help` lists the options).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;

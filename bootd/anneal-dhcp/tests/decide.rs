@@ -1,5 +1,6 @@
 //! Decision tests and golden vectors for anneal-dhcp.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};

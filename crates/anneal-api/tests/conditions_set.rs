@@ -12,6 +12,7 @@
 //! `conditions::set(…, "X", …)`, …). A constant referenced only from
 //! tests counts as not set.
 #![allow(clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::path::{Path, PathBuf};
 

@@ -8,6 +8,7 @@
 //! `anneal_manager::metrics` and `anneal_bootd::metrics`, render the real
 //! registry and check the names and types too.)
 #![allow(clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@
 //! `let reason = … "X" …;`, the arms of a `fn reason(`), so a new literal
 //! reason fails this test until the page explains it.
 #![allow(clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 //! cause (issue 15, "Capture and restore").
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_image::capture::{self, Options};
 use anneal_image::fs;

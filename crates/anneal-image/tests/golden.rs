@@ -1,6 +1,7 @@
 //! Golden vectors of the content format and of partclone import
 //! (tests/fixtures/imaging; regenerate with tests/fixtures/imaging/regen.sh).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! (plain, gzip, zstd, split), restored, and compared with what
 //! `partclone.restore` / `partclone.dd` produce from the same image.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::too_many_lines)]
 
 mod common;
 

@@ -8,6 +8,7 @@
 //! the reference only; the product never runs it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::too_many_lines)]
 
 use anneal_image::qcow2::{self, Image};
 use anneal_image::source::{self, SourceError};

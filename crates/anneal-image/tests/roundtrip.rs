@@ -3,6 +3,7 @@
 //! captured, restored to a larger target, checked with fsck, debugfs, mtools
 //! and blkid.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::too_many_lines)]
 
 mod common;
 

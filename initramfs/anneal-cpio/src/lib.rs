@@ -3,6 +3,7 @@
 //! Entries are kept in a sorted map, so the archive does not depend on the
 //! order of insertion; mtimes, uid and gid are fixed and inode numbers are
 //! assigned in output order. The same entries always give the same bytes.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 use std::collections::BTreeMap;
 

@@ -15,6 +15,7 @@
 //!   restart; every request is appended to a JSON-lines request log.
 //! - HTTP Basic authentication on everything but the service root; optional
 //!   TLS.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod ipmi_sim;
 pub mod qmp;

@@ -5,6 +5,7 @@
 //!
 //! Everything started here is torn down on `Drop` (also when a test panics),
 //! by process group; names are unique per process so tests run in parallel.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod controlplane;
 mod kernel;
