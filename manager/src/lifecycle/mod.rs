@@ -384,11 +384,13 @@ async fn count_states(
         r = store.wait_until_ready() => r.is_ok(),
         () = cancel.cancelled() => false,
     };
-    while ready {
-        metrics.set_machine_states(state_counts(&store.state()));
-        tokio::select! {
-            () = cancel.cancelled() => break,
-            () = tokio::time::sleep(STATE_GAUGE_EVERY) => {}
+    if ready {
+        loop {
+            metrics.set_machine_states(state_counts(&store.state()));
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(STATE_GAUGE_EVERY) => {}
+            }
         }
     }
     metrics.machines.clear();
