@@ -34,10 +34,11 @@ fn server_shape_matches_golden_and_facts() {
     assert_eq!(hw, expected("server"));
     let names: Vec<&str> = hw.disks.iter().map(|d| d.device_name.as_str()).collect();
     // USB stick, CD-ROM and loop device are not disks by default.
-    assert_eq!(names, ["nvme0n1", "sda", "sdb"]);
+    assert_eq!(names, ["nvme0n1", "sda", "sdb", "sdd"]);
     let nvme = &hw.disks[0];
     assert_eq!(nvme.serial_number.as_deref(), Some("S64GNE0R812345"));
     assert_eq!(nvme.pcie_path.as_deref(), Some("0000:3b:00.0"));
+    assert_eq!(nvme.slot_number, Some(12), "PCIe slot 12 is 0000:3b:00");
     assert_eq!(nvme.bus.as_deref(), Some("nvme"));
     assert!(!nvme.rotational);
     assert_eq!(nvme.partitions[0].fs_type.as_deref(), Some("vfat"));
@@ -50,10 +51,20 @@ fn server_shape_matches_golden_and_facts() {
         (ssd.logical_sector_size, ssd.physical_sector_size),
         (512, 4096)
     );
+    assert_eq!(ssd.slot_number, None, "onboard AHCI, no enclosure");
     let hdd = &hw.disks[2];
     assert!(hdd.rotational);
     assert_eq!(hdd.size_bytes, 7_814_037_168 * 512);
     assert_eq!(hdd.partitions[0].fs_type.as_deref(), Some("swap"));
+    let sas = &hw.disks[3];
+    assert_eq!(sas.bus.as_deref(), Some("scsi"));
+    assert_eq!(sas.hctl.as_deref(), Some("7:0:1:0"));
+    assert_eq!(sas.pcie_path.as_deref(), Some("0000:05:00.0"));
+    assert_eq!(
+        sas.slot_number,
+        Some(7),
+        "enclosure bay 7, not the HBA's PCIe slot 3"
+    );
     let nics: Vec<(&str, bool, Option<u32>)> = hw
         .nics
         .iter()

@@ -9,6 +9,9 @@ use anneal_api::agent::{
     Cpu, Disk, Firmware, FirmwareMode, HardwareReport, Nic, Partition, SystemInfo,
 };
 
+mod slots;
+use slots::Slots;
+
 /// An error collecting the inventory.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
@@ -221,10 +224,11 @@ impl Root {
             path: dir.clone(),
             source,
         })?;
+        let slots = Slots::read(&self.0);
         let mut out = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if let Some(d) = self.disk(&name, opts) {
+            if let Some(d) = self.disk(&name, opts, &slots) {
                 out.push(d);
             }
         }
@@ -232,7 +236,7 @@ impl Root {
         Ok(out)
     }
 
-    fn disk(&self, name: &str, opts: Options) -> Option<Disk> {
+    fn disk(&self, name: &str, opts: Options, slots: &Slots) -> Option<Disk> {
         let base = format!("sys/block/{name}");
         let real = fs::canonicalize(self.p(&base)).ok()?;
         // Judge the path below the root only (a fixture directory's own name
@@ -278,14 +282,23 @@ impl Root {
         let wwn = attr("wwid")
             .or_else(|| attr("device/wwid"))
             .and_then(|w| normalize_wwn(&w));
+        // the SCSI device (H:C:T:L) the block device hangs off
+        let scsi_device = fs::canonicalize(self.p(&format!("{base}/device")))
+            .ok()
+            .filter(|p| p.file_name().is_some_and(|n| is_hctl(&n.to_string_lossy())));
         let hctl = if matches!(bus, Some("scsi") | Some("ata") | Some("usb")) {
-            fs::canonicalize(self.p(&format!("{base}/device")))
-                .ok()
+            scsi_device
+                .as_ref()
                 .and_then(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
-                .filter(|n| is_hctl(n))
         } else {
             None
         };
+        let pcie_path = if nvme_head {
+            self.nvme_subsystem_pci(&base)
+        } else {
+            nearest_pci(&real)
+        };
+        let slot_number = slots.of(scsi_device.as_deref(), pcie_path.as_deref());
         let partitions = self.partitions(name, &base, opts);
         Some(Disk {
             device_name: name.to_string(),
@@ -300,11 +313,8 @@ impl Root {
             serial_number,
             wwn,
             hctl,
-            pcie_path: if nvme_head {
-                self.nvme_subsystem_pci(&base)
-            } else {
-                nearest_pci(&real)
-            },
+            pcie_path,
+            slot_number,
             bus: bus.map(str::to_string),
             partitions,
         })

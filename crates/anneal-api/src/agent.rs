@@ -201,6 +201,13 @@ pub struct Disk {
     /// The PCI address of the controller, e.g. `0000:00:04.0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie_path: Option<String>,
+    /// Physical slot: the SES enclosure slot (`slot` of the
+    /// `/sys/class/enclosure/*/*` component whose `device` is the disk's SCSI
+    /// device), else the PCIe slot of the disk's PCI device (the controller:
+    /// the NVMe function, the HBA) when `/sys/bus/pci/slots/<name>/address`
+    /// is its domain:bus:device and `<name>` is a number; else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_number: Option<u32>,
     /// Bus, e.g. `nvme`, `virtio`, `scsi`, `ata`, `usb`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bus: Option<String>,

@@ -1340,7 +1340,7 @@ pub fn hardware_spec(r: &HardwareReport) -> MachineHardwareSpec {
                 rotational: d.rotational,
                 pcie_path: d.pcie_path.clone(),
                 hctl: d.hctl.clone(),
-                slot_number: None,
+                slot_number: d.slot_number.and_then(|s| i32::try_from(s).ok()),
                 logical_sector_size: Some(clamp_i32(d.logical_sector_size)),
                 physical_sector_size: Some(clamp_i32(d.physical_sector_size)),
             })

@@ -435,7 +435,11 @@ pub struct HardwareDisk {
     /// SCSI host:channel:target:lun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hctl: Option<String>,
-    /// Enclosure slot number.
+    /// Physical slot number: the SES enclosure slot (the `slot` of the
+    /// `/sys/class/enclosure/*/*` component whose `device` is the disk's SCSI
+    /// device), else the PCIe slot of the disk's controller (the NVMe
+    /// function, the HBA) when a `/sys/bus/pci/slots/<name>` with a numeric
+    /// name has its domain:bus:device as `address`; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_number: Option<i32>,
     /// Logical sector size in bytes.
@@ -806,4 +810,69 @@ pub struct ConfigDriveStatus {
     pub label: String,
     /// The files written (names only).
     pub files: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The disks of the `server` fixture's inventory (the agent's golden
+    /// report) as a MachineHardware holds them.
+    fn server_disks() -> Vec<HardwareDisk> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/agent/sys/expected-server.json"
+        );
+        let report: crate::agent::HardwareReport =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        report
+            .disks
+            .iter()
+            .map(|d| HardwareDisk {
+                device_name: format!("/dev/{}", d.device_name),
+                size_bytes: i64::try_from(d.size_bytes).unwrap(),
+                serial_number: d.serial_number.clone(),
+                wwn: d.wwn.clone(),
+                model: d.model.clone(),
+                vendor: d.vendor.clone(),
+                rotational: d.rotational,
+                pcie_path: d.pcie_path.clone(),
+                hctl: d.hctl.clone(),
+                slot_number: d.slot_number.map(|s| i32::try_from(s).unwrap()),
+                ..HardwareDisk::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_slot_number_hint_picks_the_disk_in_that_slot() {
+        let disks = server_disks();
+        let picked = |slot: i32| -> Vec<&str> {
+            let hints = DiskHints {
+                slot_number: Some(slot),
+                ..DiskHints::default()
+            };
+            disks
+                .iter()
+                .filter(|d| d.matches(&hints))
+                .map(|d| d.device_name.as_str())
+                .collect()
+        };
+        // SES enclosure bay 7 holds the SAS disk
+        assert_eq!(picked(7), ["/dev/sdd"]);
+        // PCIe slot 12 holds the NVMe drive
+        assert_eq!(picked(12), ["/dev/nvme0n1"]);
+        // the HBA sits in slot 3, but its one disk reports its bay instead
+        assert!(picked(3).is_empty());
+        assert!(picked(0).is_empty());
+        // without the hint every disk matches
+        assert_eq!(
+            disks
+                .iter()
+                .filter(|d| d.matches(&DiskHints::default()))
+                .count(),
+            4
+        );
+    }
 }

@@ -188,7 +188,11 @@ pub struct DiskHints {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub hctl: Option<String>,
-    /// Enclosure slot number.
+    /// Physical slot number, as the inventory reports it
+    /// (MachineHardware `disks[].slotNumber`): the SES enclosure slot of a
+    /// SAS/SATA disk behind an enclosure, else the number of the PCIe slot
+    /// holding the disk's controller (an NVMe drive, an HBA), read from
+    /// `/sys/bus/pci/slots`. Disks sharing one HBA in a slot share its number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub slot_number: Option<i32>,
