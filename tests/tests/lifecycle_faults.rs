@@ -356,6 +356,50 @@ async fn lifecycle_timeouts_hold_and_bmc_faults_recover() {
         took < Duration::from_secs(60),
         "not woken by the secret edit ({took:?}; the CredentialsRejected retry is 300 s)"
     );
+    // --- credentials listing other BMC addresses: not sent, until listed ---
+    let host = anneal_manager::redfish::BmcAddress::parse(&vm_u.address())
+        .unwrap()
+        .host;
+    secrets
+        .patch(
+            "bmc-u",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"stringData": {"addresses": "192.0.2.0/24, bmc.example.net"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let m = eventually(
+        "CredentialsNotAuthorized",
+        Duration::from_secs(60),
+        || async {
+            let m = machine_json(&machines, "fault-u").await;
+            (cond(&m, "BMCReachable") == Some(("False".into(), "CredentialsNotAuthorized".into())))
+                .then_some(m)
+        },
+    )
+    .await;
+    assert!(
+        m.to_string()
+            .contains(&format!("{host} is not one of them")),
+        "{m}"
+    );
+    secrets
+        .patch(
+            "bmc-u",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"stringData": {"addresses": format!("192.0.2.0/24\n{host}")}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("recovers once listed", Duration::from_secs(60), || async {
+        let m = machine_json(&machines, "fault-u").await;
+        (cond(&m, "BMCReachable").map(|c| c.0) == Some("True".into())).then_some(())
+    })
+    .await;
     // fault-u was never restarted by those faults: one power-on only
     let resets = vm_u.requests().iter().filter(|e| e.is_reset()).count();
     assert_eq!(resets, 1);

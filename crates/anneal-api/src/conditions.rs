@@ -171,6 +171,10 @@ pub mod reasons {
     pub const CREDENTIALS_MISSING: &str = "CredentialsMissing";
     /// The BMC answered 401/403 (retried every 5 min).
     pub const CREDENTIALS_REJECTED: &str = "CredentialsRejected";
+    /// The credentials Secret lists the BMC addresses it may be sent to (key
+    /// `addresses`) and the Machine's is not one of them: nothing is sent
+    /// (retried every 5 min; an edit retries at once).
+    pub const CREDENTIALS_NOT_AUTHORIZED: &str = "CredentialsNotAuthorized";
     /// `insecureSkipVerify` together with `caBundleSecretRef`, or a CA bundle
     /// that cannot be used (retried every 5 min).
     pub const TLS_CONFIG_CONFLICT: &str = "TLSConfigConflict";
@@ -366,6 +370,7 @@ pub mod reasons {
         BMC_UNREACHABLE,
         CREDENTIALS_MISSING,
         CREDENTIALS_REJECTED,
+        CREDENTIALS_NOT_AUTHORIZED,
         TLS_CONFIG_CONFLICT,
         QUERY_FAILED,
         CROSS_NAMESPACE_SECRET,

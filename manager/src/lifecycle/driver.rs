@@ -649,6 +649,46 @@ pub fn refuse_unsafe_access(
 }
 
 /// Reads the BMC access of a machine into a client (None: no BMC).
+/// The key of a BMC credentials Secret that lists where it may be sent.
+pub const ADDRESSES_KEY: &str = "addresses";
+
+/// Whether `host` (a BMC address's host: a name or an IP) is in `list`:
+/// entries separated by commas, spaces or newlines, each a host name
+/// (compared without case), an IP address, or an IPv4/IPv6 network in
+/// CIDR form containing `host`; `#` starts a comment line.
+pub fn address_listed(list: &str, host: &str) -> bool {
+    let ip: Option<std::net::IpAddr> = host.parse().ok();
+    list.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(|l| l.split([',', ' ', '\t']))
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .any(|e| match (e.split_once('/'), ip) {
+            (Some((net, len)), Some(ip)) => in_network(ip, net, len),
+            (Some(_), None) => false,
+            (None, Some(ip)) => e.parse::<std::net::IpAddr>().is_ok_and(|x| x == ip),
+            (None, None) => e.eq_ignore_ascii_case(host),
+        })
+}
+
+fn in_network(ip: std::net::IpAddr, net: &str, len: &str) -> bool {
+    use std::net::IpAddr;
+    let Ok(len) = len.parse::<u32>() else {
+        return false;
+    };
+    match (ip, net.parse::<IpAddr>()) {
+        (IpAddr::V4(a), Ok(IpAddr::V4(n))) if len <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), Ok(IpAddr::V6(n))) if len <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
 async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, BmcFailure> {
     let Some(bmc) = &m.spec.bmc else {
         return Ok(None);
@@ -702,6 +742,18 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, Bmc
             });
         }
     };
+    if let Some(list) = secret_key(&secret, ADDRESSES_KEY) {
+        let list = String::from_utf8_lossy(&list);
+        if !address_listed(&list, &address.host) {
+            return Err(BmcFailure {
+                reason: BmcReason::CredentialsNotAuthorized,
+                message: format!(
+                    "secret {} may be sent only to the BMC addresses its key {ADDRESSES_KEY} lists, and {} is not one of them: add it there or correct spec.bmc.address",
+                    cref.name, address.host
+                ),
+            });
+        }
+    }
     let username = secret_key(&secret, "username")
         .and_then(|b| String::from_utf8(b).ok())
         .ok_or_else(|| missing(format!("secret {} lacks username", cref.name)))?;
@@ -750,6 +802,34 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, Bmc
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_credentials_secret_goes_only_to_the_addresses_it_lists() {
+        let list = "# rack 7\n10.7.0.0/24, bmc-r8.example.net\n2001:db8::/64 192.0.2.9";
+        for host in [
+            "10.7.0.15",
+            "BMC-R8.example.net",
+            "2001:db8::42",
+            "192.0.2.9",
+        ] {
+            assert!(address_listed(list, host), "{host}");
+        }
+        for host in [
+            "10.7.1.15",
+            "bmc-r9.example.net",
+            "2001:db9::1",
+            "192.0.2.90",
+            "rack",
+            "10.7.0.0.evil.example",
+        ] {
+            assert!(!address_listed(list, host), "{host}");
+        }
+        assert!(
+            !address_listed("", "10.7.0.15"),
+            "an empty list allows nothing"
+        );
+        assert!(!address_listed("10.0.0.0/40", "10.0.0.1"));
+    }
 
     fn bmc(address: &str, creds_ns: Option<&str>, ca_ns: Option<&str>) -> anneal_api::BmcSpec {
         serde_json::from_value(json!({

@@ -32,6 +32,9 @@ pub enum BmcReason {
     CredentialsMissing,
     /// The BMC answered 401/403.
     CredentialsRejected,
+    /// The credentials Secret lists the addresses it may be sent to and the
+    /// Machine's BMC is not one of them: nothing is sent.
+    CredentialsNotAuthorized,
     /// `insecureSkipVerify` together with `caBundleSecretRef`, or a CA bundle
     /// that cannot be used.
     TlsConfigConflict,
@@ -53,6 +56,7 @@ impl BmcReason {
             Self::BmcUnreachable => reasons::BMC_UNREACHABLE,
             Self::CredentialsMissing => reasons::CREDENTIALS_MISSING,
             Self::CredentialsRejected => reasons::CREDENTIALS_REJECTED,
+            Self::CredentialsNotAuthorized => reasons::CREDENTIALS_NOT_AUTHORIZED,
             Self::TlsConfigConflict => reasons::TLS_CONFIG_CONFLICT,
             Self::QueryFailed => reasons::QUERY_FAILED,
             Self::CrossNamespaceSecret => reasons::CROSS_NAMESPACE_SECRET,
@@ -69,6 +73,7 @@ impl BmcReason {
         match self {
             Self::BmcUnreachable => Duration::from_secs(15),
             Self::CredentialsRejected
+            | Self::CredentialsNotAuthorized
             | Self::TlsConfigConflict
             | Self::CrossNamespaceSecret
             | Self::InsecureBmcRefused => Duration::from_secs(300),
