@@ -585,25 +585,22 @@ async fn plan_refusal_run_progress_result_and_redeploy() {
 /// Fast-track: an inspected machine's agent keeps polling (`wait`, not
 /// `poweroff`) inside the window; a claim bound then deploys through the
 /// same session, with no new boot token and no power cycle.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_track_deploys_through_the_running_agent() {
-    let cp = ControlPlane::start().await.unwrap();
-    let client = prepare(&cp, &[]).await;
-    let (mut lc, mut api_cfg) = configs();
-    lc.fast_track_window = Some(Duration::from_secs(300));
-    api_cfg.fast_track_window = lc.fast_track_window;
-    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
-    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+/// Enrols `name` through a fast-track agent (one disk), binds claim `name`
+/// with `spec` (an image `os-<name>` added) and returns the session and
+/// the `deploy` answer its next poll got.
+async fn fast_track_to_plan(
+    client: &kube::Client,
+    agent: &AgentClient,
+    name: &str,
+    spec: Value,
+) -> (String, Value) {
     let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
     let claims: Api<MachineClaim> = Api::namespaced(client.clone(), "default");
     machines
-        .create(
-            &PostParams::default(),
-            &machine("ft-1", mac_of("ft-1"), None),
-        )
+        .create(&PostParams::default(), &machine(name, mac_of(name), None))
         .await
         .unwrap();
-    let session = register_next_boot(&client, &agent, "ft-1", "ft-1 armed").await;
+    let session = register_next_boot(client, agent, name, "armed").await;
     let mut hw = two_disks();
     hw["disks"].as_array_mut().unwrap().truncate(1);
     let (code, _) = agent
@@ -616,8 +613,8 @@ async fn fast_track_deploys_through_the_running_agent() {
         )
         .await;
     assert_eq!(code, 204);
-    eventually("ft-1 Available", Duration::from_secs(30), || async {
-        (state(&machines, "ft-1").await == "Available").then_some(())
+    eventually("Available", Duration::from_secs(30), || async {
+        (state(&machines, name).await == "Available").then_some(())
     })
     .await;
     // Inside the window the agent is told to wait, not to power off.
@@ -627,29 +624,32 @@ async fn fast_track_deploys_through_the_running_agent() {
         (200, Some("wait")),
         "{next}"
     );
-    assert!(boot_token(&client, "ft-1").await.is_none());
+    assert!(boot_token(client, name).await.is_none());
 
-    image(&client, "os-ft").await;
+    let os = format!("os-{name}");
+    image(client, &os).await;
+    let mut spec = spec;
+    spec["machineName"] = json!(name);
+    spec["imageRef"] = json!({ "name": os });
     let claim: MachineClaim = serde_json::from_value(json!({
         "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
-        "metadata": {"name": "ft", "namespace": "default"},
-        "spec": {"machineName": "ft-1", "imageRef": {"name": "os-ft"}}}))
+        "metadata": {"name": name, "namespace": "default"}, "spec": spec}))
     .unwrap();
     claims.create(&PostParams::default(), &claim).await.unwrap();
     let pp = PatchParams::default();
     claims
         .patch_status(
-            "ft",
+            name,
             &pp,
-            &Patch::Merge(&json!({"status": {"phase": "Bound", "machineName": "ft-1"}})),
+            &Patch::Merge(&json!({"status": {"phase": "Bound", "machineName": name}})),
         )
         .await
         .unwrap();
     machines
         .patch(
-            "ft-1",
+            name,
             &pp,
-            &Patch::Merge(&json!({"spec": {"claimRef": {"name": "ft"}}})),
+            &Patch::Merge(&json!({"spec": {"claimRef": {"name": name}}})),
         )
         .await
         .unwrap();
@@ -664,6 +664,25 @@ async fn fast_track_deploys_through_the_running_agent() {
         },
     )
     .await;
+    (session, plan)
+}
+
+fn fast_track_configs() -> (LifecycleConfig, AgentApiConfig) {
+    let (mut lc, mut api_cfg) = configs();
+    lc.fast_track_window = Some(Duration::from_secs(300));
+    api_cfg.fast_track_window = lc.fast_track_window;
+    (lc, api_cfg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_track_deploys_through_the_running_agent() {
+    let cp = ControlPlane::start().await.unwrap();
+    let client = prepare(&cp, &[]).await;
+    let (lc, api_cfg) = fast_track_configs();
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let (session, plan) = fast_track_to_plan(&client, &agent, "ft-1", json!({})).await;
     let run = plan["plan"]["runId"].as_str().unwrap().to_string();
     let m = machine_json(&machines, "ft-1").await;
     assert_eq!(m["status"]["state"], "Provisioning");
@@ -679,6 +698,71 @@ async fn fast_track_deploys_through_the_running_agent() {
     assert_eq!(code, 204);
     eventually("ft-1 Provisioned", Duration::from_secs(30), || async {
         (state(&machines, "ft-1").await == "Provisioned").then_some(())
+    })
+    .await;
+}
+
+/// Issue 44: a run that keeps reporting progress but does not end within
+/// the claim's `spec.deployDeadline` fails, naming the deadline, and a new
+/// run follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_its_deadline_fails_naming_it() {
+    let cp = ControlPlane::start().await.unwrap();
+    let client = prepare(&cp, &[]).await;
+    let (lc, api_cfg) = fast_track_configs();
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let runs: Api<DeployRun> = Api::namespaced(client.clone(), "default");
+    let (session, plan) =
+        fast_track_to_plan(&client, &agent, "ft-1", json!({"deployDeadline": "6s"})).await;
+    let run = plan["plan"]["runId"].as_str().unwrap().to_string();
+    // The agent writes slowly: a progress report every 500 ms, each a
+    // little further, until the manager fails the run.
+    let mut done = 0u64;
+    let failed = loop {
+        done += 1 << 20;
+        let (code, body) = agent
+            .call(
+                Method::POST,
+                anneal_api::agent::paths::PROGRESS,
+                Some(&session),
+                Some("1"),
+                Some(json!({"runId": run, "phase": "WritingContent",
+                    "partitions": [{"number": 3, "bytesDone": done, "bytesTotal": 300u64 << 20}],
+                    "httpBytes": done, "logLines": []})),
+            )
+            .await;
+        let r = runs.get(&run).await.unwrap();
+        let st = r.status.unwrap_or_default();
+        if st.phase == Some(anneal_api::RunPhase::Failed) {
+            break st;
+        }
+        assert!(
+            code == 200 || code == 409,
+            "progress answered {code}: {body}"
+        );
+        assert!(done < 240 << 20, "the run was not failed by its deadline");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let why = failed
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Succeeded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        why.contains("deadline of 6 s") && why.contains("spec.deployDeadline"),
+        "{why}"
+    );
+    assert_eq!(failed.deadline_seconds, Some(6));
+    // a new run follows
+    eventually("a new run", Duration::from_secs(30), || async {
+        let m = machine_json(&machines, "ft-1").await;
+        m["status"]["currentRunRef"]["name"]
+            .as_str()
+            .filter(|r| *r != run)
+            .map(str::to_string)
     })
     .await;
 }
