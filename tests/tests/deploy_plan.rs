@@ -766,3 +766,110 @@ async fn a_run_past_its_deadline_fails_naming_it() {
     })
     .await;
 }
+
+/// Issue 44: a deploy whose BMC stops answering just before the agent
+/// reports success ends Provisioned while the BMC still fails (the agent's
+/// report is applied before the BMC is tried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_that_succeeds_while_its_bmc_fails_is_provisioned() {
+    use anneal_tests::bmc::{BMC_PASSWORD, BmcVm};
+    let ns = anneal_testinfra::Netns::create("anldp").unwrap();
+    let (cp, mut vm) = tokio::join!(
+        ControlPlane::start(),
+        BmcVm::launch(&ns, mac_of("bf-1"), None)
+    );
+    let cp = cp.unwrap();
+    let client = prepare(&cp, &[("bmc-b", BMC_PASSWORD)]).await;
+    let (mut lc, api_cfg) = configs();
+    // the VM runs firmware, not the agent: its graceful shutdown after the
+    // inspection never comes, and the forced one follows this soon
+    lc.graceful_shutdown_timeout = Duration::from_secs(2);
+    let manager = Manager::start(cp.kubeconfig_path(), lc, api_cfg);
+    let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let claims: Api<MachineClaim> = Api::namespaced(client.clone(), "default");
+    let address = vm.address();
+    machines
+        .create(
+            &PostParams::default(),
+            &machine("bf-1", mac_of("bf-1"), Some((&address, "bmc-b"))),
+        )
+        .await
+        .unwrap();
+    let session = register_next_boot(&client, &agent, "bf-1", "bf-1 armed").await;
+    let mut hw = two_disks();
+    hw["disks"].as_array_mut().unwrap().truncate(1);
+    let (code, _) = agent
+        .call(
+            Method::PUT,
+            anneal_api::agent::paths::HARDWARE,
+            Some(&session),
+            Some("1"),
+            Some(hw),
+        )
+        .await;
+    assert_eq!(code, 204);
+    eventually("bf-1 Available", Duration::from_secs(60), || async {
+        (state(&machines, "bf-1").await == "Available").then_some(())
+    })
+    .await;
+    image(&client, "os-bf").await;
+    let claim: MachineClaim = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+        "metadata": {"name": "bf", "namespace": "default"},
+        "spec": {"machineName": "bf-1", "imageRef": {"name": "os-bf"}}}))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let pp = PatchParams::default();
+    claims
+        .patch_status(
+            "bf",
+            &pp,
+            &Patch::Merge(&json!({"status": {"phase": "Bound", "machineName": "bf-1"}})),
+        )
+        .await
+        .unwrap();
+    machines
+        .patch(
+            "bf-1",
+            &pp,
+            &Patch::Merge(&json!({"spec": {"claimRef": {"name": "bf"}}})),
+        )
+        .await
+        .unwrap();
+    let session = register_next_boot(&client, &agent, "bf-1", "bf-1 armed to deploy").await;
+    let (code, next) = agent.next(&session).await;
+    assert_eq!(
+        (code, next["action"].as_str()),
+        (200, Some("deploy")),
+        "{next}"
+    );
+    let run = next["plan"]["runId"].as_str().unwrap().to_string();
+
+    // The BMC stops answering: a listener on its port that hangs up.
+    vm.stop_bmc().await;
+    let dead = tokio::net::TcpListener::bind(vm.addr).await.unwrap();
+    let dead_task = tokio::spawn(async move {
+        while let Ok((s, _)) = dead.accept().await {
+            drop(s);
+        }
+    });
+    let (code, body) = agent
+        .result(&session, &run, json!({"status": "succeeded"}))
+        .await;
+    assert_eq!(code, 204, "{body}");
+    let m = eventually(
+        "bf-1 Provisioned while its BMC fails",
+        Duration::from_secs(60),
+        || async {
+            let m = machine_json(&machines, "bf-1").await;
+            (m["status"]["state"] == "Provisioned"
+                && m["status"]["lastSuccessfulRunRef"]["name"] == run.as_str())
+            .then_some(m)
+        },
+    )
+    .await;
+    assert!(m["status"]["netBoot"].is_null(), "{m}");
+    assert!(vm.bmc.is_none(), "the BMC was still down");
+    dead_task.abort();
+}
