@@ -86,8 +86,14 @@ pub struct Scope {
     pub metrics: Arc<Metrics>,
     /// Events, reported as `anneal-manager` with this replica's identity.
     pub recorder: Recorder,
+    /// Who reports the Events (the [`Recorder`]'s reporter), for Events
+    /// published without its cache ([`publish_once`]).
+    pub reporter: Reporter,
     /// Cancelled when the controller must stop.
     pub cancel: CancellationToken,
+    /// The Machine watch the controllers of this term share ([`Scope::machines`]);
+    /// `None`: each controller watches Machines itself.
+    pub machines: Option<Arc<SharedWatch<anneal_api::Machine>>>,
 }
 
 impl Debug for Scope {
@@ -153,6 +159,80 @@ pub fn publish_event(
     });
 }
 
+/// Publishes an Event about `obj` off the reconcile path like
+/// [`publish_event`], but without the [`Recorder`]'s cache: kube's Recorder
+/// keeps every Event it published for six minutes (to fold a repeat into
+/// its series) and scans them all on each publish, which for an Event
+/// written once per object (a claim's `Bound`: 10,000 binds, 10,000 Events)
+/// is memory and time for nothing. A repeat becomes a new Event.
+pub fn publish_once(
+    client: &Client,
+    reporter: &Reporter,
+    obj: &impl Resource<DynamicType = ()>,
+    type_: kube::runtime::events::EventType,
+    action: &str,
+    reason: &str,
+    note: String,
+) {
+    let event = one_off_event(reporter, obj.object_ref(&()), type_, action, reason, note);
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(
+        client.clone(),
+        event.metadata.namespace.as_deref().unwrap_or("default"),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
+            debug!(error = %e, "publishing event failed");
+        }
+    });
+}
+
+/// The events.k8s.io Event [`publish_once`] creates: what kube's Recorder
+/// writes for a first occurrence.
+fn one_off_event(
+    reporter: &Reporter,
+    regarding: k8s_openapi::api::core::v1::ObjectReference,
+    type_: kube::runtime::events::EventType,
+    action: &str,
+    reason: &str,
+    note: String,
+) -> k8s_openapi::api::events::v1::Event {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let action = event_action(action, &note);
+    let note = event_note(note);
+    k8s_openapi::api::events::v1::Event {
+        action: Some(action),
+        reason: Some(reason.to_string()),
+        event_time: Some(MicroTime(now)),
+        metadata: ObjectMeta {
+            namespace: regarding.namespace.clone(),
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or(&reporter.controller),
+                now.as_nanosecond()
+            )),
+            ..ObjectMeta::default()
+        },
+        note: Some(note),
+        regarding: Some(regarding),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        type_: Some(
+            match type_ {
+                kube::runtime::events::EventType::Normal => "Normal",
+                kube::runtime::events::EventType::Warning => "Warning",
+            }
+            .to_string(),
+        ),
+        ..k8s_openapi::api::events::v1::Event::default()
+    }
+}
+
 /// The reporter of the manager's Events: `anneal-manager`, with the
 /// replica's identity when there is one.
 pub fn reporter(identity: Option<String>) -> Reporter {
@@ -168,10 +248,24 @@ impl Scope {
     pub fn standalone(client: Client, cancel: CancellationToken) -> Self {
         Self {
             recorder: Recorder::new(client.clone(), reporter(None)),
+            reporter: reporter(None),
             client,
             namespace: None,
             metrics: Metrics::new(),
             cancel,
+            machines: None,
+        }
+    }
+
+    /// The Machines of the scope: the term's shared watch when the runtime
+    /// set one up and it has not started yet, else a watch of the caller's
+    /// own. Call it while building the controller (before its future is
+    /// first polled), as the runtime starts the shared watch once every
+    /// controller is built.
+    pub fn machines(&self) -> Feed<anneal_api::Machine> {
+        match self.machines.as_ref().and_then(|w| w.subscribe()) {
+            Some(feed) => feed,
+            None => Feed::own(self.api()),
         }
     }
 
@@ -345,17 +439,18 @@ impl<I> Indexed<I> {
         f(&guard)
     }
 
-    /// Applies one watch event.
-    pub fn apply<K>(&self, event: &watcher::Event<K>)
+    /// Applies one watch event (of objects or of `Arc`s of them).
+    pub fn apply<K, T>(&self, event: &watcher::Event<T>)
     where
         I: Index<K>,
+        T: std::borrow::Borrow<K>,
     {
         let mut rebuilding = self.rebuilding.lock().unwrap_or_else(|p| p.into_inner());
         match event {
             watcher::Event::Init => *rebuilding = Some(I::default()),
             watcher::Event::InitApply(obj) => {
                 if let Some(next) = rebuilding.as_mut() {
-                    next.upsert(obj);
+                    next.upsert(obj.borrow());
                 }
             }
             watcher::Event::InitDone => {
@@ -367,44 +462,237 @@ impl<I> Indexed<I> {
                 .live
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .upsert(obj),
+                .upsert(obj.borrow()),
             watcher::Event::Delete(obj) => self
                 .live
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(obj),
+                .remove(obj.borrow()),
         }
     }
 }
 
-/// [`reflected`] plus an index `I` kept by the same stream.
-pub fn indexed<K, I>(
-    api: Api<K>,
-) -> (
-    Store<K>,
-    Arc<Indexed<I>>,
-    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
+/// A cache of `K` and every watch event of it, each delivered after the
+/// cache applied it: the events hold `Arc`s of one copy of each object, so
+/// several controllers fed by one [`SharedWatch`] keep one cache between
+/// them.
+pub struct Feed<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash,
+{
+    /// The cache.
+    pub store: Store<K>,
+    /// Every watch event (errors are logged and skipped; the watch backs off
+    /// and resumes).
+    pub events: futures::stream::BoxStream<'static, watcher::Event<Arc<K>>>,
+}
+
+impl<K> Debug for Feed<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feed").finish_non_exhaustive()
+    }
+}
+
+/// `ev` with its objects behind `Arc`s.
+fn arc_event<K>(ev: watcher::Event<K>) -> watcher::Event<Arc<K>> {
+    match ev {
+        watcher::Event::Apply(o) => watcher::Event::Apply(Arc::new(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(Arc::new(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(Arc::new(o)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// The object an event touched (added, changed, listed or deleted), as
+/// `touched_objects` yields it for a watch of one's own.
+pub fn touched<K>(ev: watcher::Event<Arc<K>>) -> Option<Arc<K>> {
+    match ev {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+            Some(o)
+        }
+        watcher::Event::Init | watcher::Event::InitDone => None,
+    }
+}
+
+/// The slimmed watch every cache of the manager uses.
+fn slim_watch<K>(api: Api<K>) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(slim)
+}
+
+impl<K> Feed<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-    I: Index<K> + Sync,
 {
-    let (store, writer) = reflector::store();
-    let index: Arc<Indexed<I>> = Arc::default();
-    let feed = index.clone();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(slim)
-        .reflect(writer)
-        .map(move |ev| {
-            if let Ok(ev) = &ev {
-                feed.apply(ev);
-            }
-            ev
+    /// A feed from a watch of its own.
+    pub fn own(api: Api<K>) -> Self {
+        let (store, writer) = reflector::store();
+        let events = slim_watch(api)
+            .reflect(writer)
+            .filter_map(|ev| {
+                futures::future::ready(match ev {
+                    Ok(ev) => Some(arc_event(ev)),
+                    Err(e) => {
+                        debug!(error = %e, "watch failed; backing off");
+                        None
+                    }
+                })
+            })
+            .boxed();
+        Self { store, events }
+    }
+
+    /// The objects the events touch, for `Controller::for_shared_stream`
+    /// and `watches_shared_stream`.
+    pub fn touched(self) -> (Store<K>, impl Stream<Item = Arc<K>> + Send + 'static) {
+        let stream = self
+            .events
+            .filter_map(|ev| futures::future::ready(touched(ev)));
+        (self.store, stream)
+    }
+
+    /// [`Feed::touched`] plus an index `I` kept by the same events.
+    pub fn indexed<I>(
+        self,
+    ) -> (
+        Store<K>,
+        Arc<Indexed<I>>,
+        impl Stream<Item = Arc<K>> + Send + 'static,
+    )
+    where
+        I: Index<K> + Sync,
+    {
+        let index: Arc<Indexed<I>> = Arc::default();
+        let feed = index.clone();
+        let stream = self.events.filter_map(move |ev| {
+            feed.apply(&ev);
+            futures::future::ready(touched(ev))
+        });
+        (self.store, index, stream)
+    }
+}
+
+/// One watch of `K` shared by the controllers of a term: one API-server
+/// watch and one cache instead of one each (10,000 Machines cost about 30
+/// MiB per cache). The runtime builds it, each controller subscribes while
+/// it is being built ([`Scope::machines`]), then [`SharedWatch::run`]
+/// starts the watch: every subscriber gets every event, the first list
+/// included, after the cache applied it.
+pub struct SharedWatch<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    api: Api<K>,
+    store: Store<K>,
+    state: std::sync::Mutex<Hub<K>>,
+}
+
+struct Hub<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    /// Taken by [`SharedWatch::run`]: a later subscriber would miss events.
+    writer: Option<reflector::store::Writer<K>>,
+    subscribers: Vec<tokio::sync::mpsc::UnboundedSender<watcher::Event<Arc<K>>>>,
+}
+
+impl<K> Debug for SharedWatch<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWatch").finish_non_exhaustive()
+    }
+}
+
+impl<K> SharedWatch<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    /// A watch of `api`, not started.
+    pub fn new(api: Api<K>) -> Self {
+        let (store, writer) = reflector::store();
+        Self {
+            api,
+            store,
+            state: std::sync::Mutex::new(Hub {
+                writer: Some(writer),
+                subscribers: Vec::new(),
+            }),
+        }
+    }
+
+    /// A feed of this watch; `None` once it runs.
+    pub fn subscribe(&self) -> Option<Feed<K>> {
+        let mut hub = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        hub.writer.as_ref()?;
+        // Unbounded: the events are Arcs of the cached copies, and a slow
+        // subscriber must not hold the others' events (nor the cache) back.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        hub.subscribers.push(tx);
+        Some(Feed {
+            store: self.store.clone(),
+            events: tokio_stream_of(rx),
         })
-        .touched_objects();
-    (store, index, stream)
+    }
+
+    /// Runs the watch until `cancel`; the subscribers' streams end with it.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let taken = {
+            let mut hub = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            hub.writer.take()
+        };
+        let Some(mut writer) = taken else {
+            warn!("a shared watch ran twice; the second run does nothing");
+            return;
+        };
+        let stream = slim_watch(self.api.clone());
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let ev = tokio::select! {
+                () = cancel.cancelled() => break,
+                ev = stream.next() => ev,
+            };
+            match ev {
+                Some(Ok(ev)) => {
+                    writer.apply_watcher_event(&ev);
+                    let ev = arc_event(ev);
+                    let mut hub = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    hub.subscribers.retain(|tx| tx.send(ev.clone()).is_ok());
+                }
+                Some(Err(e)) => debug!(error = %e, "shared watch failed; backing off"),
+                None => break,
+            }
+        }
+        // Dropping the senders ends the subscribers' streams.
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .subscribers
+            .clear();
+    }
+}
+
+/// The receiver as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> futures::stream::BoxStream<'static, T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
 }
 
 #[cfg(test)]

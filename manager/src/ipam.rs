@@ -328,7 +328,9 @@ pub async fn run(
         namespace,
         metrics,
         recorder,
+        reporter: crate::controller::reporter(None),
         cancel: cancel.clone(),
+        machines: None,
     };
     let stop = cancel.clone();
     let trigger = tokio::spawn(async move {
@@ -339,9 +341,15 @@ pub async fn run(
     trigger.abort();
 }
 
-/// Runs the reservations controller in `scope` until it is cancelled.
-pub async fn controller(scope: Scope) {
-    let (machines, stream) = scope.reflected::<Machine>();
+/// Runs the reservations controller in `scope` until it is cancelled. Its
+/// Machine feed is taken when this is called ([`Scope::machines`]).
+pub fn controller(scope: Scope) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let machines = scope.machines();
+    run_controller(scope, machines)
+}
+
+async fn run_controller(scope: Scope, machines: crate::controller::Feed<Machine>) {
+    let (machines, stream) = machines.touched();
     let controller = Controller::new(scope.api::<Subnet>(), watcher::Config::default());
     let subnets = controller.store();
     let ctx = Arc::new(Context {
@@ -349,7 +357,7 @@ pub async fn controller(scope: Scope) {
         machines,
         recorder: scope.recorder.clone(),
     });
-    let controller = controller.watches_stream(stream, move |m: Machine| {
+    let controller = controller.watches_shared_stream(stream, move |m: Arc<Machine>| {
         // The Subnet it targets, and any Subnet still holding its entry
         // (it moved away, changed its MAC, or is gone).
         let own = m.namespace().unwrap_or_default();

@@ -93,8 +93,14 @@ pub const ID: Identity = Identity {
 };
 
 /// Runs the readiness rule controller in `scope` until it is cancelled.
-pub async fn controller(scope: Scope) {
-    let (machines, stream) = scope.reflected::<Machine>();
+/// Its Machine feed is taken when this is called ([`Scope::machines`]).
+pub fn controller(scope: Scope) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let machines = scope.machines();
+    run_controller(scope, machines)
+}
+
+async fn run_controller(scope: Scope, machines: crate::controller::Feed<Machine>) {
+    let (machines, stream) = machines.touched();
     let controller = Controller::new(scope.api::<ReadinessRule>(), watcher::Config::default());
     let rules = controller.store();
     let ctx = Arc::new(Context {
@@ -102,7 +108,7 @@ pub async fn controller(scope: Scope) {
         machines,
         recorder: scope.recorder.clone(),
     });
-    let controller = controller.watches_stream(stream, move |m: Machine| {
+    let controller = controller.watches_shared_stream(stream, move |m: Arc<Machine>| {
         let ns = m.namespace().unwrap_or_default();
         rules
             .state()

@@ -110,6 +110,7 @@ pub struct Runtime {
     cancel: CancellationToken,
     controllers: JoinSet<&'static str>,
     recorder: Recorder,
+    reporter: kube::runtime::events::Reporter,
     metrics: Arc<Metrics>,
     lifecycle: Option<(LifecycleConfig, AgentApiConfig)>,
     content: Option<crate::content::ContentConfig>,
@@ -137,7 +138,8 @@ impl Runtime {
     pub fn new(client: Client, cfg: RunConfig) -> Self {
         let identity = cfg.lease.as_ref().map(|l| l.identity.clone());
         Self {
-            recorder: Recorder::new(client.clone(), reporter(identity)),
+            recorder: Recorder::new(client.clone(), reporter(identity.clone())),
+            reporter: reporter(identity),
             client,
             cfg,
             cancel: CancellationToken::new(),
@@ -184,12 +186,19 @@ impl Runtime {
 
     /// Starts every controller into the JoinSet under `term`.
     fn spawn_controllers(&mut self, term: &CancellationToken) {
+        // One Machine watch and cache for the controllers of this term:
+        // each takes its feed while its future is built below, then it runs.
+        let machines = Arc::new(crate::controller::SharedWatch::new(
+            crate::controller::scoped(&self.client, self.cfg.namespace.as_deref()),
+        ));
         let scope = Scope {
             client: self.client.clone(),
             namespace: self.cfg.namespace.clone(),
             metrics: self.metrics.clone(),
             recorder: self.recorder.clone(),
+            reporter: self.reporter.clone(),
             cancel: term.clone(),
+            machines: Some(machines.clone()),
         };
         let concurrency = self.cfg.concurrency;
         self.spawn(
@@ -204,6 +213,8 @@ impl Runtime {
         self.spawn(crate::ipam::ID.name, crate::ipam::controller(scope.clone()));
         // off (one info line) while Cluster API's kinds are not served
         self.spawn(crate::capi::ID.name, crate::capi::controller(scope.clone()));
+        // every controller above took its Machine feed
+        self.spawn("machine-watch", machines.run(term.clone()));
         if let Some(cfg) = &self.content {
             self.spawn(
                 "content",

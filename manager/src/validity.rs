@@ -19,14 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anneal_api::{Image, Machine, PartitionContent, PostHook, Site, Subnet, SubnetSpec};
-use futures::TryStreamExt;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -540,8 +540,18 @@ impl MachineIndex {
     /// changed (every Machine of a list), and the Machines sharing its old
     /// or new boot MAC (the holder of a MAC is the oldest Machine naming
     /// it, so one coming, going or changing MAC can change theirs).
-    pub fn to_judge(&mut self, event: &watcher::Event<Machine>) -> Vec<MachineKey> {
+    pub fn to_judge<M: std::borrow::Borrow<Machine>>(
+        &mut self,
+        event: &watcher::Event<M>,
+    ) -> Vec<MachineKey> {
         let mut out = Vec::new();
+        let event = match event {
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitApply(m) => watcher::Event::InitApply(m.borrow()),
+            watcher::Event::InitDone => watcher::Event::InitDone,
+            watcher::Event::Apply(m) => watcher::Event::Apply(m.borrow()),
+            watcher::Event::Delete(m) => watcher::Event::Delete(m.borrow()),
+        };
         match event {
             watcher::Event::Init => self.relisting = Some(HashSet::new()),
             watcher::Event::InitApply(m) => {
@@ -720,8 +730,14 @@ impl ReconcileError for ValidityError {
 }
 
 /// Runs the Subnet, Site, Image, PostHook and Machine validity controllers
-/// in `scope` until it is cancelled.
-pub async fn controller(scope: Scope) {
+/// in `scope` until it is cancelled. The Machine feed is taken when this is
+/// called ([`Scope::machines`]).
+pub fn controller(scope: Scope) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let machines = scope.machines();
+    run_controllers(scope, machines)
+}
+
+async fn run_controllers(scope: Scope, machines: crate::controller::Feed<Machine>) {
     let ctx = Arc::new(Ctx {
         client: scope.client.clone(),
     });
@@ -732,37 +748,29 @@ pub async fn controller(scope: Scope) {
     // was just applied to (a second watch could deliver a holder's deletion
     // before the store knew it, leaving the next Machine's verdict stale).
     // A bind (`spec.claimRef`) wakes nothing.
-    let (machine_store, writer) = kube::runtime::reflector::store();
+    let machine_store = machines.store;
     let index: Arc<Mutex<MachineIndex>> = Arc::default();
     let feed = index.clone();
     let lookup = machine_store.clone();
-    let machine_stream = watcher(scope.api::<Machine>(), watcher::Config::default())
-        .default_backoff()
-        .modify(crate::controller::slim)
-        .reflect(writer)
-        .map_ok(move |ev| {
-            let keys = feed.lock().unwrap_or_else(|p| p.into_inner()).to_judge(&ev);
-            // The event's own Machine from the event (during a list the
-            // store shows it only at the end), the others from the store.
-            let own = match &ev {
-                watcher::Event::Apply(m) | watcher::Event::InitApply(m) => Some(m),
-                _ => None,
-            };
-            let machines: Vec<Result<Machine, watcher::Error>> = keys
-                .iter()
-                .filter_map(|k| match own {
-                    Some(m) if machine_key(m) == *k => Some(m.clone()),
-                    _ => lookup
-                        .get(&ObjectRef::new(&k.1).within(&k.0))
-                        .map(|m| m.as_ref().clone()),
-                })
-                .map(Ok)
-                .collect();
-            futures::stream::iter(machines)
-        })
-        .try_flatten();
+    let machine_stream = machines.events.flat_map(move |ev| {
+        let keys = feed.lock().unwrap_or_else(|p| p.into_inner()).to_judge(&ev);
+        // The event's own Machine from the event (during a list the store
+        // shows it only at the end), the others from the store.
+        let own = match &ev {
+            watcher::Event::Apply(m) | watcher::Event::InitApply(m) => Some(m),
+            _ => None,
+        };
+        let machines: Vec<Arc<Machine>> = keys
+            .iter()
+            .filter_map(|k| match own {
+                Some(m) if machine_key(m) == *k => Some(m.clone()),
+                _ => lookup.get(&ObjectRef::new(&k.1).within(&k.0)),
+            })
+            .collect();
+        futures::stream::iter(machines)
+    });
     let by_subnet = machine_store.clone();
-    let machine_ctl = Controller::for_stream(machine_stream, machine_store.clone())
+    let machine_ctl = Controller::for_shared_stream(machine_stream, machine_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(MACHINE_CONCURRENCY));
     let machine_ctx = Arc::new(MachineCtx {
         client: scope.client.clone(),
@@ -958,7 +966,7 @@ mod tests {
         for m in [&a, &b, &c] {
             index.to_judge(&watcher::Event::InitApply(m.clone()));
         }
-        index.to_judge(&watcher::Event::InitDone);
+        index.to_judge(&watcher::Event::<Machine>::InitDone);
         // b moves to c's MAC: b, a (its old MAC) and c (its new one)
         let moved = machine("b", "52:54:00:00:00:03", json!({}));
         assert_eq!(
@@ -981,9 +989,9 @@ mod tests {
             vec![key("a")]
         );
         // a re-list forgets Machines that went while the watch was down
-        index.to_judge(&watcher::Event::Init);
+        index.to_judge(&watcher::Event::<Machine>::Init);
         index.to_judge(&watcher::Event::InitApply(a));
-        index.to_judge(&watcher::Event::InitDone);
+        index.to_judge(&watcher::Event::<Machine>::InitDone);
         assert_eq!(
             index.with_mac("52:54:00:00:00:03".parse().unwrap()).count(),
             0

@@ -32,7 +32,7 @@ use anneal_api::{
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -42,7 +42,7 @@ use tracing::{debug, info};
 
 use crate::conditions;
 use crate::controller::{
-    Identity, Indexed, ReconcileError, Scope, drive, indexed, is_conflict, patch_params,
+    Identity, Indexed, ReconcileError, Scope, drive, is_conflict, patch_params,
 };
 use crate::metrics::Metrics;
 use index::MachineIndex;
@@ -92,6 +92,8 @@ pub struct Context {
     index: Arc<Indexed<MachineIndex>>,
     hardware: Store<MachineHardware>,
     recorder: Recorder,
+    /// Who reports the one-off Events ([`crate::controller::publish_once`]).
+    reporter: Reporter,
     metrics: Arc<Metrics>,
     /// Claims bound by this process whose Machine update the cache may not
     /// show yet: claim key -> machine name.
@@ -188,10 +190,22 @@ pub const ID: Identity = Identity {
     field_manager: FIELD_MANAGER,
 };
 
-/// Runs the claim controller in `scope` until the scope is cancelled.
-pub async fn controller(scope: Scope, concurrency: u16) {
-    let (machines, index, machine_stream) =
-        indexed::<Machine, MachineIndex>(scope.api::<Machine>());
+/// Runs the claim controller in `scope` until the scope is cancelled. Its
+/// Machine feed is taken when this is called ([`Scope::machines`]).
+pub fn controller(
+    scope: Scope,
+    concurrency: u16,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let machines = scope.machines();
+    run_controller(scope, concurrency, machines)
+}
+
+async fn run_controller(
+    scope: Scope,
+    concurrency: u16,
+    machines: crate::controller::Feed<Machine>,
+) {
+    let (machines, index, machine_stream) = machines.indexed::<MachineIndex>();
     let (hardware, hardware_stream) = scope.reflected::<MachineHardware>();
 
     // The claims' own cache is slimmed like the others (no managedFields).
@@ -212,6 +226,7 @@ pub async fn controller(scope: Scope, concurrency: u16) {
         index,
         hardware,
         recorder: scope.recorder.clone(),
+        reporter: scope.reporter.clone(),
         metrics: scope.metrics.clone(),
         recent: Mutex::new(HashMap::new()),
         taken: Mutex::new(HashMap::new()),
@@ -219,7 +234,7 @@ pub async fn controller(scope: Scope, concurrency: u16) {
     });
 
     let controller = controller
-        .watches_stream(machine_stream, move |m: Machine| {
+        .watches_shared_stream(machine_stream, move |m: Arc<Machine>| {
             claims_for_machine(&claim_store, &m)
         })
         .watches_stream(hardware_stream, move |hw: MachineHardware| {
@@ -806,14 +821,16 @@ async fn write_bound(
     );
     patch_status(claim, &status, ctx).await?;
     if newly {
-        event(
-            ctx,
+        // once per bind: no need for the Recorder's cache of repeats
+        crate::controller::publish_once(
+            &ctx.client,
+            &ctx.reporter,
             claim,
             EventType::Normal,
+            "Bind",
             "Bound",
             format!("bound to machine {name}"),
-        )
-        .await;
+        );
     }
     Ok(())
 }
