@@ -163,6 +163,11 @@ pub async fn view(
         // the adopted server runs this intent already
         return Ok(DeployView::UpToDate);
     }
+    if claim.spec.image_ref.is_none() && claim.spec.data_images.is_empty() {
+        // a claim naming no image only holds the machine: nothing to plan,
+        // nothing to report (no DeployPlanFailed on every bind)
+        return Ok(DeployView::NotRead);
+    }
     let planned = match gather_and_plan(client, m, &claim, cfg).await? {
         Ok(p) => p,
         Err(e) => return Ok(DeployView::PlanFailed(e)),

@@ -524,11 +524,26 @@ pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Re
     Ok(())
 }
 
-/// Writes the status difference (with the resourceVersion read as a
-/// precondition), drops consumed annotations, publishes Events.
-/// Writes `status` over `m`'s as a merge patch of the difference, with
-/// `m`'s resourceVersion as the precondition; returns the Machine written
-/// (`m` itself when nothing differs).
+/// The merge patch of `status` over `m`'s (`None`: nothing to write).
+/// `observedGeneration` moves with a status write and never causes one: a
+/// spec write that changes nothing this controller reports (the claim
+/// controller's bind, `spec.claimRef`) writes no status (issue 42).
+fn status_patch(m: &Machine, status: &anneal_api::MachineStatus) -> Option<serde_json::Value> {
+    let current = m.status.clone().unwrap_or_default();
+    let mut status = status.clone();
+    status.observed_generation = current.observed_generation;
+    if status == current {
+        return None;
+    }
+    status.observed_generation = m.metadata.generation;
+    let old = serde_json::to_value(&current).unwrap_or_default();
+    let new = serde_json::to_value(&status).unwrap_or_default();
+    merge_diff(&old, &new)
+}
+
+/// Writes `status` over `m`'s as a merge patch of the difference
+/// ([`status_patch`]), with `m`'s resourceVersion as the precondition;
+/// returns the Machine written (`m` itself when nothing differs).
 async fn write_status(
     m: &Machine,
     ctx: &Context,
@@ -536,11 +551,7 @@ async fn write_status(
 ) -> Result<Machine, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let api = Api::<Machine>::namespaced(ctx.client.clone(), &ns);
-    let mut status = status.clone();
-    status.observed_generation = m.metadata.generation;
-    let old = serde_json::to_value(m.status.clone().unwrap_or_default()).unwrap_or_default();
-    let new = serde_json::to_value(&status).unwrap_or_default();
-    let Some(diff) = merge_diff(&old, &new) else {
+    let Some(diff) = status_patch(m, status) else {
         return Ok(m.clone());
     };
     let pp = PatchParams {
@@ -556,6 +567,8 @@ async fn write_status(
         .map_err(Error::kube("writing machine status"))
 }
 
+/// Writes the status difference (with the resourceVersion read as a
+/// precondition), drops consumed annotations, publishes Events.
 async fn commit(m: &Machine, ctx: &Context, d: Draft) -> Result<(), Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let name = m.name_any();
@@ -802,6 +815,27 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, Bmc
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_bind_alone_writes_no_status() {
+        let m: Machine = serde_json::from_value(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "m", "namespace": "ns", "generation": 3},
+            "spec": {"subnetRef": {"name": "s"}, "claimRef": {"name": "c"}},
+            "status": {"state": "Available", "observedGeneration": 2}
+        }))
+        .unwrap();
+        // the claim's bind moved the generation; the pass changes nothing
+        let same = m.status.clone().unwrap();
+        assert_eq!(status_patch(&m, &same), None);
+        // a change is written with the generation it saw
+        let mut deploying = same;
+        deploying.state = Some(anneal_api::MachineState::Provisioning);
+        assert_eq!(
+            status_patch(&m, &deploying),
+            Some(json!({"state": "Provisioning", "observedGeneration": 3}))
+        );
+    }
 
     #[test]
     fn a_credentials_secret_goes_only_to_the_addresses_it_lists() {
