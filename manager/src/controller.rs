@@ -651,6 +651,20 @@ where
         })
     }
 
+    /// `ev` with the cache's own copy of an applied object (the cache keeps
+    /// a clone of what it applies): a subscriber still to take the event
+    /// (a controller whose reconcile slots are all busy) then holds no
+    /// second copy. During a list the cache shows nothing before its end.
+    fn cached(&self, ev: watcher::Event<K>) -> watcher::Event<Arc<K>> {
+        match ev {
+            watcher::Event::Apply(o) => {
+                let key = reflector::ObjectRef::from_obj(&o);
+                watcher::Event::Apply(self.store.get(&key).unwrap_or_else(|| Arc::new(o)))
+            }
+            other => arc_event(other),
+        }
+    }
+
     /// Runs the watch until `cancel`; the subscribers' streams end with it.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let taken = {
@@ -671,7 +685,7 @@ where
             match ev {
                 Some(Ok(ev)) => {
                     writer.apply_watcher_event(&ev);
-                    let ev = arc_event(ev);
+                    let ev = self.cached(ev);
                     let mut hub = self.state.lock().unwrap_or_else(|p| p.into_inner());
                     hub.subscribers.retain(|tx| tx.send(ev.clone()).is_ok());
                 }

@@ -72,9 +72,9 @@ fn lifecycle_flags(bin: &std::path::Path) -> anyhow::Result<Vec<String>> {
     })
 }
 
-/// The API server's write requests so far, by "VERB resource[/subresource]",
-/// from its own `apiserver_request_total` counter.
-async fn apiserver_writes(client: &kube::Client) -> BTreeMap<String, f64> {
+/// The API server's requests so far, by "VERB resource[/subresource]", from
+/// its own `apiserver_request_total` counter.
+async fn apiserver_requests(client: &kube::Client) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     let Ok(req) = http::Request::get("/metrics").body(Vec::new()) else {
         return out;
@@ -91,12 +91,12 @@ async fn apiserver_writes(client: &kube::Client) -> BTreeMap<String, f64> {
             let i = line.find(&pat)? + pat.len();
             Some(line[i..].split('"').next()?.to_string())
         };
-        let (Some(verb), Some(resource)) = (label("verb"), label("resource")) else {
+        // non-resource requests (this benchmark's reads of /metrics) left out
+        let (Some(verb), Some(resource)) =
+            (label("verb"), label("resource").filter(|r| !r.is_empty()))
+        else {
             continue;
         };
-        if !matches!(verb.as_str(), "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY") {
-            continue;
-        }
         let sub = label("subresource").filter(|s| !s.is_empty());
         let key = match sub {
             Some(s) => format!("{verb} {resource}/{s}"),
@@ -246,14 +246,14 @@ where
     false
 }
 
-/// The API server's write counts once they stop moving (at most 5 s):
+/// The API server's request counts once they stop moving (at most 5 s):
 /// the manager publishes Events off its reconcile path, so the last few
 /// binds' Events may still be in flight when the last claim is Bound.
-async fn settled_writes(client: &kube::Client) -> BTreeMap<String, f64> {
-    let mut last = apiserver_writes(client).await;
+async fn settled_requests(client: &kube::Client) -> BTreeMap<String, f64> {
+    let mut last = apiserver_requests(client).await;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = apiserver_writes(client).await;
+        let now = apiserver_requests(client).await;
         if now == last {
             break;
         }
@@ -313,6 +313,9 @@ struct Window {
     create_secs: f64,
     bind_secs: f64,
     writes: BTreeMap<String, f64>,
+    /// GET, LIST and WATCH requests (the benchmark's own watch and metrics
+    /// reads included).
+    reads: BTreeMap<String, f64>,
     cpu: BTreeMap<&'static str, f64>,
 }
 
@@ -324,7 +327,7 @@ async fn bind_window(
     procs: &[(&'static str, u32)],
 ) -> anyhow::Result<Window> {
     let claims: Api<MachineClaim> = Api::namespaced(client.clone(), NS);
-    let writes_before = apiserver_writes(client).await;
+    let requests_before = apiserver_requests(client).await;
     let cpu_before = cpu_all(procs);
     let start = Instant::now();
     // Bound claims counted from a watch: a LIST of every claim every few
@@ -341,12 +344,21 @@ async fn bind_window(
     );
     let bind_secs = start.elapsed().as_secs_f64();
     let cpu_after = cpu_all(procs);
-    let writes_after = settled_writes(client).await;
-    let writes = writes_after
+    let requests_after = settled_requests(client).await;
+    let (writes, reads): (BTreeMap<String, f64>, BTreeMap<String, f64>) = requests_after
         .iter()
-        .map(|(k, v)| (k.clone(), v - writes_before.get(k).copied().unwrap_or(0.0)))
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v - requests_before.get(k).copied().unwrap_or(0.0),
+            )
+        })
         .filter(|(_, v)| *v > 0.0)
-        .collect();
+        .partition(|(k, _)| {
+            ["POST ", "PATCH ", "PUT ", "DELETE ", "APPLY "]
+                .iter()
+                .any(|w| k.starts_with(w))
+        });
     let cpu = cpu_after
         .iter()
         .map(|(k, v)| (*k, v - cpu_before.get(k).copied().unwrap_or(0.0)))
@@ -355,6 +367,7 @@ async fn bind_window(
         create_secs,
         bind_secs,
         writes,
+        reads,
         cpu,
     })
 }
@@ -489,6 +502,7 @@ fn report(r: &Run) -> anyhow::Result<()> {
     for (k, v) in &w.writes {
         println!("  {k:<40} {:>9} ({:.2} per claim)", *v as u64, v / n as f64);
     }
+    println!("API server reads while binding: {:?}", w.reads);
     println!("CPU seconds while binding: {:?}", w.cpu);
     let json = json!({
         "benchmark": "manager-scale",
@@ -502,6 +516,7 @@ fn report(r: &Run) -> anyhow::Result<()> {
         "manager_rss_after_startup_mib": rss_startup_mib,
         "bind_conflicts": conflicts,
         "apiserver_writes": w.writes,
+        "apiserver_reads": w.reads,
         "cpu_secs_while_binding": w.cpu,
         "events_by_reason": r.reasons,
         "goal_secs": GOAL_SECS, "goal_rss_mib": GOAL_MIB,

@@ -2,7 +2,7 @@
 //! take, per namespace, and which machine each claim holds, so a reconcile
 //! never scans every Machine.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use anneal_api::{Machine, MachineState};
 use kube::ResourceExt;
@@ -17,12 +17,61 @@ struct Entry {
     claim: Option<(String, String)>,
 }
 
+/// A set of names with O(1) insertion, removal and access by position
+/// (a removal moves the last name into the hole), so a claim can start its
+/// walk at a position of its own without walking up to it.
+#[derive(Debug, Default)]
+pub struct FreeSet {
+    names: Vec<String>,
+    at: HashMap<String, usize>,
+}
+
+impl FreeSet {
+    fn insert(&mut self, name: String) {
+        if !self.at.contains_key(&name) {
+            self.at.insert(name.clone(), self.names.len());
+            self.names.push(name);
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        let Some(i) = self.at.remove(name) else {
+            return;
+        };
+        self.names.swap_remove(i);
+        if let Some(moved) = self.names.get(i) {
+            self.at.insert(moved.clone(), i);
+        }
+    }
+
+    /// How many names.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Every name once, from position `start` (taken modulo the length)
+    /// round to the one before it.
+    pub fn iter_from(&self, start: usize) -> impl Iterator<Item = &String> {
+        let start = if self.names.is_empty() {
+            0
+        } else {
+            start % self.names.len()
+        };
+        self.names[start..].iter().chain(self.names[..start].iter())
+    }
+}
+
 /// Machines by freedom and by claim.
 #[derive(Debug, Default)]
 pub struct MachineIndex {
     /// Namespace → names of machines a selector may take (Available, not
-    /// bound, not cordoned, not being deleted), in name order.
-    free: HashMap<String, BTreeSet<String>>,
+    /// bound, not cordoned, not being deleted).
+    free: HashMap<String, FreeSet>,
     /// (claim namespace, claim name) → machine name (same namespace).
     by_claim: HashMap<(String, String), String>,
     entries: HashMap<(String, String), Entry>,
@@ -57,8 +106,8 @@ impl MachineIndex {
         }
     }
 
-    /// The free machines of `ns`, in name order.
-    pub fn free(&self, ns: &str) -> Option<&BTreeSet<String>> {
+    /// The free machines of `ns`.
+    pub fn free(&self, ns: &str) -> Option<&FreeSet> {
         self.free.get(ns)
     }
 
@@ -127,10 +176,12 @@ mod tests {
         i.upsert(&machine("a", "Available", None));
         i.upsert(&machine("b", "Available", None));
         i.upsert(&machine("c", "Inspecting", None));
-        let free: Vec<_> = i.free("ns").unwrap().iter().cloned().collect();
+        let free: Vec<_> = i.free("ns").unwrap().iter_from(0).cloned().collect();
         assert_eq!(free, ["a", "b"]);
+        let free: Vec<_> = i.free("ns").unwrap().iter_from(3).cloned().collect();
+        assert_eq!(free, ["b", "a"]);
         i.upsert(&machine("a", "Available", Some("c1")));
-        let free: Vec<_> = i.free("ns").unwrap().iter().cloned().collect();
+        let free: Vec<_> = i.free("ns").unwrap().iter_from(0).cloned().collect();
         assert_eq!(free, ["b"]);
         assert_eq!(i.bound_to("ns", "c1").map(String::as_str), Some("a"));
         i.upsert(&machine("a", reasons::RELEASED, None));

@@ -142,8 +142,9 @@ impl Context {
     fn note_written(&self, claim: &MachineClaim, status: &MachineClaimStatus) {
         if let Some(uid) = claim.metadata.uid.clone() {
             let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-            written.retain(|_, (_, at)| at.elapsed() < NOTE_TTL);
-            written.insert(uid, (status.clone(), Instant::now()));
+            let now = Instant::now();
+            written.retain(|_, (_, at)| now.saturating_duration_since(*at) < NOTE_TTL);
+            written.insert(uid, (status.clone(), now));
         }
     }
 }
@@ -347,7 +348,9 @@ async fn bound_machine(
     };
     let recent = {
         let mut recent = ctx.recent.lock().unwrap_or_else(|e| e.into_inner());
-        recent.retain(|_, (_, at)| at.elapsed() < NOTE_TTL);
+        // one clock read for the scan (a read per note cost more than the binds)
+        let now = Instant::now();
+        recent.retain(|_, (_, at)| now.saturating_duration_since(*at) < NOTE_TTL);
         recent.get(&ck).map(|(m, _)| m.clone())
     };
     let hint = recent.or_else(|| claim.status.as_ref().and_then(|s| s.machine_name.clone()));
@@ -535,7 +538,8 @@ async fn bind_selected(
     let ck = key(ns, &claim.name_any());
     let taken: std::collections::HashSet<String> = {
         let mut taken = ctx.taken.lock().unwrap_or_else(|e| e.into_inner());
-        taken.retain(|_, at| at.elapsed() < TAKEN_TTL);
+        let now = Instant::now();
+        taken.retain(|_, at| now.saturating_duration_since(*at) < TAKEN_TTL);
         taken.keys().cloned().collect()
     };
     let mut candidates = free_candidates(claim, ns, &ck, &taken, ctx);
@@ -633,9 +637,10 @@ fn describe(skip: Skip) -> &'static str {
 const MAX_CANDIDATES: usize = 8;
 
 /// Up to [`MAX_CANDIDATES`] free machines of `ns` the claim's selector
-/// accepts, from the index: starting at a stable per-claim position of the
-/// free set (so concurrent claims start at different machines) and
-/// wrapping around. Cost: the free machines skipped, not every Machine.
+/// accepts, from the index: starting at a per-claim position of the free
+/// set (so concurrent claims start at different machines) and wrapping
+/// around. Cost: the free machines skipped, not every Machine (nor the
+/// ones before the start).
 fn free_candidates(
     claim: &MachineClaim,
     ns: &str,
@@ -649,7 +654,7 @@ fn free_candidates(
         };
         let start = select::offset(free.len(), ck);
         let mut out = Vec::new();
-        for name in free.iter().skip(start).chain(free.iter().take(start)) {
+        for name in free.iter_from(start) {
             if taken.contains(&key(ns, name)) {
                 continue;
             }
@@ -755,6 +760,9 @@ async fn patch_status(
     }
 }
 
+/// The Events' action (what the controller did), not a reason.
+const ACTION: &str = "Bind";
+
 async fn event(
     ctx: &Context,
     obj: &impl Resource<DynamicType = ()>,
@@ -762,7 +770,7 @@ async fn event(
     reason: &str,
     note: String,
 ) {
-    crate::controller::publish_event(&ctx.recorder, obj, type_, "Bind", reason, note);
+    crate::controller::publish_event(&ctx.recorder, obj, type_, ACTION, reason, note);
 }
 
 async fn write_bound(
@@ -827,7 +835,7 @@ async fn write_bound(
             &ctx.reporter,
             claim,
             EventType::Normal,
-            "Bind",
+            ACTION,
             "Bound",
             format!("bound to machine {name}"),
         );
