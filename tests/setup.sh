@@ -75,19 +75,28 @@ if ! command -v go >/dev/null 2>&1; then
   echo "setup: Go >= 1.24 is needed to build the control plane (the machine image ships it in /usr/local/go)" >&2
   exit 1
 fi
-build_go() { # module-dir output package
-  local dir=$1 out=$2 pkg=$3 stamp="$ANNEAL_CACHE/bin/.$2.stamp" sum
-  sum=$(cat "$dir/go.mod" "$dir/go.sum" "$dir"/*.go 2>/dev/null | sha256sum | cut -c1-16)
+build_go() { # module-dir output package [more -ldflags]
+  local dir=$1 out=$2 pkg=$3 ldflags=${4:-} stamp="$ANNEAL_CACHE/bin/.$2.stamp" sum
+  sum=$({ cat "$dir/go.mod" "$dir/go.sum" "$dir"/*.go 2>/dev/null; printf '%s' "$ldflags"; } | sha256sum | cut -c1-16)
   if [ -x "$ANNEAL_CACHE/bin/$out" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sum" ]; then
     return 0
   fi
   log "building $out from Go modules (cached in $ANNEAL_CACHE/bin)"
-  (cd "$dir" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$ANNEAL_CACHE/bin/$out.tmp" "$pkg")
+  (cd "$dir" && go build -mod=readonly -trimpath -ldflags="-s -w $ldflags" -o "$ANNEAL_CACHE/bin/$out.tmp" "$pkg")
   mv "$ANNEAL_CACHE/bin/$out.tmp" "$ANNEAL_CACHE/bin/$out"
   echo "$sum" > "$stamp"
 }
 build_go "$here/controlplane/etcd" etcd .
-build_go "$here/controlplane/kube" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+# The API server reports its release at /version (as Kubernetes' own build
+# stamps it; unstamped it says v0.0.0-master, which the Cluster API managers
+# refuse: tests/setup.d/capi.sh).
+kube_version=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$here/controlplane/kube/go.mod")
+kube_major=${kube_version#v} kube_minor=${kube_version#v*.}
+kube_stamp=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_stamp="$kube_stamp -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=${kube_major%%.*} -X $pkg.gitMinor=${kube_minor%%.*}"
+done
+build_go "$here/controlplane/kube" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kube_stamp"
 build_go "$here/controlplane/kube" kubectl k8s.io/kubernetes/cmd/kubectl
 # The test node (tests/testinfra/src/node.rs, issue 17): kubelet, the
 # scheduler and the controller manager from the same release; containerd,
@@ -99,9 +108,6 @@ build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd
 # kube-proxy (iptables mode): Services on the node, for the tests that reach
 # one from outside the cluster (node_failover: the agent API's externalIP)
 build_go "$here/controlplane/kube" kube-proxy k8s.io/kubernetes/cmd/kube-proxy
-# helm (issue 43): lint and template deploy/helm/anneal, its output dry-run
-# against the real kube-apiserver (tests/tests/helm_chart.rs)
-build_go "$here/controlplane/helm" helm helm.sh/helm/v4/cmd/helm
 
 # --- Debian kernel (guest) ------------------------------------------------------
 "$repo/qemu/fetch-kernel.sh"
