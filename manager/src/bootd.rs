@@ -75,7 +75,7 @@ impl BootdConfig {
         }
         let name = names
             .iter()
-            .find(|n| !matches!(n.as_str(), "localhost" | "127.0.0.1" | "::1"))?;
+            .find(|n| !crate::preflight::is_loopback_name(n))?;
         Some(if name.contains(':') {
             format!("https://[{name}]:{port}")
         } else {

@@ -21,6 +21,7 @@ pub mod leader;
 pub mod metadata;
 pub mod metrics;
 pub mod patch;
+pub mod preflight;
 pub mod readiness;
 mod run;
 pub mod swarm;

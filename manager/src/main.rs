@@ -6,7 +6,14 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "manager", version, about = "The anneal manager")]
+// a single-value flag given twice keeps the last value (a kustomize patch
+// appends its own `--content-url` after the base's)
+#[command(
+    name = "manager",
+    version,
+    about = "The anneal manager",
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -231,6 +238,38 @@ impl ContentArgs {
     }
 }
 
+impl RunArgs {
+    /// The start-up check (docs/lifecycle.md, "Start-up checks"): one line
+    /// per setting that keeps this configuration from provisioning.
+    fn preflight(&self) -> Vec<String> {
+        use anneal_manager::preflight::{Executor, Settings, probe_writable, problems};
+        let c = &self.content;
+        let executor = match c.workload_executor.as_deref() {
+            Some("process") => Some(Executor::Process),
+            Some(_) => Some(Executor::Kubernetes),
+            None => None,
+        };
+        let content_dir_probe = c
+            .content_dir
+            .as_deref()
+            .filter(|_| executor == Some(Executor::Process))
+            .map(|d| probe_writable(d).map_err(|e| e.to_string()));
+        problems(&Settings {
+            lifecycle: !self.lifecycle.no_lifecycle,
+            agent_api_listen: self.lifecycle.agent_api_listen,
+            agent_api_names: &self.lifecycle.agent_api_names,
+            executor,
+            content_dir: c.content_dir.as_deref(),
+            content_dir_probe,
+            workload_image: c.workload_image.as_deref(),
+            content_url: self.lifecycle.content_url.as_deref(),
+            content_listen: c.content_listen.as_deref(),
+            bootd_api_url: c.bootd_api_url.as_deref(),
+            upload_listen: c.upload_listen,
+        })
+    }
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
@@ -351,6 +390,18 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Run(args) => {
+            // before connecting anywhere: every line, then a non-zero exit
+            let refused = args.preflight();
+            if !refused.is_empty() {
+                for line in &refused {
+                    eprintln!("{line}");
+                }
+                anyhow::bail!(
+                    "refusing to start: {} setting(s) above keep this configuration from \
+                     provisioning (docs/lifecycle.md, \"Start-up checks\")",
+                    refused.len()
+                );
+            }
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
