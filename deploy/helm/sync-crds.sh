@@ -12,8 +12,7 @@ src="$here/../base/crds"
 dst="$here/anneal/crds"
 if [ "${1:-}" = --check ]; then
   bad=0
-  for f in "$src"/*.yaml "$dst"/*.yaml; do
-    n=$(basename "$f")
+  for n in $( (cd "$src" && ls -- *.yaml; cd "$dst" && ls -- *.yaml) | sort -u); do
     [ "$n" = kustomization.yaml ] && continue
     if ! cmp -s "$src/$n" "$dst/$n"; then
       echo "sync-crds: deploy/helm/anneal/crds/$n differs from deploy/base/crds/$n (run deploy/helm/sync-crds.sh)" >&2

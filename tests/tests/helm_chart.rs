@@ -200,6 +200,17 @@ fn lint_and_template_pass_and_values_derive_the_managers_flags() {
         assert!(args.contains(&want.to_string()), "{want} in {args:?}");
     }
 
+    // off the host's network the content server listens on its pod's addresses
+    let args = manager_args(&rendered(&[
+        "--set",
+        "provisioning.hostNetwork=false",
+        "--set",
+        "provisioning.address=10.0.0.3",
+    ]));
+    assert!(args.contains(&"--content-listen=0.0.0.0:8088".to_string()));
+    assert!(args.contains(&"--content-url=http://10.0.0.3:8088".to_string()));
+    assert!(!args.contains(&"--workload-host-network".to_string()));
+
     // a required value left empty, and contradictions, name the value
     for (set, names) in [
         ("image.registry=", "image.registry is required"),
