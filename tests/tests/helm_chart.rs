@@ -8,9 +8,10 @@
 //! the chart's `crds/` are `deploy/base/crds` byte for byte. Against the
 //! real kube-apiserver: the CRDs are created, then every object of each
 //! rendering is accepted by a server-side dry run, and the rendered RBAC
-//! is deploy/base's, rule for rule (nothing wider). Finally the documented
-//! install command (`helm install --create-namespace --take-ownership`)
-//! runs against the API server (no node: nothing is scheduled).
+//! and admission policy are deploy/base's, rule for rule (nothing wider).
+//! Finally the documented install command (`helm install
+//! --create-namespace --take-ownership`) runs against the API server (no
+//! node: nothing is scheduled).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -276,13 +277,21 @@ fn kubectl(cp: &ControlPlane, args: &[&str]) {
     );
 }
 
-/// RBAC objects by (kind, name): what they grant and to whom.
+/// RBAC and admission objects by (kind, name): what they grant and to
+/// whom, what they admit.
 fn rbac(objs: &[Value]) -> BTreeMap<(String, String), Value> {
     objs.iter()
         .filter(|o| {
             matches!(
                 o["kind"].as_str(),
-                Some("ClusterRole" | "Role" | "ClusterRoleBinding" | "RoleBinding")
+                Some(
+                    "ClusterRole"
+                        | "Role"
+                        | "ClusterRoleBinding"
+                        | "RoleBinding"
+                        | "ValidatingAdmissionPolicy"
+                        | "ValidatingAdmissionPolicyBinding"
+                )
             )
         })
         .map(|o| {
@@ -300,6 +309,7 @@ fn rbac(objs: &[Value]) -> BTreeMap<(String, String), Value> {
                     "aggregationRule": o["aggregationRule"],
                     "roleRef": o["roleRef"],
                     "subjects": o["subjects"],
+                    "spec": o["spec"],
                 }),
             )
         })
@@ -369,8 +379,9 @@ async fn every_rendered_object_passes_the_api_servers_dry_run() {
         }
     }
 
-    // The rendered RBAC is deploy/base's: the same objects, rule for rule.
-    let base = ["rbac-manager.yaml", "rbac-bootd.yaml"]
+    // The rendered RBAC and admission policy are deploy/base's: the same
+    // objects, rule for rule (the release namespace is anneal-system here).
+    let base = ["rbac-manager.yaml", "rbac-bootd.yaml", "admission.yaml"]
         .iter()
         .map(|f| std::fs::read_to_string(root().join("deploy/base").join(f)).unwrap())
         .collect::<Vec<_>>()
