@@ -108,6 +108,9 @@ build_go "$here/controlplane/kube" kube-controller-manager k8s.io/kubernetes/cmd
 # kube-proxy (iptables mode): Services on the node, for the tests that reach
 # one from outside the cluster (node_failover: the agent API's externalIP)
 build_go "$here/controlplane/kube" kube-proxy k8s.io/kubernetes/cmd/kube-proxy
+# helm (issue 43): lint and template deploy/helm/anneal, its output dry-run
+# against the real kube-apiserver (tests/tests/helm_chart.rs)
+build_go "$here/controlplane/helm" helm helm.sh/helm/v4/cmd/helm
 
 # --- Debian kernel (guest) ------------------------------------------------------
 "$repo/qemu/fetch-kernel.sh"
