@@ -444,6 +444,7 @@ impl StaticConfig {
                     chain_undionly: m.chain_undionly,
                     debug_shell: m.debug_shell,
                     architecture: m.architecture,
+                    ipv6_address: None,
                 },
             );
         }

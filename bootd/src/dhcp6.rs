@@ -69,7 +69,8 @@ pub fn table6(shared: &Shared, o: &Dhcp6Options, server_mac: Mac, http_port: u16
                     *mac,
                     MachineEntry6 {
                         name: m.name.clone(),
-                        address: None,
+                        // the IPv6 reservation of the Subnet's status
+                        address: snap.machines.get(mac).and_then(|b| b.ipv6_address),
                     },
                 )
             })

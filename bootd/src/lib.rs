@@ -12,6 +12,7 @@ pub mod durable;
 pub mod http;
 pub mod leasefile;
 pub mod metrics;
+pub mod ra;
 pub mod script;
 pub mod state;
 pub mod sys;
@@ -97,6 +98,9 @@ pub struct ServerOptions {
     /// DHCPv6 on `interface` (TFTP and HTTP then also listen on its
     /// IPv6 address); `None`: IPv4 only.
     pub dhcp6: Option<dhcp6::Dhcp6Options>,
+    /// With `dhcp6`: send router advertisements for its prefix on
+    /// `interface` ([`ra`]).
+    pub router_advertisements: bool,
 }
 
 impl Default for ServerOptions {
@@ -113,6 +117,7 @@ impl Default for ServerOptions {
             tftp_limits: tftp::TftpLimits::default(),
             http_limits: http::HttpLimits::default(),
             dhcp6: None,
+            router_advertisements: false,
         }
     }
 }
@@ -284,6 +289,24 @@ impl Server {
                 http_addr.port(),
                 cancel.clone(),
             ));
+            if opts.router_advertisements {
+                let index = nix::net::if_::if_nametoindex(iface).unwrap_or(0);
+                let s = ra::raw_socket(iface)
+                    .and_then(tokio::net::UdpSocket::from_std)
+                    .map_err(bind_err("router advertisements (raw icmpv6)", a6))?;
+                tracing::info!(interface = iface, prefix = %o6.prefix, "sending router advertisements");
+                tasks.spawn(ra::serve(
+                    s,
+                    index,
+                    ra::RaOptions {
+                        prefix: o6.prefix,
+                        source_mac: mac,
+                        valid_lifetime: o6.valid_lifetime,
+                        preferred_lifetime: o6.preferred_lifetime,
+                    },
+                    cancel.clone(),
+                ));
+            }
             if opts.tftp_port != 0 {
                 let a = SocketAddr::new(o6.server_ip.into(), opts.tftp_port);
                 let s = std::net::UdpSocket::bind(a).map_err(bind_err("tftp (ipv6)", a))?;

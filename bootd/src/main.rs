@@ -86,6 +86,11 @@ struct Cli {
     /// DNS servers handed out over DHCPv6 (repeat the flag).
     #[arg(long, requires = "dhcp6_server_ip")]
     dhcp6_dns: Vec<std::net::Ipv6Addr>,
+    /// Send ICMPv6 router advertisements for --dhcp6-prefix on
+    /// --interface (managed and other flags set, not a default router) and
+    /// answer router solicitations; needs CAP_NET_RAW.
+    #[arg(long, requires = "dhcp6_server_ip")]
+    router_advertisements: bool,
 }
 
 fn load(cli: &Cli) -> anyhow::Result<anneal_bootd::Snapshot> {
@@ -198,6 +203,7 @@ async fn main() -> anyhow::Result<()> {
             }),
             _ => None,
         },
+        router_advertisements: cli.router_advertisements,
     };
     let server = Server::start(opts, snap).await.context("starting bootd")?;
     let cancel = tokio_util::sync::CancellationToken::new();

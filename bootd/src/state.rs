@@ -69,6 +69,9 @@ pub struct MachineBoot {
     pub debug_shell: bool,
     /// Which kernel and initramfs it boots (`spec.architecture`).
     pub architecture: crate::config::Architecture,
+    /// Its IPv6 reservation (`ipv6Address` of its entry in
+    /// `status.dhcp.reservations`): what DHCPv6 hands it in lease mode.
+    pub ipv6_address: Option<std::net::Ipv6Addr>,
 }
 
 /// One consistent view of a Subnet's boot table.

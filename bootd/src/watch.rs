@@ -120,12 +120,18 @@ pub async fn build(
     };
     let status = subnet.status.as_ref().and_then(|s| s.dhcp.as_ref());
     let mut reserved: BTreeMap<Mac, Ipv4Addr> = BTreeMap::new();
+    let mut reserved6: BTreeMap<Mac, std::net::Ipv6Addr> = BTreeMap::new();
     for r in status
         .map(|s| s.reservations.as_slice())
         .unwrap_or_default()
     {
         if let (Ok(mac), Ok(addr)) = (r.mac.parse::<Mac>(), r.address.parse::<Ipv4Addr>()) {
             reserved.insert(mac, addr);
+            // the IPv6 address of the same entry (the manager writes it
+            // when the Subnet has spec.ipv6)
+            if let Some(a6) = r.ipv6_address.as_deref().and_then(|a| a.parse().ok()) {
+                reserved6.insert(mac, a6);
+            }
         }
     }
     let revision = status.and_then(|s| s.revision.clone());
@@ -187,6 +193,7 @@ pub async fn build(
                 token,
                 chain_undionly: false,
                 architecture: m.spec.architecture,
+                ipv6_address: reserved6.get(&mac).copied(),
                 // `anneal.dev/debug-shell`: the agent opens a shell on the
                 // console when it fails instead of rebooting
                 debug_shell: m

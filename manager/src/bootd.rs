@@ -98,6 +98,42 @@ pub fn is_managed(subnet: &Subnet) -> bool {
             .is_some_and(|b| b.mode == BootdMode::Managed)
 }
 
+/// bootd's DHCPv6 and router advertisement flags from `spec.ipv6` (none
+/// without it). `--dhcp6-range` (addresses for machines without an IPv6
+/// reservation) only with `spec.answerAll` in lease mode, as DHCPv4 uses
+/// its range: an enrolled Machine gets the address the manager reserved.
+pub fn ipv6_args(subnet: &Subnet) -> Vec<String> {
+    let Some(v6) = subnet.spec.ipv6.as_ref() else {
+        return Vec::new();
+    };
+    let mut args = vec![
+        "--dhcp6-server-ip".into(),
+        v6.server_address.clone(),
+        "--dhcp6-prefix".into(),
+        v6.prefix.clone(),
+    ];
+    let lease = subnet
+        .spec
+        .dhcp
+        .as_ref()
+        .is_some_and(|d| d.mode == anneal_api::DhcpMode::Lease);
+    if let Some(r) = v6.lease_range.as_ref()
+        && lease
+        && subnet.spec.answer_all
+    {
+        args.push("--dhcp6-range".into());
+        args.push(format!("{}-{}", r.start, r.end));
+    }
+    for d in &v6.dns_servers {
+        args.push("--dhcp6-dns".into());
+        args.push(d.clone());
+    }
+    if v6.router_advertisements {
+        args.push("--router-advertisements".into());
+    }
+    args
+}
+
 /// The bootd workload of a managed Subnet, or why it cannot run (the
 /// `BootdNotConfigured` message).
 pub fn bootd_spec(
@@ -147,27 +183,29 @@ pub fn bootd_spec(
         .network_ref
         .as_ref()
         .map(|r| format!("{}/{}", r.namespace_or(&ns), r.name));
+    let mut args = vec![
+        "--config".into(),
+        "${volume:config}/bootd.yaml".into(),
+        "--subnet".into(),
+        key(&ns, &name),
+        "--interface".into(),
+        "auto".into(),
+        "--listen-ip".into(),
+        b.server_ip.clone(),
+        "--http-port".into(),
+        cfg.http_port.to_string(),
+        "--boot-dir".into(),
+        "${volume:store}/boot".into(),
+        "--lease-file".into(),
+        format!("${{volume:store}}/.bootd/{ns}.{name}.leases"),
+    ];
+    args.extend(ipv6_args(subnet));
     Ok(WorkloadSpec {
         namespace: ns.clone(),
         name: workload_name("bootd", &ns, &name),
         kind: Kind::Server,
         program: Program::Bootd,
-        args: vec![
-            "--config".into(),
-            "${volume:config}/bootd.yaml".into(),
-            "--subnet".into(),
-            key(&ns, &name),
-            "--interface".into(),
-            "auto".into(),
-            "--listen-ip".into(),
-            b.server_ip.clone(),
-            "--http-port".into(),
-            cfg.http_port.to_string(),
-            "--boot-dir".into(),
-            "${volume:store}/boot".into(),
-            "--lease-file".into(),
-            format!("${{volume:store}}/.bootd/{ns}.{name}.leases"),
-        ],
+        args,
         volumes: vec![
             Volume {
                 name: "config".into(),
@@ -458,6 +496,65 @@ mod tests {
         assert_ne!(
             spec.env.get("ANNEAL_BOOTD_CONFIG"),
             other.env.get("ANNEAL_BOOTD_CONFIG")
+        );
+    }
+
+    #[test]
+    fn ipv6_renders_the_dhcpv6_and_router_advertisement_flags() {
+        let mut s = subnet("anneal-system", "Managed", None);
+        let v4_only = bootd_spec(&s, &cfg(), Some("abc")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            !v4_only
+                .args
+                .iter()
+                .any(|a| a.starts_with("--dhcp6") || a == "--router-advertisements")
+        );
+        s.spec.ipv6 = Some(
+            serde_json::from_value(json!({
+                "prefix": "2001:db8:90::/64", "serverAddress": "2001:db8:90::1",
+                "leaseRange": {"start": "2001:db8:90::100", "end": "2001:db8:90::1ff"},
+                "dnsServers": ["2001:db8:90::53", "2001:db8:90::54"],
+                "routerAdvertisements": true
+            }))
+            .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let spec = bootd_spec(&s, &cfg(), Some("abc")).unwrap_or_else(|e| panic!("{e}"));
+        let tail: Vec<&str> = spec.args[v4_only.args.len()..]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            tail,
+            [
+                "--dhcp6-server-ip",
+                "2001:db8:90::1",
+                "--dhcp6-prefix",
+                "2001:db8:90::/64",
+                "--dhcp6-dns",
+                "2001:db8:90::53",
+                "--dhcp6-dns",
+                "2001:db8:90::54",
+                "--router-advertisements",
+            ]
+        );
+        // answerAll in lease mode: the range serves machines without a
+        // reservation; no RA
+        s.spec.answer_all = true;
+        if let Some(v6) = s.spec.ipv6.as_mut() {
+            v6.router_advertisements = false;
+            v6.dns_servers.clear();
+        }
+        let tail = ipv6_args(&s);
+        assert_eq!(
+            tail,
+            [
+                "--dhcp6-server-ip",
+                "2001:db8:90::1",
+                "--dhcp6-prefix",
+                "2001:db8:90::/64",
+                "--dhcp6-range",
+                "2001:db8:90::100-2001:db8:90::1ff",
+            ]
         );
     }
 

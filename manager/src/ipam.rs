@@ -17,6 +17,12 @@
 //! live, then writes `appliedRevision`). `DHCPPoolExhausted` is True, naming
 //! the Subnet and how many Machines wait, while a qualifying Machine has no
 //! address; False otherwise (always False in proxy mode).
+//! With `spec.ipv6`, every entry also carries `ipv6Address`
+//! ([`assign_ipv6`]): the lowest free address of `spec.ipv6.leaseRange`
+//! that is not `spec.ipv6.serverAddress`, kept as long as the entry is and
+//! it stays inside the range; an entry left without one (range exhausted)
+//! keeps its IPv4 address and sets `DHCPPoolExhausted` the same way, the
+//! message naming `spec.ipv6.leaseRange`.
 //! For the printer columns (issue 18) it also writes, in lease mode,
 //! `status.reservationCount` and `status.bootdReady` ([`bootd_ready`]);
 //! both are removed in proxy mode.
@@ -116,6 +122,82 @@ pub struct Plan {
     pub waiting: Vec<String>,
     /// Addresses the range offers in all (after the exclusions).
     pub pool_size: u64,
+    /// `Reservation.machine` of entries left without an IPv6 address
+    /// (`spec.ipv6.leaseRange` exhausted).
+    pub waiting6: Vec<String>,
+    /// Addresses `spec.ipv6.leaseRange` offers (after the exclusion).
+    pub pool6_size: u128,
+}
+
+fn ip6(s: &str) -> Option<u128> {
+    s.parse::<std::net::Ipv6Addr>().ok().map(u128::from)
+}
+
+/// Gives every entry of `table` an IPv6 address from `spec.ipv6.leaseRange`
+/// (or removes them all when the Subnet has no `spec.ipv6`). An entry keeps
+/// the address it had in `old` (same machine and IPv4 address) while that
+/// stays inside the range and unique; the others take the lowest free
+/// address that is not `serverAddress`, in table order. Returns the
+/// machines left without one and the pool's size. Pure.
+pub fn assign_ipv6(
+    subnet: &Subnet,
+    old: &[Reservation],
+    table: &mut [Reservation],
+) -> (Vec<String>, u128) {
+    let v6 = subnet.spec.ipv6.as_ref();
+    let range = v6
+        .and_then(|v| v.lease_range.as_ref())
+        .and_then(|r| Some((ip6(&r.start)?, ip6(&r.end)?)))
+        .filter(|(s, e)| s <= e);
+    let Some((start, end)) = range else {
+        for r in table.iter_mut() {
+            r.ipv6_address = None;
+        }
+        return (Vec::new(), 0);
+    };
+    let server = v6.and_then(|v| ip6(&v.server_address));
+    let excluded = |a: u128| Some(a) == server;
+    let size = (end - start).saturating_add(1).saturating_sub(u128::from(
+        server.is_some_and(|s| (start..=end).contains(&s)),
+    ));
+    let before: BTreeMap<(&str, &str), u128> = old
+        .iter()
+        .filter_map(|r| {
+            let a = ip6(r.ipv6_address.as_deref()?)?;
+            Some(((r.machine.as_str(), r.address.as_str()), a))
+        })
+        .collect();
+    let mut used: BTreeSet<u128> = BTreeSet::new();
+    let mut missing = Vec::new();
+    for (i, r) in table.iter_mut().enumerate() {
+        let kept = before
+            .get(&(r.machine.as_str(), r.address.as_str()))
+            .copied()
+            .filter(|a| (start..=end).contains(a) && !excluded(*a) && !used.contains(a));
+        match kept {
+            Some(a) => {
+                used.insert(a);
+                r.ipv6_address = Some(std::net::Ipv6Addr::from(a).to_string());
+            }
+            None => missing.push(i),
+        }
+    }
+    let mut waiting = Vec::new();
+    let mut next = start;
+    for i in missing {
+        while next <= end && (excluded(next) || used.contains(&next)) {
+            next += 1;
+        }
+        let r = &mut table[i];
+        if next <= end {
+            used.insert(next);
+            r.ipv6_address = Some(std::net::Ipv6Addr::from(next).to_string());
+        } else {
+            r.ipv6_address = None;
+            waiting.push(r.machine.clone());
+        }
+    }
+    (waiting, size)
 }
 
 fn ip(s: &str) -> Option<Ipv4Addr> {
@@ -236,6 +318,7 @@ pub fn plan(subnet: &Subnet, machines: &[Machine], now: &Time) -> Plan {
             Some(a) => {
                 let r = Reservation {
                     address: a.to_string(),
+                    ipv6_address: None,
                     machine: key.clone(),
                     mac: mac.clone(),
                     since: Some(now.clone()),
@@ -248,12 +331,21 @@ pub fn plan(subnet: &Subnet, machines: &[Machine], now: &Time) -> Plan {
         }
     }
     table.sort_by_key(|r| ip(&r.address).map_or(u64::MAX, |a| u64::from(u32::from(a))));
+    let (waiting6, pool6_size) = assign_ipv6(subnet, &old, &mut table);
+    for a in &mut added {
+        a.ipv6_address = table
+            .iter()
+            .find(|r| r.machine == a.machine)
+            .and_then(|r| r.ipv6_address.clone());
+    }
     Plan {
         reservations: table,
         added,
         released,
         waiting,
         pool_size,
+        waiting6,
+        pool6_size,
     }
 }
 
@@ -264,6 +356,24 @@ pub fn pool_condition(subnet: &Subnet, plan: &Plan) -> (bool, &'static str, Stri
         subnet.namespace().unwrap_or_default(),
         subnet.name_any()
     );
+    if plan.waiting.is_empty() && !plan.waiting6.is_empty() {
+        let range = subnet
+            .spec
+            .ipv6
+            .as_ref()
+            .and_then(|v| v.lease_range.as_ref())
+            .map_or("(none)".to_string(), |r| format!("{}-{}", r.start, r.end));
+        return (
+            true,
+            reasons::POOL_EXHAUSTED,
+            format!(
+                "Subnet {key}: spec.ipv6.leaseRange {range} has no free address ({} usable, all reserved); {} Machine(s) waiting for an IPv6 address: {}",
+                plan.pool6_size,
+                plan.waiting6.len(),
+                plan.waiting6.join(", ")
+            ),
+        );
+    }
     if plan.waiting.is_empty() {
         return (
             false,
@@ -418,7 +528,12 @@ fn publish_plan_events(ctx: &Context, subnet: &Subnet, p: &Plan, changed_cond: b
             .map(|m| m.object_ref(&()))
     };
     for r in &p.added {
-        info!(subnet = %skey, machine = %r.machine, address = %r.address, "address reserved");
+        let v6 = r
+            .ipv6_address
+            .as_deref()
+            .map(|a| format!(" and {a}"))
+            .unwrap_or_default();
+        info!(subnet = %skey, machine = %r.machine, address = %r.address, ipv6 = r.ipv6_address.as_deref().unwrap_or(""), "address reserved");
         if let Some(mr) = machine_ref(&r.machine) {
             event(
                 ctx,
@@ -426,7 +541,7 @@ fn publish_plan_events(ctx: &Context, subnet: &Subnet, p: &Plan, changed_cond: b
                 Event {
                     type_: EventType::Normal,
                     reason: "AddressReserved".into(),
-                    note: Some(format!("{} reserved on Subnet {skey}", r.address)),
+                    note: Some(format!("{}{v6} reserved on Subnet {skey}", r.address)),
                     action: "Reserve".into(),
                     secondary: Some(subnet.object_ref(&())),
                 },
@@ -447,7 +562,7 @@ fn publish_plan_events(ctx: &Context, subnet: &Subnet, p: &Plan, changed_cond: b
             },
         );
     }
-    if changed_cond && !p.waiting.is_empty() {
+    if changed_cond && (!p.waiting.is_empty() || !p.waiting6.is_empty()) {
         let (_, _, message) = pool_condition(subnet, p);
         warn!(subnet = %skey, waiting = p.waiting.len(), "lease range exhausted");
         event(
@@ -816,6 +931,138 @@ mod tests {
         assert_eq!(table(&p), [("10.0.0.20".into(), "first".into())]);
     }
 
+    fn subnet6(range6: (&str, &str), reservations: serde_json::Value) -> Subnet {
+        let mut s = subnet(("10.0.0.20", "10.0.0.30"), reservations);
+        s.spec.ipv6 = Some(
+            serde_json::from_value(json!({
+                "prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:77::1000",
+                "leaseRange": {"start": range6.0, "end": range6.1}
+            }))
+            .unwrap(),
+        );
+        s
+    }
+
+    fn table6(p: &Plan) -> Vec<(String, Option<String>)> {
+        p.reservations
+            .iter()
+            .map(|r| (r.machine.clone(), r.ipv6_address.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn ipv6_addresses_are_stable_unique_and_skip_the_server() {
+        let ms = [
+            machine(
+                "a",
+                "02:00:00:00:00:01",
+                "Inspecting",
+                "2026-01-01T00:00:01Z",
+            ),
+            machine(
+                "b",
+                "02:00:00:00:00:02",
+                "Provisioned",
+                "2026-01-01T00:00:02Z",
+            ),
+            machine(
+                "c",
+                "02:00:00:00:00:03",
+                "Provisioning",
+                "2026-01-01T00:00:03Z",
+            ),
+        ];
+        // the server address sits at the start of the range: skipped
+        let s = subnet6(("2001:db8:77::1000", "2001:db8:77::10ff"), json!([]));
+        let p = plan(&s, &ms, &now());
+        let v6 = |a: &str| Some(a.to_string());
+        assert_eq!(
+            table6(&p),
+            [
+                ("a".into(), v6("2001:db8:77::1001")),
+                ("b".into(), v6("2001:db8:77::1002")),
+                ("c".into(), v6("2001:db8:77::1003")),
+            ]
+        );
+        assert_eq!(p.added[0].ipv6_address, v6("2001:db8:77::1001"));
+        assert_eq!(p.pool6_size, 255);
+        // planned again from its own table: nothing moves
+        let again = subnet6(
+            ("2001:db8:77::1000", "2001:db8:77::10ff"),
+            serde_json::to_value(&p.reservations).unwrap(),
+        );
+        assert_eq!(table6(&plan(&again, &ms, &now())), table6(&p));
+        // a goes; b keeps its address; c's old entry was made to repeat b's
+        // (a corrupt table): only the first keeps it; the newcomer d (on
+        // a's IPv4 address, first in the table) takes the freed lowest, c
+        // the next free one
+        let mut old = serde_json::to_value(&p.reservations).unwrap();
+        old[2]["ipv6Address"] = json!("2001:db8:77::1002");
+        let s = subnet6(("2001:db8:77::1000", "2001:db8:77::10ff"), old);
+        let ms = [
+            ms[1].clone(),
+            ms[2].clone(),
+            machine(
+                "d",
+                "02:00:00:00:00:04",
+                "Inspecting",
+                "2026-01-01T00:00:04Z",
+            ),
+        ];
+        let p = plan(&s, &ms, &now());
+        let got = table6(&p);
+        assert_eq!(got[1], ("b".into(), v6("2001:db8:77::1002")), "{got:?}");
+        assert_eq!(got[2], ("c".into(), v6("2001:db8:77::1003")), "{got:?}");
+        assert_eq!(got[0], ("d".into(), v6("2001:db8:77::1001")), "{got:?}");
+        let all: BTreeSet<_> = got.iter().map(|(_, a)| a.clone()).collect();
+        assert_eq!(all.len(), 3);
+        // without spec.ipv6 the addresses go, the IPv4 table stays
+        let mut s4 = s.clone();
+        s4.spec.ipv6 = None;
+        let p4 = plan(&s4, &ms, &now());
+        assert!(p4.reservations.iter().all(|r| r.ipv6_address.is_none()));
+        assert_eq!(p4.reservations.len(), 3);
+    }
+
+    #[test]
+    fn ipv6_exhaustion_names_the_subnet_and_field() {
+        let ms = [
+            machine(
+                "a",
+                "02:00:00:00:00:01",
+                "Inspecting",
+                "2026-01-01T00:00:01Z",
+            ),
+            machine(
+                "b",
+                "02:00:00:00:00:02",
+                "Inspecting",
+                "2026-01-01T00:00:02Z",
+            ),
+        ];
+        let s = subnet6(("2001:db8:77::1000", "2001:db8:77::1001"), json!([]));
+        let p = plan(&s, &ms, &now());
+        assert_eq!(p.reservations.len(), 2, "both keep their IPv4 address");
+        assert_eq!(p.waiting6, ["b"]);
+        assert_eq!(p.pool6_size, 1);
+        let (st, reason, msg) = pool_condition(&s, &p);
+        assert!(st);
+        assert_eq!(reason, reasons::POOL_EXHAUSTED);
+        assert!(
+            msg.contains(
+                "Subnet default/lab: spec.ipv6.leaseRange 2001:db8:77::1000-2001:db8:77::1001"
+            ) && msg.contains("1 Machine(s) waiting for an IPv6 address: b"),
+            "{msg}"
+        );
+        // the revision covers the IPv6 addresses
+        let mut other = p.reservations.clone();
+        other[0].ipv6_address = Some("2001:db8:77::1005".into());
+        assert_ne!(
+            reservations_revision(&p.reservations),
+            reservations_revision(&other)
+        );
+    }
+
     #[test]
     fn bootd_is_ready_once_it_applied_the_current_revision() {
         assert!(!bootd_ready(None, "r2"));
@@ -827,6 +1074,7 @@ mod tests {
     fn revision_is_order_independent() {
         let r = |a: &str, m: &str| Reservation {
             address: a.into(),
+            ipv6_address: None,
             machine: m.into(),
             mac: "02:00:00:00:00:01".into(),
             since: None,

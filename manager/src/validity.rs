@@ -70,6 +70,69 @@ fn ip(s: &str) -> Option<u32> {
 
 /// Address rules of a Subnet that need arithmetic CEL lacks.
 pub fn subnet_problem(spec: &SubnetSpec) -> Option<Problem> {
+    subnet_ipv4_problem(spec).or_else(|| subnet_ipv6_problem(spec))
+}
+
+/// `(network, prefix length)` of an IPv6 CIDR.
+pub(crate) fn parse_cidr6(cidr: &str) -> Option<(u128, u32)> {
+    let (addr, len) = cidr.split_once('/')?;
+    let addr: std::net::Ipv6Addr = addr.parse().ok()?;
+    let len: u32 = len.parse().ok().filter(|l| *l <= 128)?;
+    let mask = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - len)
+    };
+    Some((u128::from(addr) & mask, len))
+}
+
+fn ip6(s: &str) -> Option<u128> {
+    s.parse::<std::net::Ipv6Addr>().ok().map(u128::from)
+}
+
+/// The rules of `spec.ipv6` (CEL checks the formats, the prefix length and
+/// that the addresses lie inside the prefix; these repeat the latter and
+/// add the ordering ones).
+fn subnet_ipv6_problem(spec: &SubnetSpec) -> Option<Problem> {
+    let v6 = spec.ipv6.as_ref()?;
+    let (net, len) = parse_cidr6(&v6.prefix)?;
+    let mask = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - len)
+    };
+    let inside = |a: u128| a & mask == net;
+    let server = ip6(&v6.server_address);
+    if server.is_some_and(|s| !inside(s)) {
+        return Some((
+            reasons::IPV6_SERVER_OUTSIDE_PREFIX,
+            "spec.ipv6.serverAddress must lie inside spec.ipv6.prefix".into(),
+        ));
+    }
+    let range = v6.lease_range.as_ref()?;
+    let (start, end) = (ip6(&range.start)?, ip6(&range.end)?);
+    if start > end {
+        return Some((
+            reasons::LEASE_RANGE_INVERTED,
+            "spec.ipv6.leaseRange.start must not be after spec.ipv6.leaseRange.end".into(),
+        ));
+    }
+    if !inside(start) || !inside(end) {
+        return Some((
+            reasons::LEASE_RANGE_OUTSIDE_CIDR,
+            "spec.ipv6.leaseRange must lie inside spec.ipv6.prefix".into(),
+        ));
+    }
+    if server.is_some_and(|s| (start..=end).contains(&s)) {
+        return Some((
+            reasons::SERVER_IP_IN_LEASE_RANGE,
+            "spec.ipv6.serverAddress must lie outside spec.ipv6.leaseRange".into(),
+        ));
+    }
+    None
+}
+
+fn subnet_ipv4_problem(spec: &SubnetSpec) -> Option<Problem> {
     let cidr = parse_cidr(&spec.cidr)?;
     let dhcp = spec.dhcp.as_ref()?;
     let server = spec.bootd.as_ref().and_then(|b| ip(&b.server_ip));
@@ -1027,5 +1090,41 @@ mod tests {
             Some(reasons::GATEWAY_OUTSIDE_CIDR)
         );
         assert_eq!(reason(json!({"dhcp": {"gateway": ""}})), None);
+    }
+
+    #[test]
+    fn subnet_ipv6_rules_name_the_field() {
+        let v6 = |patch: serde_json::Value| {
+            let mut v = json!({"ipv6": {"prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:77::2",
+                "leaseRange": {"start": "2001:db8:77::1000", "end": "2001:db8:77::10ff"}}});
+            for (k, val) in patch.as_object().unwrap() {
+                v["ipv6"][k] = val.clone();
+            }
+            subnet_problem(&subnet(v))
+        };
+        assert_eq!(v6(json!({})), None);
+        let (r, m) =
+            v6(json!({"leaseRange": {"start": "2001:db8:77::10ff", "end": "2001:db8:77::1000"}}))
+                .unwrap();
+        assert_eq!(r, reasons::LEASE_RANGE_INVERTED);
+        assert!(m.contains("spec.ipv6.leaseRange.start"), "{m}");
+        let (r, m) =
+            v6(json!({"leaseRange": {"start": "2001:db8:77::1000", "end": "2001:db8:78::1"}}))
+                .unwrap();
+        assert_eq!(r, reasons::LEASE_RANGE_OUTSIDE_CIDR);
+        assert!(m.contains("spec.ipv6.prefix"), "{m}");
+        let (r, m) = v6(json!({"serverAddress": "2001:db8:77::1001"})).unwrap();
+        assert_eq!(r, reasons::SERVER_IP_IN_LEASE_RANGE);
+        assert!(m.contains("spec.ipv6.serverAddress"), "{m}");
+        let (r, m) = v6(json!({"serverAddress": "2001:db8:99::2"})).unwrap();
+        assert_eq!(r, reasons::IPV6_SERVER_OUTSIDE_PREFIX);
+        assert!(m.contains("spec.ipv6.serverAddress"), "{m}");
+        // the IPv4 rules come first
+        let mut both = json!({"dhcp": {"gateway": "10.99.0.1"}});
+        both["ipv6"] = json!({"prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:99::2"});
+        assert_eq!(
+            subnet_problem(&subnet(both)).map(|p| p.0),
+            Some(reasons::GATEWAY_OUTSIDE_CIDR)
+        );
     }
 }

@@ -398,3 +398,124 @@ async fn reservations_allocate_stay_release_and_exhaust() {
 
     manager.stop().await;
 }
+
+/// `spec.ipv6` (issue 44): the API server admits a valid one and rejects
+/// the rules CEL holds, naming the field; in lease mode every reservation
+/// carries an `ipv6Address` from `spec.ipv6.leaseRange`, stable and unique,
+/// covered by the revision.
+#[tokio::test]
+async fn ipv6_reservations_and_admission() {
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    let subnets: Api<Subnet> = Api::namespaced(client.clone(), "default");
+    let create = |name: &str, mode: &str, ipv6: serde_json::Value| {
+        let mut dhcp = json!({"mode": mode});
+        if mode == "lease" {
+            dhcp = json!({"mode": "lease", "gateway": "",
+                          "leaseRange": {"start": "10.77.0.100", "end": "10.77.0.110"}});
+        }
+        serde_json::from_value::<Subnet>(json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+            "metadata": {"name": name},
+            "spec": {
+                "siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
+                "bootd": {"serverIP": "10.77.0.1", "mode": "External"},
+                "dhcp": dhcp, "ipv6": ipv6
+            }
+        }))
+        .unwrap()
+    };
+    let ok = json!({"prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:77::1",
+                    "leaseRange": {"start": "2001:db8:77::100", "end": "2001:db8:77::1ff"},
+                    "dnsServers": ["2001:db8:77::53"], "routerAdvertisements": true});
+    let rejected = [
+        (
+            "lease",
+            json!({"prefix": "2001:db8::/48", "serverAddress": "2001:db8::1",
+                         "leaseRange": {"start": "2001:db8::100", "end": "2001:db8::1ff"}}),
+            "spec.ipv6.prefix must be an IPv6 network of /64 or longer",
+        ),
+        (
+            "lease",
+            json!({"prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:99::1",
+                         "leaseRange": {"start": "2001:db8:77::100", "end": "2001:db8:77::1ff"}}),
+            "spec.ipv6.serverAddress must lie inside spec.ipv6.prefix",
+        ),
+        (
+            "lease",
+            json!({"prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:77::1",
+                         "leaseRange": {"start": "2001:db8:77::100", "end": "2001:db8:78::1"}}),
+            "spec.ipv6.leaseRange must lie inside spec.ipv6.prefix",
+        ),
+        (
+            "lease",
+            json!({"prefix": "2001:db8:77::/64", "serverAddress": "2001:db8:77::1"}),
+            "spec.ipv6.leaseRange is required in lease mode",
+        ),
+        (
+            "proxy",
+            ok.clone(),
+            "spec.ipv6.leaseRange must be absent in proxy mode",
+        ),
+        (
+            "lease",
+            json!({"prefix": "2001:db8:77::/64", "serverAddress": "10.77.0.1",
+                         "leaseRange": {"start": "2001:db8:77::100", "end": "2001:db8:77::1ff"}}),
+            "spec.ipv6.serverAddress must be an IPv6 address",
+        ),
+    ];
+    for (i, (mode, v6, want)) in rejected.into_iter().enumerate() {
+        let err = subnets
+            .create(
+                &PostParams::default(),
+                &create(&format!("bad{i}"), mode, v6),
+            )
+            .await
+            .expect_err(want);
+        assert!(err.to_string().contains(want), "{want}: {err}");
+    }
+    subnets
+        .create(&PostParams::default(), &create("v6", "lease", ok))
+        .await
+        .unwrap();
+
+    let mgr = start_manager(&client);
+    machine(&client, "a", "v6", "52:54:00:00:06:01", "Inspecting").await;
+    machine(&client, "b", "v6", "52:54:00:00:06:02", "Provisioning").await;
+    let v6 = |s: &Subnet| -> BTreeMap<String, Option<String>> {
+        reservations(s)
+            .into_iter()
+            .map(|r| (r.machine, r.ipv6_address))
+            .collect()
+    };
+    let (s, took) = until(&client, "v6", "both IPv6 reservations", |s| {
+        v6(s).len() == 2 && revision_matches(s)
+    })
+    .await;
+    println!("ipv6 reservations written in {took:?}");
+    assert_eq!(
+        v6(&s),
+        BTreeMap::from([
+            ("a".to_string(), Some("2001:db8:77::100".to_string())),
+            ("b".to_string(), Some("2001:db8:77::101".to_string())),
+        ])
+    );
+    // a leaves the net-booting states: its entry goes, b keeps its address,
+    // a newcomer takes the freed lowest
+    set_state(&client, "a", "Available").await;
+    machine(&client, "c", "v6", "52:54:00:00:06:03", "Inspecting").await;
+    let (s, _) = until(&client, "v6", "c reserved, a released", |s| {
+        let t = v6(s);
+        t.len() == 2 && t.contains_key("c") && revision_matches(s)
+    })
+    .await;
+    assert_eq!(
+        v6(&s),
+        BTreeMap::from([
+            ("b".to_string(), Some("2001:db8:77::101".to_string())),
+            ("c".to_string(), Some("2001:db8:77::100".to_string())),
+        ])
+    );
+    mgr.stop().await;
+}

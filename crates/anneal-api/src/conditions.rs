@@ -87,6 +87,8 @@ pub mod reasons {
     pub const SERVER_IP_IN_LEASE_RANGE: &str = "ServerIPInLeaseRange";
     /// Subnet: `spec.dhcp.gateway` is inside `spec.dhcp.leaseRange`.
     pub const GATEWAY_IN_LEASE_RANGE: &str = "GatewayInLeaseRange";
+    /// Subnet: `spec.ipv6.serverAddress` is outside `spec.ipv6.prefix`.
+    pub const IPV6_SERVER_OUTSIDE_PREFIX: &str = "IPv6ServerOutsidePrefix";
     /// Site: `spec.seederSubnetRef` names no Subnet.
     pub const SEEDER_SUBNET_NOT_FOUND: &str = "SeederSubnetNotFound";
     /// Site: `spec.seederSubnetRef` names a Subnet of another Site.
@@ -336,6 +338,7 @@ pub mod reasons {
         LEASE_RANGE_INCLUDES_NETWORK_OR_BROADCAST,
         SERVER_IP_IN_LEASE_RANGE,
         GATEWAY_IN_LEASE_RANGE,
+        IPV6_SERVER_OUTSIDE_PREFIX,
         SEEDER_SUBNET_NOT_FOUND,
         SEEDER_SUBNET_IN_OTHER_SITE,
         SEEDER_SUBNET_HAS_NO_DATA_HALF,

@@ -558,7 +558,8 @@ fn fnv(mac: Mac) -> u128 {
 /// The address lease mode gives `mac`: its reservation, else its binding
 /// in the range, else a free address of the range picked from its MAC (an
 /// enrolled machine without an IPv6 reservation gets one from the range
-/// too); no reservation and no range: [`DropReason6::NoReservation`].
+/// too, never another machine's reservation); no reservation and no range:
+/// [`DropReason6::NoReservation`].
 fn address_for(
     mac: Mac,
     entry: Option<&MachineEntry6>,
@@ -588,7 +589,10 @@ fn address_for(
     // probe a bounded number of candidates: a huge range is never walked
     for i in 0..size.min(256) {
         let a = Ipv6Addr::from(lo + (start + i) % size);
-        if !t.is_infra(a) && leases.holder(a, now).is_none() {
+        if !t.is_infra(a)
+            && leases.holder(a, now).is_none()
+            && !t.machines.values().any(|e| e.address == Some(a))
+        {
             return Ok(Some(a));
         }
     }

@@ -637,3 +637,27 @@ fn hostile_datagrams_are_dropped_with_their_reason() {
         let _ = handle6(&d, from, &t, &l, 0);
     }
 }
+
+#[test]
+fn the_range_never_hands_out_another_machines_reservation() {
+    let mut t = table(Mode::Lease, true);
+    let other = Mac([0x52, 0x54, 0, 7, 7, 7]);
+    let mut m = uefi_solicit(7, b"PXEClient");
+    m.msg_type = MsgType::Request;
+    m.options.push(opt::SERVERID, t.server_duid.clone());
+    let leases = Leases6::default();
+    let picked = reply(run(&m, &t, &leases, ingress(other)))
+        .address
+        .unwrap_or(Ipv6Addr::UNSPECIFIED);
+    // reserve what the range would pick for `other` to an enrolled machine
+    // that has not asked yet: `other` gets a different address
+    t.machines.insert(
+        Mac([0x52, 0x54, 0, 9, 9, 9]),
+        MachineEntry6 {
+            name: "lab/m9".into(),
+            address: Some(picked),
+        },
+    );
+    let again = reply(run(&m, &t, &leases, ingress(other))).address;
+    assert!(again.is_some_and(|a| a != picked), "{again:?} vs {picked}");
+}

@@ -110,6 +110,9 @@ pub struct SiteStatus {
 #[x_kube(validation = Rule::new("has(self.bootd) == has(self.dhcp)").message("spec.bootd and spec.dhcp form the boot half: set both or neither").field_path(".dhcp"))]
 #[x_kube(validation = Rule::new("has(self.bootd) || has(self.seederNetworkRef)").message("a Subnet needs a boot half (spec.bootd and spec.dhcp) or a data half (spec.seederNetworkRef)").field_path(".seederNetworkRef"))]
 #[x_kube(validation = Rule::new("!has(self.bootd) || !isCIDR(self.cidr) || !isIP(self.bootd.serverIP) || cidr(self.cidr).containsIP(self.bootd.serverIP)").message("spec.bootd.serverIP must lie inside spec.cidr").field_path(".bootd.serverIP"))]
+#[x_kube(validation = Rule::new("!has(self.ipv6) || has(self.bootd)").message("spec.ipv6 needs the boot half (spec.bootd and spec.dhcp): bootd serves DHCPv6").field_path(".ipv6"))]
+#[x_kube(validation = Rule::new("!has(self.ipv6) || !has(self.dhcp) || self.dhcp.mode != 'lease' || has(self.ipv6.leaseRange)").message("spec.ipv6.leaseRange is required in lease mode: the manager reserves each Machine's IPv6 address from it").field_path(".ipv6.leaseRange"))]
+#[x_kube(validation = Rule::new("!has(self.ipv6) || !has(self.dhcp) || self.dhcp.mode != 'proxy' || !has(self.ipv6.leaseRange)").message("spec.ipv6.leaseRange must be absent in proxy mode: the segment's DHCPv6 server owns addresses").field_path(".ipv6.leaseRange"))]
 pub struct SubnetSpec {
     /// The Site this Subnet belongs to. Required.
     pub site_ref: NameRef,
@@ -140,6 +143,62 @@ pub struct SubnetSpec {
     #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))").message("spec.allowedNamespaces must be namespace names (lowercase letters, digits and '-')"))]
     #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
     pub allowed_namespaces: Vec<NamespaceName>,
+    /// IPv6 on the boot half: bootd answers DHCPv6 (and, with
+    /// `routerAdvertisements`, sends router advertisements) on this
+    /// segment; in lease mode the manager reserves each Machine an IPv6
+    /// address from `leaseRange` beside its IPv4 one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Spec>,
+}
+
+/// IPv6 on one segment: DHCPv6 and router advertisements by bootd.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!isCIDR(self.prefix) || !isIP(self.serverAddress) || cidr(self.prefix).containsIP(self.serverAddress)").message("spec.ipv6.serverAddress must lie inside spec.ipv6.prefix").field_path(".serverAddress"))]
+#[x_kube(validation = Rule::new("!has(self.leaseRange) || !isCIDR(self.prefix) || !isIP(self.leaseRange.start) || !isIP(self.leaseRange.end) || (cidr(self.prefix).containsIP(self.leaseRange.start) && cidr(self.prefix).containsIP(self.leaseRange.end))").message("spec.ipv6.leaseRange must lie inside spec.ipv6.prefix").field_path(".leaseRange"))]
+pub struct Ipv6Spec {
+    /// The segment's on-link IPv6 prefix, /64 or longer, no host bits, for
+    /// example `2001:db8:77::/64`.
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 6 && cidr(self) == cidr(self).masked() && cidr(self).prefixLength() >= 64").message("spec.ipv6.prefix must be an IPv6 network of /64 or longer in CIDR notation with no host bits, like 2001:db8:77::/64"))]
+    #[schemars(length(max = 43))]
+    pub prefix: String,
+    /// bootd's IPv6 address on the segment, inside `prefix`: the DHCPv6
+    /// server, and the host of the IPv6 boot URLs (TFTP and HTTP).
+    #[x_kube(validation = Rule::new("isIP(self) && ip(self).family() == 6").message("spec.ipv6.serverAddress must be an IPv6 address"))]
+    #[schemars(length(max = 39))]
+    pub server_address: String,
+    /// The pool IPv6 reservations are made from (inclusive, inside
+    /// `prefix`). Required in lease mode, rejected in proxy mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_range: Option<LeaseRange6>,
+    /// DNS servers handed out over DHCPv6, IPv6 addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(a, isIP(a) && ip(a).family() == 6)").message("spec.ipv6.dnsServers must be IPv6 addresses"))]
+    #[schemars(length(max = 8), inner(length(max = 39)))]
+    pub dns_servers: Vec<Ipv6String>,
+    /// bootd sends ICMPv6 router advertisements for `prefix` with the
+    /// managed and other-configuration flags set (clients take their
+    /// address over DHCPv6) and answers router solicitations. Leave false
+    /// where the segment's router already advertises.
+    #[serde(default)]
+    pub router_advertisements: bool,
+}
+
+/// An IPv6 address.
+pub type Ipv6String = String;
+
+/// An inclusive range of IPv6 addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseRange6 {
+    /// First address of the pool.
+    #[x_kube(validation = Rule::new("isIP(self) && ip(self).family() == 6").message("spec.ipv6.leaseRange.start must be an IPv6 address"))]
+    #[schemars(length(max = 39))]
+    pub start: String,
+    /// Last address of the pool.
+    #[x_kube(validation = Rule::new("isIP(self) && ip(self).family() == 6").message("spec.ipv6.leaseRange.end must be an IPv6 address"))]
+    #[schemars(length(max = 39))]
+    pub end: String,
 }
 
 /// The name of a namespace.
@@ -264,6 +323,10 @@ pub struct LeaseRange {
 pub struct Reservation {
     /// The reserved IPv4 address.
     pub address: String,
+    /// The reserved IPv6 address (from `spec.ipv6.leaseRange`), when the
+    /// Subnet has `spec.ipv6`; held and released with the IPv4 one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_address: Option<String>,
     /// Name of the Machine holding it.
     pub machine: String,
     /// The Machine's boot MAC.
@@ -275,7 +338,8 @@ pub struct Reservation {
 
 /// `status.dhcp.revision` of a reservation table: the [`crate::digest`] of
 /// the table sorted by address (numerically), one `address mac machine` line
-/// per entry, MACs lowercase. `since` is not part of it (an entry's `since`
+/// per entry (`address mac machine ipv6Address` when the entry has an IPv6
+/// address), MACs lowercase. `since` is not part of it (an entry's `since`
 /// never changes while the entry exists). The manager writes it; anyone
 /// holding a table can check it against the revision it came with.
 pub fn reservations_revision(reservations: &[Reservation]) -> String {
@@ -286,10 +350,15 @@ pub fn reservations_revision(reservations: &[Reservation]) -> String {
                 .address
                 .parse::<std::net::Ipv4Addr>()
                 .map_or(u64::MAX, |a| u64::from(u32::from(a)));
+            let v6 = r
+                .ipv6_address
+                .as_deref()
+                .map(|a| format!(" {a}"))
+                .unwrap_or_default();
             (
                 key,
                 format!(
-                    "{} {} {}\n",
+                    "{} {} {}{v6}\n",
                     r.address,
                     r.mac.to_ascii_lowercase(),
                     r.machine
