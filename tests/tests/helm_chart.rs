@@ -11,7 +11,9 @@
 //! and admission policy are deploy/base's, rule for rule (nothing wider).
 //! Finally the documented install command (`helm install
 //! --create-namespace --take-ownership`) runs against the API server (no
-//! node: nothing is scheduled).
+//! node: nothing is scheduled), and the manager binary's start-up check
+//! accepts the rendered flags (and refuses the defaults, which name no
+//! provisioning address).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -228,6 +230,59 @@ fn lint_and_template_pass_and_values_derive_the_managers_flags() {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (ok, _, err) = template(&refs);
     assert!(!ok && err.contains("manager.replicas=1"), "{err}");
+}
+
+/// `manager run ARGS` with no cluster: its start-up check's refusal lines
+/// (`--flag: why`) and stderr. Past the check it stops connecting.
+fn manager_check(args: &[String]) -> (Vec<String>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(
+        args.first().map(String::as_str),
+        Some("--lease-namespace=anneal-system")
+    );
+    let out = Command::new(anneal_tests::artifacts::manager_host())
+        .arg("run")
+        .args(args)
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let refusals = stderr
+        .lines()
+        .filter(|l| l.starts_with("--"))
+        .map(str::to_string)
+        .collect();
+    (refusals, stderr)
+}
+
+#[test]
+fn the_manager_accepts_the_rendered_flags_and_refuses_without_an_address() {
+    let mut appliance = APPLIANCE.to_vec();
+    appliance.extend(["--set", "provisioning.address=10.0.0.1"]);
+    let cluster = [
+        "--set",
+        "provisioning.address=10.0.0.2",
+        "--set",
+        "agentApi.expose=NodePort",
+    ];
+    for args in [&appliance[..], &cluster[..]] {
+        let flags = manager_args(&rendered_with(args));
+        let (refusals, stderr) = manager_check(&flags);
+        assert!(refusals.is_empty(), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("connecting to the cluster"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // the default values name no address: the manager says what to set
+    let (refusals, stderr) = manager_check(&manager_args(&rendered(&[])));
+    assert!(
+        refusals.iter().any(|l| l.starts_with("--agent-api-name")),
+        "{stderr}"
+    );
 }
 
 /// `kubectl apply --server-side [--dry-run=server] -f -` of `yaml`: the
