@@ -138,6 +138,47 @@ fn bind_err(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error)
     move |source| ServerError::Bind { what, addr, source }
 }
 
+/// Spawns DHCPv6 on `iface` and, with `router_advertisements`, the
+/// router advertisements for its prefix ([`ra`]).
+fn spawn_dhcp6(
+    tasks: &mut tokio::task::JoinSet<()>,
+    shared: &Arc<Shared>,
+    o6: &dhcp6::Dhcp6Options,
+    iface: &str,
+    router_advertisements: bool,
+    http_port: u16,
+    cancel: &CancellationToken,
+) -> Result<(), ServerError> {
+    let mac = dhcp6::interface_mac(iface).ok_or_else(|| ServerError::Dhcp6NoMac {
+        iface: iface.to_owned(),
+    })?;
+    let a6 = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 547);
+    let s = dhcp6::udp_socket6(547, iface)
+        .and_then(tokio::net::UdpSocket::from_std)
+        .map_err(bind_err("dhcpv6", a6))?;
+    tasks.spawn(dhcp6::serve(
+        shared.clone(),
+        s,
+        o6.clone(),
+        mac,
+        http_port,
+        cancel.clone(),
+    ));
+    if router_advertisements {
+        let s = ra::raw_socket(iface)
+            .and_then(tokio::net::UdpSocket::from_std)
+            .map_err(bind_err("router advertisements (raw icmpv6)", a6))?;
+        tracing::info!(interface = iface, prefix = %o6.prefix, "sending router advertisements");
+        tasks.spawn(ra::serve(
+            s,
+            iface.to_owned(),
+            ra::RaOptions::of(o6, mac),
+            cancel.clone(),
+        ));
+    }
+    Ok(())
+}
+
 /// How often expired leases are collected from the lease table.
 pub const LEASE_COLLECT_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -274,39 +315,15 @@ impl Server {
                 .interface
                 .as_deref()
                 .ok_or(ServerError::Dhcp6NeedsInterface)?;
-            let mac = dhcp6::interface_mac(iface).ok_or_else(|| ServerError::Dhcp6NoMac {
-                iface: iface.to_owned(),
-            })?;
-            let a6 = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), 547);
-            let s = dhcp6::udp_socket6(547, iface)
-                .and_then(tokio::net::UdpSocket::from_std)
-                .map_err(bind_err("dhcpv6", a6))?;
-            tasks.spawn(dhcp6::serve(
-                shared.clone(),
-                s,
-                o6.clone(),
-                mac,
+            spawn_dhcp6(
+                &mut tasks,
+                &shared,
+                o6,
+                iface,
+                opts.router_advertisements,
                 http_addr.port(),
-                cancel.clone(),
-            ));
-            if opts.router_advertisements {
-                let index = nix::net::if_::if_nametoindex(iface).unwrap_or(0);
-                let s = ra::raw_socket(iface)
-                    .and_then(tokio::net::UdpSocket::from_std)
-                    .map_err(bind_err("router advertisements (raw icmpv6)", a6))?;
-                tracing::info!(interface = iface, prefix = %o6.prefix, "sending router advertisements");
-                tasks.spawn(ra::serve(
-                    s,
-                    index,
-                    ra::RaOptions {
-                        prefix: o6.prefix,
-                        source_mac: mac,
-                        valid_lifetime: o6.valid_lifetime,
-                        preferred_lifetime: o6.preferred_lifetime,
-                    },
-                    cancel.clone(),
-                ));
-            }
+                &cancel,
+            )?;
             if opts.tftp_port != 0 {
                 let a = SocketAddr::new(o6.server_ip.into(), opts.tftp_port);
                 let s = std::net::UdpSocket::bind(a).map_err(bind_err("tftp (ipv6)", a))?;

@@ -58,6 +58,18 @@ pub struct RaOptions {
     pub preferred_lifetime: u32,
 }
 
+impl RaOptions {
+    /// The advertisement of a DHCPv6 segment, from bootd's MAC.
+    pub fn of(o6: &crate::dhcp6::Dhcp6Options, mac: Mac) -> RaOptions {
+        RaOptions {
+            prefix: o6.prefix,
+            source_mac: mac,
+            valid_lifetime: o6.valid_lifetime,
+            preferred_lifetime: o6.preferred_lifetime,
+        }
+    }
+}
+
 /// The ICMPv6 Router Advertisement (checksum 0: the kernel computes it on
 /// an ICMPv6 raw socket).
 pub fn build_ra(o: &RaOptions) -> Vec<u8> {
@@ -142,14 +154,15 @@ pub fn raw_socket(iface: &str) -> std::io::Result<std::net::UdpSocket> {
     Ok(s.into())
 }
 
-/// Sends advertisements on `sock` (from [`raw_socket`] on `iface`) until
-/// cancelled.
+/// Sends `opts`'s advertisements on `sock` (from [`raw_socket`]
+/// on `iface`) until cancelled.
 pub async fn serve(
     sock: tokio::net::UdpSocket,
-    iface_index: u32,
+    iface: String,
     opts: RaOptions,
     cancel: CancellationToken,
 ) {
+    let iface_index = nix::net::if_::if_nametoindex(iface.as_str()).unwrap_or(0);
     let ra = build_ra(&opts);
     let to = SocketAddr::V6(SocketAddrV6::new(ALL_NODES, 0, 0, iface_index));
     let seed = u64::from_be_bytes([
