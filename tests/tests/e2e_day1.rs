@@ -15,7 +15,13 @@
 //! outside the Subnet) are refused before anything is written: the Machine
 //! says which field, no DeployRun exists. After it, a changed `userData`
 //! redeploys and the new marker is read. Finally no log, Event or status of
-//! the runs carries either marker.
+//! the runs carries either marker, and no agent request was refused
+//! although each run has a hook step silent for longer than the session
+//! TTL (the agent keeps its session alive). Last (issue 44), the running server's
+//! claimed Machine is deleted (it waits, Warning `DeletingClaimedHost`),
+//! force-released, enrolled again with `spec.externallyProvisioned` and
+//! adopted for a new claim: no power or boot request reaches the BMC, no
+//! deploy runs, and the OS keeps running (the same boot id over SSH).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -23,7 +29,7 @@ use std::time::{Duration, Instant};
 use anneal_tests::cloudos::{cloud_os, ssh_keygen, ssh_run};
 use anneal_tests::e2e::{self, DEPLOY_DISKS, Lab, LabOptions, MACHINE, NAMESPACE};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// The static address: in the lab Subnet (10.77.0.0/24), outside its lease
@@ -35,6 +41,8 @@ const USER: &str = "ops";
 /// The agent sessions' TTL, shorter than a deploy here (issue 44: a run
 /// that outlives it completes, its session renewed while it reports).
 const SESSION_TTL: Duration = Duration::from_secs(12);
+/// A hook step that prints nothing for longer than [`SESSION_TTL`].
+const QUIET: Duration = Duration::from_secs(16);
 
 fn user_data(public_key: &str, marker: &str) -> String {
     format!(
@@ -182,12 +190,30 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
     secret(&lab, "day1-keys", "authorized_keys", &key.public).await;
     let net = |nic: &str, cidr: &str| json!({"ethernets": [{"name": "prov0", "nic": nic, "addresses": [cidr]}]});
 
+    // A step that reports nothing for longer than the session TTL (issue
+    // 44): the agent keeps its session alive meanwhile, so the run's later
+    // progress and result are taken.
+    Api::<anneal_api::PostHook>::namespaced(lab.cp.client(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "PostHook",
+                "metadata": {"name": "day1-quiet"},
+                "spec": {"steps": [{"name": "quiet", "script": {"inline":
+                    format!("#!/bin/sh\nsleep {}\n", QUIET.as_secs())}}]},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
     // refused before anything is written, naming the field
     lab.claim(
         "day1",
         "cloudos",
         DEPLOY_DISKS[0].1,
-        json!({"userData": {"name": "day1-user"},
+        json!({"postHookRefs": [{"name": "anneal-default-finalize"}, {"name": "day1-quiet"}],
+               "userData": {"name": "day1-user"},
                "networkData": net("storage", &format!("{STATIC}/24")),
                "metaData": {"publicKeysSecretRef": {"name": "day1-keys"}}}),
     )
@@ -363,6 +389,15 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
             .collect::<Vec<_>>()
             .join("\n"),
     ));
+    let refused: Vec<_> = seen[0]
+        .1
+        .lines()
+        .filter(|l| l.contains("agent api request") && l.contains("status=401"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the agent's session lapsed during a run (a silent step of {QUIET:?} > TTL {SESSION_TTL:?}): {refused:?}"
+    );
     for (what, text) in &seen {
         assert!(
             !text.is_empty() || *what == "agent console",
@@ -375,4 +410,173 @@ async fn a_deployed_debian_gets_its_user_network_and_meta_data_from_the_claim() 
             );
         }
     }
+
+    delete_and_adopt_the_running_server(&lab, &key.private).await;
+}
+
+/// The deployed OS's boot id: the same value before and after means it did
+/// not restart.
+async fn boot_id(lab: &Lab, key: &std::path::Path) -> String {
+    let (ns, key) = (lab.ns.name().to_string(), key.to_path_buf());
+    let id = tokio::task::spawn_blocking(move || {
+        ssh_run(
+            Some(&ns),
+            STATIC,
+            USER,
+            &key,
+            "cat /proc/sys/kernel/random/boot_id",
+        )
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("no SSH login to read the boot id: {e:#}"));
+    let id = id.trim().to_string();
+    assert_eq!(id.len(), 36, "a boot id: {id:?}");
+    id
+}
+
+/// Waits for an Event of `reason` about the lab's Machine.
+async fn machine_event(lab: &Lab, reason: &str) -> Event {
+    let events: Api<Event> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let found = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.involved_object.name.as_deref() == Some(MACHINE)
+            });
+        if let Some(e) = found {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Event {reason} about Machine {MACHINE} within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Issue 44, with the server running its deployed OS: deleting the claimed
+/// Machine waits with the Warning `DeletingClaimedHost`; `force-release`
+/// then deletes it with no BMC call; the server, enrolled again with
+/// `spec.externallyProvisioned` and named by a new claim, is adopted
+/// (Provisioned, Event `AdoptedProvisionedClaim`, no DeployRun). Through
+/// it all the BMC gets no power or boot request and the OS keeps running
+/// (the same boot id, reached over SSH).
+async fn delete_and_adopt_the_running_server(lab: &Lab, key: &std::path::Path) {
+    let machines: Api<anneal_api::Machine> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    let claims: Api<anneal_api::MachineClaim> = Api::namespaced(lab.cp.client(), NAMESPACE);
+    let booted = boot_id(lab, key).await;
+    let from = lab.bmc_requests().len();
+    let t = Instant::now();
+
+    machines
+        .delete(MACHINE, &DeleteParams::default())
+        .await
+        .unwrap();
+    let warning = machine_event(lab, "DeletingClaimedHost").await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    let m = machines.get(MACHINE).await.unwrap();
+    assert!(
+        m.metadata.deletion_timestamp.is_some(),
+        "the claimed Machine waits"
+    );
+    assert_eq!(lab.state().await.unwrap(), "Provisioned");
+    lab.patch_machine(json!({"metadata": {"annotations": {"anneal.dev/force-release": ""}}}))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while machines.get_opt(MACHINE).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "Machine {MACHINE} not gone within 120 s of force-release"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(boot_id(lab, key).await, booted, "the OS restarted");
+    // the old claim lost its machine: deleted (nothing left to release)
+    claims
+        .delete("day1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while claims.get_opt("day1").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "claim day1 not gone within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!(
+        "e2e-day1: the claimed Machine deleted by force-release in {:.1} s, the OS up",
+        t.elapsed().as_secs_f64()
+    );
+
+    // enrolled again as already provisioned, for a claim naming it
+    let t = Instant::now();
+    let runs_before = runs(lab).await.len();
+    lab.claim_for(
+        MACHINE,
+        "day1-adopt",
+        "cloudos",
+        DEPLOY_DISKS[0].1,
+        json!({}),
+    )
+    .await
+    .unwrap();
+    let mut m: anneal_api::Machine = serde_json::from_value(json!({
+        "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": MACHINE},
+        "spec": serde_json::to_value(&m.spec).unwrap(),
+    }))
+    .unwrap();
+    m.spec.claim_ref = None;
+    m.spec.externally_provisioned = true;
+    machines.create(&PostParams::default(), &m).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let m = machines.get(MACHINE).await.unwrap();
+        let st = m.status.clone().unwrap_or_default();
+        if st.state == Some(anneal_api::MachineState::Provisioned) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the re-enrolled Machine {MACHINE} not Provisioned (adopted) within 120 s: {:?}",
+            serde_json::to_string(&st)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    machine_event(lab, "AdoptedProvisionedClaim").await;
+    let m = machines.get(MACHINE).await.unwrap();
+    let adopted = m
+        .status
+        .unwrap_or_default()
+        .adopted
+        .expect("status.adopted");
+    assert_eq!(adopted.claim, "day1-adopt");
+    assert_eq!(
+        runs(lab).await.len(),
+        runs_before,
+        "an adoption deploys nothing"
+    );
+    assert_eq!(boot_id(lab, key).await, booted, "the OS restarted");
+    let asked: Vec<_> = lab.bmc_requests()[from..]
+        .iter()
+        .filter(|e| e.method != "GET" && e.path.contains("/Systems/"))
+        .map(|e| format!("{} {} {:?}", e.method, e.path, e.action))
+        .collect();
+    assert!(
+        asked.is_empty(),
+        "power or boot requests while deleting and adopting a running server: {asked:?}"
+    );
+    println!(
+        "e2e-day1: adopted (Provisioned, no BMC power or boot request, no deploy) in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }

@@ -2,6 +2,7 @@
 //! the agent API (`progress` answers continue or abort) and the outcome
 //! through `result`, a progress line on the console.
 
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anneal_api::agent::{
@@ -17,6 +18,47 @@ use crate::say;
 /// than a manager's replacement (a new pod, the old leader's Lease
 /// expiring) takes.
 const RESULT_BUDGET: Duration = Duration::from_secs(300);
+
+/// While the deploy runs: whenever no progress was sent for `every` (a step
+/// that reports nothing, such as a long sync or a hook), the last report is
+/// sent again. The session is renewed by use (docs/api.md, the agent API),
+/// so a silent step longer than the session's TTL would otherwise cost the
+/// run its progress and result reports. Ends when `stop` is set.
+fn keepalive(
+    client: &AgentClient,
+    last: &Mutex<Option<(ProgressRequest, Instant)>>,
+    stop: &(Mutex<bool>, Condvar),
+    every: Duration,
+) {
+    let every = every.max(Duration::from_secs(1));
+    let mut stopped = stop.0.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        stopped = match stop.1.wait_timeout(stopped, every) {
+            Ok((g, _)) => g,
+            Err(e) => e.into_inner().0,
+        };
+        if *stopped {
+            return;
+        }
+        let due = {
+            let l = last.lock().unwrap_or_else(|e| e.into_inner());
+            l.as_ref()
+                .filter(|(_, at)| at.elapsed() >= every)
+                .map(|(req, _)| req.clone())
+        };
+        let Some(req) = due else { continue };
+        drop(stopped);
+        // an Abort answer is seen by the deploy's own next report
+        match client.progress(&ProgressRequest {
+            log_lines: Vec::new(),
+            ..req.clone()
+        }) {
+            Ok(_) => *last.lock().unwrap_or_else(|e| e.into_inner()) = Some((req, Instant::now())),
+            Err(e) => say!("deploy: keepalive report failed: {}", error_chain(&e)),
+        }
+        stopped = stop.0.lock().unwrap_or_else(|e| e.into_inner());
+    }
+}
 
 /// Runs `plan`, reporting to the manager. `Ok` after a reported success;
 /// `Err` with the one console line of a failure (already reported).
@@ -45,6 +87,8 @@ pub fn run(
         ..DeployOptions::default()
     };
     let start = Instant::now();
+    let last: Mutex<Option<(ProgressRequest, Instant)>> = Mutex::new(None);
+    let stop = (Mutex::new(false), Condvar::new());
     let mut report = |p: &Progress| {
         let done: u64 = p.partitions.iter().map(|x| x.bytes_done).sum();
         let secs = start.elapsed().as_secs_f64().max(0.001);
@@ -77,7 +121,11 @@ pub fn run(
             transfer: p.transfer.clone(),
             log_lines: p.log_lines.iter().map(|l| sanitize_reason(l)).collect(),
         };
-        match client.progress(&req) {
+        let sent = client.progress(&req);
+        if sent.is_ok() {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some((req, Instant::now()));
+        }
+        match sent {
             Ok(r) if r.action == ProgressAction::Abort => {
                 say!("deploy: the manager asked to abort run {}", plan.run_id);
                 Control::Abort
@@ -90,7 +138,13 @@ pub fn run(
             }
         }
     };
-    let res = run_plan(plan, &opts, &mut report, hooks);
+    let res = std::thread::scope(|s| {
+        s.spawn(|| keepalive(client, &last, &stop, opts.progress_interval));
+        let res = run_plan(plan, &opts, &mut report, hooks);
+        *stop.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        stop.1.notify_all();
+        res
+    });
     let (outcome, line) = match &res {
         Ok(f) => {
             say!(
@@ -133,14 +187,27 @@ pub fn run(
         run_id: plan.run_id.clone(),
         outcome,
     };
-    // The manager may be away for a while (its pod replaced, a new leader
-    // waiting for the old Lease to expire): the outcome of a deploy is not
-    // given up before RESULT_BUDGET.
+    let sent = send_result(client, &req);
+    match line {
+        Some(l) => Err(l),
+        None if sent => Ok(()),
+        None => Err(format!(
+            "FAILED: deploy of run {} succeeded but the result could not be reported; check that the manager's agent API is reachable",
+            plan.run_id
+        )),
+    }
+}
+
+/// Reports the outcome. The manager may be away for a while (its pod
+/// replaced, a new leader waiting for the old Lease to expire): the outcome
+/// of a deploy is not given up before [`RESULT_BUDGET`]. Whether it was
+/// delivered.
+fn send_result(client: &AgentClient, req: &ResultRequest) -> bool {
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
     let mut sent = false;
     let started = Instant::now();
     for attempt in 1.. {
-        match client.result(&req) {
+        match client.result(req) {
             Ok(()) => {
                 sent = true;
                 break;
@@ -168,12 +235,5 @@ pub fn run(
             }
         }
     }
-    match line {
-        Some(l) => Err(l),
-        None if sent => Ok(()),
-        None => Err(format!(
-            "FAILED: deploy of run {} succeeded but the result could not be reported; check that the manager's agent API is reachable",
-            plan.run_id
-        )),
-    }
+    sent
 }
