@@ -72,7 +72,7 @@ fi
 # Prefer a Go newer than Debian's when present (the machine image has one).
 for g in /usr/local/go/bin "$HOME/go/bin"; do [ -x "$g/go" ] && export PATH="$g:$PATH" && break; done
 if ! command -v go >/dev/null 2>&1; then
-  echo "setup: Go >= 1.24 is needed to build the control plane (the machine image ships it in /usr/local/go)" >&2
+  echo "setup: Go >= 1.26 is needed to build the control plane and test tools (the machine image ships it in /usr/local/go)" >&2
   exit 1
 fi
 build_go() { # module-dir output package [more -ldflags]
