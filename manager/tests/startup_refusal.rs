@@ -6,18 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn manager(args: &[&str]) -> Output {
-    let dir = tempfile::tempdir().unwrap();
-    Command::new(env!("CARGO_BIN_EXE_manager"))
-        .arg("run")
-        .args(args)
-        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env("RUST_LOG", "warn")
-        .output()
+    anneal_testinfra::manager_without_cluster(Path::new(env!("CARGO_BIN_EXE_manager")), args)
         .unwrap()
 }
 

@@ -235,20 +235,13 @@ fn lint_and_template_pass_and_values_derive_the_managers_flags() {
 /// `manager run ARGS` with no cluster: its start-up check's refusal lines
 /// (`--flag: why`) and stderr. Past the check it stops connecting.
 fn manager_check(args: &[String]) -> (Vec<String>, String) {
-    let dir = tempfile::tempdir().unwrap();
     assert_eq!(
         args.first().map(String::as_str),
         Some("--lease-namespace=anneal-system")
     );
-    let out = Command::new(anneal_tests::artifacts::manager_host())
-        .arg("run")
-        .args(args)
-        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+    let out =
+        anneal_testinfra::manager_without_cluster(&anneal_tests::artifacts::manager_host(), args)
+            .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let refusals = stderr
         .lines()

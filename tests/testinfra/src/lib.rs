@@ -55,6 +55,29 @@ pub fn cached_bin(name: &str) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Runs `BIN run ARGS` (the manager) with no cluster to reach: a
+/// kubeconfig path that does not exist, no in-cluster environment, warnings
+/// only. Its start-up check refuses before connecting anywhere; a run past
+/// the check fails connecting instead.
+pub fn manager_without_cluster<I, S>(
+    bin: &std::path::Path,
+    args: I,
+) -> std::io::Result<std::process::Output>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let dir = tempfile::tempdir()?;
+    std::process::Command::new(bin)
+        .arg("run")
+        .args(args)
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("RUST_LOG", "warn")
+        .output()
+}
+
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
