@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anneal_tests::cloudos::{cloud_os, ssh_keygen, ssh_run};
 use anneal_tests::e2e::{self, DEPLOY_DISKS, Lab, LabOptions, MACHINE, NAMESPACE};
+use anneal_tests::eventually;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -438,27 +439,23 @@ async fn boot_id(lab: &Lab, key: &std::path::Path) -> String {
 /// Waits for an Event of `reason` about the lab's Machine.
 async fn machine_event(lab: &Lab, reason: &str) -> Event {
     let events: Api<Event> = Api::namespaced(lab.cp.client(), NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let found = events
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.involved_object.name.as_deref() == Some(MACHINE)
-            });
-        if let Some(e) = found {
-            return e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no Event {reason} about Machine {MACHINE} within 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(
+        &format!("an Event {reason} about Machine {MACHINE}"),
+        Duration::from_secs(120),
+        || async {
+            events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.involved_object.name.as_deref() == Some(MACHINE)
+                })
+        },
+    )
+    .await
 }
 
 /// Issue 44, with the server running its deployed OS: deleting the claimed
@@ -490,28 +487,22 @@ async fn delete_and_adopt_the_running_server(lab: &Lab, key: &std::path::Path) {
     lab.patch_machine(json!({"metadata": {"annotations": {"anneal.dev/force-release": ""}}}))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while machines.get_opt(MACHINE).await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "Machine {MACHINE} not gone within 120 s of force-release"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(
+        &format!("Machine {MACHINE} gone after force-release"),
+        Duration::from_secs(120),
+        || async { machines.get_opt(MACHINE).await.unwrap().is_none() },
+    )
+    .await;
     assert_eq!(boot_id(lab, key).await, booted, "the OS restarted");
     // the old claim lost its machine: deleted (nothing left to release)
     claims
         .delete("day1", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while claims.get_opt("day1").await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "claim day1 not gone within 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually("claim day1 gone", Duration::from_secs(120), || async {
+        claims.get_opt("day1").await.unwrap().is_none()
+    })
+    .await;
     println!(
         "e2e-day1: the claimed Machine deleted by force-release in {:.1} s, the OS up",
         t.elapsed().as_secs_f64()
@@ -538,20 +529,20 @@ async fn delete_and_adopt_the_running_server(lab: &Lab, key: &std::path::Path) {
     m.spec.claim_ref = None;
     m.spec.externally_provisioned = true;
     machines.create(&PostParams::default(), &m).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let m = machines.get(MACHINE).await.unwrap();
-        let st = m.status.clone().unwrap_or_default();
-        if st.state == Some(anneal_api::MachineState::Provisioned) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the re-enrolled Machine {MACHINE} not Provisioned (adopted) within 120 s: {:?}",
-            serde_json::to_string(&st)
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(
+        &format!("the re-enrolled Machine {MACHINE} Provisioned (adopted)"),
+        Duration::from_secs(120),
+        || async {
+            machines
+                .get(MACHINE)
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.state)
+                == Some(anneal_api::MachineState::Provisioned)
+        },
+    )
+    .await;
     machine_event(lab, "AdoptedProvisionedClaim").await;
     let m = machines.get(MACHINE).await.unwrap();
     let adopted = m
