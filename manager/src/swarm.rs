@@ -42,7 +42,8 @@ use serde_json::json;
 use crate::controller::Scope;
 use crate::deploy::plan::SwarmInputs;
 use crate::workload::{
-    Executor, Kind, PassError, Phase, Program, Volume, VolumeSource, WorkloadSpec, workload_name,
+    Executor, Kind, PassError, Phase, Program, Volume, VolumeSource, WorkloadSpec, tagged_name,
+    workload_name,
 };
 
 /// The field manager of this controller's status writes.
@@ -232,10 +233,11 @@ pub fn seeder_spec(
     }
     Some(WorkloadSpec {
         namespace: ns.clone(),
-        name: workload_name(
-            "seed",
-            &ns,
-            &format!("{}-{}", image.name_any(), site.name_any()),
+        // Two names joined: tagged so `a-b`/`c` and `a`/`b-c` stay apart.
+        name: tagged_name(
+            &format!("seed-{}-{}", image.name_any(), site.name_any()),
+            &format!("{ns}/{}/{}", image.name_any(), site.name_any()),
+            5,
         ),
         kind: Kind::Server,
         program: Program::Agent,

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::{
     Kind, Observation, Phase, Program, VolumeSource, WorkloadError, WorkloadSpec, finished_phase,
-    scan_output, workload_name,
+    scan_output, tagged_name, workload_name,
 };
 
 /// The field manager of every workload object.
@@ -75,13 +75,9 @@ impl KubeExecutor {
         Self { client, cfg }
     }
 
-    /// The object name of a workload (unique across the owners' namespaces).
+    /// The object name of a workload (see [`object_name_in`]).
     pub fn object_name(&self, spec: &WorkloadSpec) -> String {
-        if spec.namespace == self.cfg.namespace {
-            spec.name.clone()
-        } else {
-            workload_name(&spec.namespace, &spec.namespace, &spec.name)
-        }
+        object_name_in(&self.cfg.namespace, spec)
     }
 
     /// The Job or Deployment of `spec`, as applied.
@@ -585,9 +581,55 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// The object name of a workload in the manager's namespace `home`, unique
+/// across the owners' namespaces: its own name for the manager's own,
+/// `<namespace>-<name>-<tag>` for a tenant's, the tag (8 bytes of SHA-256 of
+/// `namespace/name`) keeping `a-b`/`c` apart from `a`/`b-c` and from the
+/// manager's own names.
+pub fn object_name_in(home: &str, spec: &WorkloadSpec) -> String {
+    if spec.namespace == home {
+        spec.name.clone()
+    } else {
+        tagged_name(
+            &format!("{}-{}", spec.namespace, spec.name),
+            &format!("{}/{}", spec.namespace, spec.name),
+            8,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_workload_names_are_injective_across_namespaces() {
+        let spec = |ns: &str, name: &str| WorkloadSpec {
+            namespace: ns.into(),
+            name: name.into(),
+            kind: crate::workload::Kind::Job,
+            program: crate::workload::Program::Agent,
+            args: vec![],
+            volumes: vec![],
+            env: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            owner: None,
+            deadline_secs: None,
+            access: crate::workload::Access::default(),
+        };
+        let home = "anneal-system";
+        // Once `<ns>-<name>`: namespace `a-b` + `c` met namespace `a` + `b-c`,
+        // and a tenant named like the manager's own workload met it.
+        let x = object_name_in(home, &spec("a-b", "ingest-c"));
+        let y = object_name_in(home, &spec("a", "b-ingest-c"));
+        assert_ne!(x, y);
+        let own = object_name_in(home, &spec(home, "bootd-rack1"));
+        assert_eq!(own, "bootd-rack1");
+        assert_ne!(object_name_in(home, &spec("bootd", "rack1")), "bootd-rack1");
+        for n in [&x, &y] {
+            assert!(n.len() <= 63 && n.starts_with('a'), "{n}");
+        }
+    }
 
     fn pod(status: Value) -> Pod {
         serde_json::from_value(json!({

@@ -232,15 +232,23 @@ pub fn finished_phase(outcome: Option<&Value>, exit_ok: bool) -> Phase {
 /// A workload name: `<prefix>-<name>`, cut to a DNS-1123 label (63) with a
 /// hash suffix when too long, so distinct inputs stay distinct.
 pub fn workload_name(prefix: &str, namespace: &str, name: &str) -> String {
-    use sha2::Digest as _;
     let full = format!("{prefix}-{name}");
     if full.len() <= 63 {
         return full;
     }
-    let digest = sha2::Sha256::digest(format!("{namespace}/{name}").as_bytes());
-    let tag = hex::encode(&digest[..5]);
-    let keep = 63 - tag.len() - 1;
-    let head: String = full.chars().take(keep).collect();
+    tagged_name(&full, &format!("{namespace}/{name}"), 5)
+}
+
+/// `base` (cut to fit a DNS-1123 label) followed by `-` and the first
+/// `tag_bytes` bytes of SHA-256(`key`) in hex: always tagged, so two names
+/// whose `-`-joined parts read the same (`a-b` + `c`, `a` + `b-c`) differ
+/// when their keys (which keep the parts apart) differ.
+pub fn tagged_name(base: &str, key: &str, tag_bytes: usize) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let tag = hex::encode(&digest[..tag_bytes.min(digest.len())]);
+    let keep = 63usize.saturating_sub(tag.len() + 1);
+    let head: String = base.chars().take(keep).collect();
     format!("{}-{tag}", head.trim_end_matches(['-', '.']))
 }
 
@@ -374,6 +382,18 @@ mod tests {
         let b = workload_name("ingest", "ns2", &long);
         assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn tagged_names_keep_parts_apart() {
+        // `a-b` + `c` and `a` + `b-c` join to the same text: the key (which
+        // separates the parts with `/`) tells them apart.
+        let x = tagged_name("seed-a-b-c", "ns/a-b/c", 5);
+        let y = tagged_name("seed-a-b-c", "ns/a/b-c", 5);
+        assert_ne!(x, y);
+        assert!(x.starts_with("seed-a-b-c-") && x.len() == "seed-a-b-c-".len() + 10);
+        let long = tagged_name(&"x".repeat(100), "k", 8);
+        assert_eq!(long.len(), 63, "{long}");
     }
 
     #[test]
