@@ -102,20 +102,57 @@ impl Elector {
         }
     }
 
-    /// Renews the lease until a renewal cannot be confirmed within the lease
-    /// duration; then returns `Lost` (the caller must stop reconciling).
+    /// The time this replica keeps to stop its controllers once it gives up
+    /// the lease: one renewal period, so the last confirmed renewal's lease
+    /// outlives both the give-up and the stop ([`Self::stop_grace`]).
+    pub fn stop_window(&self) -> Duration {
+        self.cfg
+            .renew_every
+            .min(self.cfg.lease_duration / 2)
+            .max(Duration::from_millis(100))
+    }
+
+    /// How long controllers may take to stop after [`Self::hold`] returned:
+    /// half the stop window, so they are gone before the lease can expire
+    /// for another replica.
+    pub fn stop_grace(&self) -> Duration {
+        self.stop_window() / 2
+    }
+
+    /// Renews the lease until a renewal cannot be confirmed before the lease
+    /// duration minus the [stop window](Self::stop_window) since the last
+    /// confirmed one; then returns `Lost` (the caller must stop reconciling
+    /// within [`Self::stop_grace`]). Each renewal is bounded by that
+    /// deadline: an API server that accepts the request and never answers
+    /// cannot keep this replica leading past its lease.
     pub async fn hold(&self) -> LeaderError {
+        let lost = || LeaderError::Lost(self.cfg.name.clone());
+        let keep = self.cfg.lease_duration.saturating_sub(self.stop_window());
         let mut last_ok = tokio::time::Instant::now();
+        let mut wait = self.cfg.renew_every;
         loop {
-            tokio::time::sleep(self.cfg.renew_every).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_ok = tokio::time::Instant::now(),
-                Ok(false) => return LeaderError::Lost(self.cfg.name.clone()),
-                Err(e) => warn!(error = %e, "lease renewal failed"),
+            let deadline = last_ok + keep;
+            let next = (tokio::time::Instant::now() + wait).min(deadline);
+            tokio::time::sleep_until(next).await;
+            let started = tokio::time::Instant::now();
+            if started >= deadline {
+                warn!(lease = %self.cfg.name, "no renewal confirmed in time; giving up the lease before it can expire");
+                return lost();
             }
-            // Stop before the lease can expire for others.
-            if last_ok.elapsed() + self.cfg.renew_every >= self.cfg.lease_duration {
-                return LeaderError::Lost(self.cfg.name.clone());
+            match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => {
+                    last_ok = started;
+                    wait = self.cfg.renew_every;
+                }
+                Ok(Ok(false)) => return lost(),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "lease renewal failed");
+                    wait = self.cfg.renew_every / 2;
+                }
+                Err(_) => {
+                    warn!(lease = %self.cfg.name, "lease renewal unanswered; giving up the lease before it can expire");
+                    return lost();
+                }
             }
         }
     }
@@ -198,6 +235,51 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An API server that accepts connections and never answers.
+    async fn silent_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn a_renewal_the_api_server_never_answers_gives_up_before_the_lease_expires() {
+        let (addr, server) = silent_server().await;
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let cfg = LeaseConfig {
+            lease_duration: Duration::from_secs(6),
+            renew_every: Duration::from_secs(2),
+            ..cfg()
+        };
+        let elector = Elector::new(client, cfg.clone());
+        let t = tokio::time::Instant::now();
+        // Bounded by the lease itself: a hang here is the bug.
+        let lost = tokio::time::timeout(cfg.lease_duration * 2, elector.hold()).await;
+        let took = t.elapsed();
+        server.abort();
+        assert!(
+            matches!(lost, Ok(LeaderError::Lost(_))),
+            "hold still waiting on an unanswered renewal after {took:?}"
+        );
+        // Given up at lease - stop window (4 s): the controllers' grace
+        // (1 s) still ends before the lease (6 s) could expire.
+        assert!(
+            took + elector.stop_grace() < cfg.lease_duration,
+            "gave up after {took:?}"
+        );
+        assert!(
+            took >= cfg.lease_duration - elector.stop_window(),
+            "{took:?}"
+        );
+    }
 
     fn cfg() -> LeaseConfig {
         LeaseConfig {

@@ -243,9 +243,9 @@ impl Runtime {
     }
 
     /// Cancels `term` and waits (bounded) for every controller to stop.
-    async fn stop_controllers(&mut self, term: &CancellationToken) {
+    async fn stop_controllers(&mut self, term: &CancellationToken, grace: Duration) {
         term.cancel();
-        let drained = tokio::time::timeout(STOP_GRACE, async {
+        let drained = tokio::time::timeout(grace, async {
             while let Some(res) = self.controllers.join_next().await {
                 match res {
                     Ok(name) => info!(controller = name, "controller stopped"),
@@ -340,7 +340,13 @@ impl Runtime {
                     }
                 },
             };
-            self.stop_controllers(&term).await;
+            // Leadership lost: the controllers stop within the elector's
+            // grace, before the lease can expire for another replica.
+            let grace = match (&end, &elector) {
+                (TermEnd::Lost(_), Some(e)) => e.stop_grace(),
+                _ => STOP_GRACE,
+            };
+            self.stop_controllers(&term, grace).await;
             self.metrics.leader.set(0);
             match end {
                 TermEnd::Shutdown => break Ok(()),
