@@ -247,7 +247,11 @@ fn apiserver_command(
         ))
         .arg("--kubelet-preferred-address-types=InternalIP")
         .arg("--enable-priority-and-fairness=false")
-        .arg("--profiling=false")
+        // ANNEAL_CP_PROFILING=1 serves /debug/pprof (a benchmark's profile).
+        .arg(format!(
+            "--profiling={}",
+            std::env::var("ANNEAL_CP_PROFILING").is_ok_and(|v| v == "1")
+        ))
         .arg("--v=1")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(d.join("kube-apiserver.out"))?)
