@@ -25,6 +25,7 @@ PKGS=(
   e2fsprogs dosfstools gdisk mtools fdisk partclone file zstd cpio
   kea-admin kea-dhcp4-server dnsmasq-base tftpd-hpa atftp tftp-hpa isc-dhcp-relay
   radvd iproute2 tcpdump curl ca-certificates openssl procps
+  lldpd
   build-essential pkg-config git kmod
   systemd-boot-efi binutils efibootmgr
   aria2 tmux
@@ -37,7 +38,7 @@ for p in "${PKGS[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
-  # Daemons from these packages (kea, tftpd-hpa, radvd) must not start on the
+  # Daemons from these packages (kea, tftpd-hpa, radvd, lldpd) must not start on the
   # host: the tests run their own copies inside network namespaces.
   policy_added=
   if [ ! -e /usr/sbin/policy-rc.d ]; then

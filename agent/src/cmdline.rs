@@ -2,7 +2,8 @@
 //!
 //! `anneal.api=<https URL>` `anneal.ca=<sha256 hex>` `anneal.token=<token>`
 //! `anneal.machine=<namespace>/<name>` `BOOTIF=01-<mac with dashes>`
-//! `console=…` `anneal.debug=shell` `anneal.ip=<addr/prefix>[,gateway]`.
+//! `console=…` `anneal.debug=shell` `anneal.ip=<addr/prefix>[,gateway]`
+//! `anneal.lldp=<seconds>`.
 //!
 //! Words are split the way the kernel splits them (whitespace, double quotes
 //! group, the quotes themselves are dropped); parsing stops at `--`. Every
@@ -383,6 +384,21 @@ fn parse_static_ip(s: &str) -> Result<StaticIp, CmdlineError> {
     })
 }
 
+/// The longest LLDP window `anneal.lldp` may ask for, in seconds.
+pub const MAX_LLDP_SECS: u32 = 120;
+
+/// `anneal.lldp=<seconds>`: a whole number of seconds up to
+/// [`MAX_LLDP_SECS`].
+fn parse_lldp_wait(s: &str) -> Result<u32, CmdlineError> {
+    match s.parse::<u32>() {
+        Ok(n) if n <= MAX_LLDP_SECS => Ok(n),
+        _ => Err(invalid(
+            "anneal.lldp",
+            format!("not a whole number of seconds from 0 to {MAX_LLDP_SECS}"),
+        )),
+    }
+}
+
 /// What to do when something fails.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -467,6 +483,8 @@ pub struct BootParams {
     pub debug: DebugMode,
     /// `anneal.ip`.
     pub ip: Option<StaticIp>,
+    /// `anneal.lldp`: seconds the inspection listens for LLDP (0: off).
+    pub lldp: Option<u32>,
     /// `anneal.*` keys this agent does not know (kept for a warning line).
     pub unknown: Vec<String>,
 }
@@ -552,6 +570,10 @@ impl BootParams {
                     let v = need_value("anneal.ip", value)?;
                     set_once(&mut p.ip, "anneal.ip", parse_static_ip(v)?)?;
                 }
+                "anneal.lldp" => {
+                    let v = need_value("anneal.lldp", value)?;
+                    set_once(&mut p.lldp, "anneal.lldp", parse_lldp_wait(v)?)?;
+                }
                 "anneal.debug" => {
                     let v = need_value("anneal.debug", value)?;
                     if p.debug != DebugMode::Off {
@@ -630,6 +652,7 @@ impl BootParams {
             "consoles": self.consoles,
             "debug": self.debug,
             "ip": self.ip,
+            "lldp": self.lldp,
             "unknown": self.unknown,
         });
         if let Some(t) = &self.token {

@@ -409,6 +409,19 @@ pub fn worker() -> ! {
         crate::cmdline::Host::Ipv6(_) => net::Family::V6,
         _ => net::Family::V4,
     };
+    // listening from before the boot network comes up: a switch sends a
+    // frame when a link comes up (docs/api.md, MachineHardware)
+    let lldp_wait = params.lldp.map_or(inventory::lldp::DEFAULT_WAIT, |s| {
+        Duration::from_secs(u64::from(s))
+    });
+    let lldp = (!lldp_wait.is_zero()).then(|| {
+        let links = inventory::lldp::links(Path::new("/sys/class/net"));
+        let (l, errors) = inventory::lldp::Listener::start(&links, lldp_wait);
+        for e in errors {
+            say!("warning: {}", error_chain(&e));
+        }
+        l
+    });
     let netcfg = match net::bring_up(params.bootif, params.ip, family, net::Timeouts::default()) {
         Ok(c) => c,
         Err(e) => fail(
@@ -449,13 +462,16 @@ pub fn worker() -> ! {
         lease_at.elapsed().as_secs_f64()
     );
 
-    let hw = match Root::new("/").collect(inventory::Options {
+    let mut hw = match Root::new("/").collect(inventory::Options {
         include_removable: false,
         probe_filesystems: true,
     }) {
         Ok(h) => h,
         Err(e) => fail("inventory", &e, "that /sys is mounted"),
     };
+    if let Some(l) = lldp {
+        inventory::lldp::annotate(&mut hw.nics, &l.finish());
+    }
     say_inventory(&hw);
     if let Err(e) = retry("hardware report", Duration::from_secs(300), || {
         client.put_hardware(&hw)
@@ -502,11 +518,16 @@ fn say_inventory(hw: &HardwareReport) {
     }
     for n in &hw.nics {
         say!(
-            "nic {}: {} driver={} link={}",
+            "nic {}: {} driver={} link={} lldp={}",
             n.name,
             n.mac,
             n.driver.as_deref().unwrap_or("-"),
-            if n.link { "up" } else { "down" }
+            if n.link { "up" } else { "down" },
+            n.lldp.as_ref().map_or("-".to_string(), |l| format!(
+                "{} port {}",
+                l.system_name.as_deref().unwrap_or(&l.chassis_id),
+                l.port_id
+            ))
         );
     }
 }

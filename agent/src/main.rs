@@ -113,6 +113,10 @@ struct InspectArgs {
     /// Do not read partitions to probe filesystems.
     #[arg(long)]
     no_probe: bool,
+    /// Listen this many seconds for LLDP on every NIC (brought up for it)
+    /// and report each NIC's switch port; 0 (the default) does not listen.
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    lldp: u64,
 }
 
 #[derive(Debug, Args)]
@@ -185,10 +189,17 @@ fn main() -> anyhow::Result<()> {
             init::worker()
         }
         Command::Inspect(a) => {
-            let hw = inventory::Root::new(&a.root).collect(inventory::Options {
+            let mut hw = inventory::Root::new(&a.root).collect(inventory::Options {
                 include_removable: a.include_removable,
                 probe_filesystems: !a.no_probe,
             })?;
+            let links = inventory::lldp::links(&a.root.join("sys/class/net"));
+            let (heard, errors) =
+                inventory::lldp::listen(&links, std::time::Duration::from_secs(a.lldp));
+            for e in errors {
+                eprintln!("warning: {}", anneal_api::error_chain(&e));
+            }
+            inventory::lldp::annotate(&mut hw.nics, &heard);
             println!("{}", serde_json::to_string_pretty(&hw)?);
             Ok(())
         }

@@ -9,6 +9,7 @@ use anneal_api::agent::{
     Cpu, Disk, Firmware, FirmwareMode, HardwareReport, Nic, Partition, SystemInfo,
 };
 
+pub mod lldp;
 mod slots;
 use slots::Slots;
 
@@ -211,6 +212,7 @@ impl Root {
                 driver,
                 pci_address,
                 link,
+                lldp: None,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));

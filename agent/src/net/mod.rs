@@ -5,6 +5,7 @@
 
 pub mod dhcp;
 pub mod dhcp6;
+pub mod lldp;
 pub mod netlink;
 mod udp;
 

@@ -256,6 +256,28 @@ pub struct Nic {
     pub pci_address: Option<String>,
     /// True when the link has carrier.
     pub link: bool,
+    /// The switch port at the other end, from the first LLDP frame the
+    /// link received during inspection; absent when none came in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lldp: Option<Lldp>,
+}
+
+/// What the neighbour (a switch) announced over LLDP on one link.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Lldp {
+    /// Chassis ID: a MAC as `aa:bb:cc:dd:ee:ff`, a network address as an
+    /// IP, a name as text, other subtypes as colon-separated hex.
+    pub chassis_id: String,
+    /// Port ID, rendered like the chassis ID (often the switch's interface
+    /// name, such as `Ethernet1/17`).
+    pub port_id: String,
+    /// Port Description TLV.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_description: Option<String>,
+    /// System Name TLV (the switch's host name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_name: Option<String>,
 }
 
 /// Processors.
