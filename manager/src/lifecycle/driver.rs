@@ -361,6 +361,17 @@ async fn run_action(
 async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
     let ns = m.namespace().ok_or(Error::NoNamespace)?;
     let name = m.name_any();
+    let (subnet_ns, key) = bootd_token_key(m)?;
+    if subnet_ns != ns {
+        // Another namespace's bootd Secret: only when its Subnet grants ours
+        // (read fresh: a grant withdrawn a moment ago counts).
+        let (_, sname) = dhcp_gate::subnet_of(m);
+        let subnet = Api::<Subnet>::namespaced(ctx.client.clone(), &subnet_ns)
+            .get_opt(&sname)
+            .await
+            .map_err(Error::kube("reading the machine's subnet"))?;
+        bootd_copy_granted(m, subnet.as_ref()).map_err(Error::NotGranted)?;
+    }
     let token = mint_token();
     let hash = token_hash(token.expose());
     let mut data = BTreeMap::new();
@@ -393,7 +404,6 @@ async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
         .await
         .map_err(Error::kube("writing the boot token secret"))?;
     drop(data);
-    let (subnet_ns, key) = bootd_token_key(m)?;
     set_bootd_token(
         &ctx.client,
         &subnet_ns,
@@ -406,6 +416,28 @@ async fn write_boot_token(m: &Machine, ctx: &Context) -> Result<String, Error> {
     ))?;
     drop(token);
     Ok(hash)
+}
+
+/// Whether bootd's copy of `m`'s boot token may go into its Subnet's
+/// namespace: always its own; another only when that Subnet (`None`: not
+/// found) lists the Machine's namespace in `spec.allowedNamespaces`.
+fn bootd_copy_granted(m: &Machine, subnet: Option<&Subnet>) -> Result<(), String> {
+    let ns = m.namespace().unwrap_or_default();
+    let (sns, sname) = dhcp_gate::subnet_of(m);
+    if sns == ns {
+        return Ok(());
+    }
+    match subnet {
+        Some(s) if s.grants(&ns) => Ok(()),
+        Some(_) => Err(format!(
+            "machine {ns}/{}: Subnet {sns}/{sname} does not list namespace {ns} in spec.allowedNamespaces; no boot token written to namespace {sns} (ask the Subnet's owner to add {ns}, or name a Subnet of namespace {ns})",
+            m.name_any()
+        )),
+        None => Err(format!(
+            "machine {ns}/{}: Subnet {sns}/{sname} not found; no boot token written to namespace {sns}",
+            m.name_any()
+        )),
+    }
 }
 
 /// Where bootd reads a Machine's token: the Subnet's namespace and the
@@ -815,6 +847,45 @@ async fn bmc_client(m: &Machine, ctx: &Context) -> Result<Option<BmcClient>, Bmc
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_boot_token_copy_goes_only_where_the_subnet_grants() {
+        let machine = |ns: &str| -> Machine {
+            serde_json::from_value(json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+                "metadata": {"name": "m", "namespace": ns},
+                "spec": {"subnetRef": {"name": "rack1", "namespace": "anneal-system"}},
+            }))
+            .unwrap()
+        };
+        let subnet = |allowed: &[&str]| -> Subnet {
+            serde_json::from_value(json!({
+                "apiVersion": "anneal.dev/v1alpha1", "kind": "Subnet",
+                "metadata": {"name": "rack1", "namespace": "anneal-system"},
+                "spec": {"siteRef": {"name": "site"}, "cidr": "10.77.0.0/24",
+                    "bootd": {"serverIP": "10.77.0.2", "mode": "External"},
+                    "allowedNamespaces": allowed},
+            }))
+            .unwrap()
+        };
+        // its own namespace: always
+        assert_eq!(bootd_copy_granted(&machine("anneal-system"), None), Ok(()));
+        // another's: only when listed
+        assert_eq!(
+            bootd_copy_granted(&machine("team-a"), Some(&subnet(&["team-a"]))),
+            Ok(())
+        );
+        let refused =
+            bootd_copy_granted(&machine("team-b"), Some(&subnet(&["team-a"]))).unwrap_err();
+        assert!(
+            refused.contains("machine team-b/m")
+                && refused.contains("does not list namespace team-b")
+                && refused.contains("no boot token written to namespace anneal-system"),
+            "{refused}"
+        );
+        let gone = bootd_copy_granted(&machine("team-a"), None).unwrap_err();
+        assert!(gone.contains("not found"), "{gone}");
+    }
 
     #[test]
     fn a_bind_alone_writes_no_status() {

@@ -147,6 +147,10 @@ pub enum Error {
     /// The BMC cleanup of a deleted machine has to be retried.
     #[error("bmc cleanup pending: {0}")]
     CleanupPending(String),
+    /// bootd's copy of a boot token would go into a Subnet's namespace that
+    /// does not grant the Machine's (nothing was written).
+    #[error("{0}")]
+    NotGranted(String),
     /// The finalizer helper failed.
     #[error("finalizer")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
