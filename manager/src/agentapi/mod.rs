@@ -50,7 +50,7 @@ use anneal_api::agent::{
 };
 use anneal_api::{
     FirmwareMode, HardwareCpu, HardwareDisk, HardwareFirmware, HardwareNic, HardwareSystem,
-    Machine, MachineHardware, MachineHardwareSpec, MachineState,
+    Machine, MachineHardware, MachineHardwareSpec, MachineState, NicLldp,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -1355,6 +1355,12 @@ pub fn hardware_spec(r: &HardwareReport) -> MachineHardwareSpec {
                 driver: n.driver.clone(),
                 pci_address: n.pci_address.clone(),
                 link: n.link,
+                lldp: n.lldp.as_ref().map(|l| NicLldp {
+                    chassis_id: Some(l.chassis_id.clone()),
+                    port_id: Some(l.port_id.clone()),
+                    port_description: l.port_description.clone(),
+                    system_name: l.system_name.clone(),
+                }),
             })
             .collect(),
         memory_bytes: Some(clamp_i64(r.memory_bytes)),
@@ -1380,5 +1386,45 @@ pub fn hardware_spec(r: &HardwareReport) -> MachineHardwareSpec {
             serial: r.system.serial.clone(),
             uuid: r.system.uuid.clone(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_hardware_spec_carries_each_nics_lldp_neighbour() {
+        let report: HardwareReport = serde_json::from_value(serde_json::json!({
+            "disks": [], "memoryBytes": 1024,
+            "cpu": {"count": 1}, "firmware": {"mode": "uefi", "secureBoot": false},
+            "system": {},
+            "nics": [
+                {"name": "eno1", "mac": "52:54:00:00:00:01", "link": true,
+                 "lldp": {"chassisId": "0c:a1:b2:c3:d4:e5", "portId": "Ethernet1/17",
+                          "systemName": "leaf-07"}},
+                {"name": "eno2", "mac": "52:54:00:00:00:02", "link": false}
+            ]
+        }))
+        .unwrap();
+        let spec = hardware_spec(&report);
+        assert_eq!(
+            spec.nics[0].lldp,
+            Some(NicLldp {
+                chassis_id: Some("0c:a1:b2:c3:d4:e5".into()),
+                port_id: Some("Ethernet1/17".into()),
+                port_description: None,
+                system_name: Some("leaf-07".into()),
+            })
+        );
+        assert_eq!(spec.nics[1].lldp, None);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["nics"][0]["lldp"]["portId"], "Ethernet1/17");
+        assert!(json["nics"][1].get("lldp").is_none());
+        // an unknown field inside lldp is refused like any other
+        let bad = serde_json::json!({"name": "eno1", "mac": "m", "link": true,
+                                     "lldp": {"chassisId": "c", "portId": "p", "vlan": 7}});
+        assert!(serde_json::from_value::<anneal_api::agent::Nic>(bad).is_err());
     }
 }

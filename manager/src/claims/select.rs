@@ -377,6 +377,79 @@ mod tests {
     }
 
     #[test]
+    fn a_selector_can_ask_for_switch_ports_over_lldp() {
+        let m = machine(json!({"subnetRef": {"name": "s"}}), "Available", json!({}));
+        let with_nics = |nics: serde_json::Value| -> MachineHardware {
+            let mut h = hw(4, 2000, json!([]));
+            h.spec.nics = serde_json::from_value(nics).unwrap();
+            h
+        };
+        let nic = |name: &str, lldp: serde_json::Value| json!({"name": name, "mac": "52:54:00:00:00:01", "link": true, "lldp": lldp});
+        let leaf7 = |port: &str| {
+            json!({"chassisId": "0c:a1:b2:c3:d4:e5", "portId": port,
+                   "portDescription": "server uplink", "systemName": "leaf-07"})
+        };
+        let racked = with_nics(json!([
+            nic("eno1", leaf7("Ethernet1/17")),
+            {"name": "eno2", "mac": "52:54:00:00:00:02", "link": false},
+        ]));
+        let port =
+            |p: &str| claim(json!({"selector": {"hardware": {"nics": [{"lldp": {"portId": p}}]}}}));
+        assert_eq!(
+            check_selected(&m, Some(&racked), &port("Ethernet1/17")),
+            Ok(())
+        );
+        assert_eq!(
+            check_selected(&m, Some(&racked), &port("Ethernet1/18")),
+            Err(Skip::HardwareBelowFloor)
+        );
+        // every field given must match, on one NIC
+        let exact = claim(json!({"selector": {"hardware": {"nics": [{"lldp": {
+            "portId": "Ethernet1/17", "chassisId": "0c:a1:b2:c3:d4:e5", "systemName": "leaf-07"}}]}}}));
+        assert_eq!(check_selected(&m, Some(&racked), &exact), Ok(()));
+        let other_switch = claim(json!({"selector": {"hardware": {"nics": [{"lldp": {
+            "portId": "Ethernet1/17", "systemName": "leaf-08"}}]}}}));
+        assert_eq!(
+            check_selected(&m, Some(&racked), &other_switch),
+            Err(Skip::HardwareBelowFloor)
+        );
+        // a switch alone (any port of leaf-07)
+        let switch = claim(
+            json!({"selector": {"hardware": {"nics": [{"lldp": {"systemName": "leaf-07"}}]}}}),
+        );
+        assert_eq!(check_selected(&m, Some(&racked), &switch), Ok(()));
+        // two entries need two NICs: the second NIC heard nothing
+        let two = claim(json!({"selector": {"hardware": {"nics": [
+            {"lldp": {"systemName": "leaf-07"}}, {"lldp": {"systemName": "leaf-07"}}]}}}));
+        assert_eq!(
+            check_selected(&m, Some(&racked), &two),
+            Err(Skip::HardwareBelowFloor)
+        );
+        let dual = with_nics(json!([
+            nic("eno1", leaf7("Ethernet1/17")),
+            nic("eno2", leaf7("Ethernet1/18")),
+        ]));
+        assert_eq!(check_selected(&m, Some(&dual), &two), Ok(()));
+        // an inventory without LLDP matches no LLDP hint; an empty hint any NIC
+        let silent = with_nics(json!([{"name": "eno1", "mac": "52:54:00:00:00:01", "link": true}]));
+        assert_eq!(
+            check_selected(&m, Some(&silent), &port("Ethernet1/17")),
+            Err(Skip::HardwareBelowFloor)
+        );
+        let any_nic = claim(json!({"selector": {"hardware": {"nics": [{}]}}}));
+        assert_eq!(check_selected(&m, Some(&silent), &any_nic), Ok(()));
+        assert_eq!(
+            check_selected(&m, Some(&with_nics(json!([]))), &any_nic),
+            Err(Skip::HardwareBelowFloor)
+        );
+        // no MachineHardware yet: waits like any other floor
+        assert_eq!(
+            check_selected(&m, None, &port("Ethernet1/17")),
+            Err(Skip::NoHardware)
+        );
+    }
+
+    #[test]
     fn rotation_is_stable_and_spreads() {
         let mut a: Vec<u32> = (0..10).collect();
         let mut b = a.clone();

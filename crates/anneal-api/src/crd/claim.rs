@@ -278,6 +278,41 @@ pub struct HardwareFloor {
     /// The architecture the inventory reported (`x86_64`, `aarch64`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<crate::crd::machine::Architecture>,
+    /// Each entry must match a distinct NIC of the Machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub nics: Vec<NicHints>,
+}
+
+/// Hints that a NIC of the Machine's MachineHardware must match; every hint
+/// given must match.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NicHints {
+    /// What the NIC's switch announced over LLDP (MachineHardware
+    /// `nics[].lldp`): each field given must equal the reported one, so a
+    /// NIC with no LLDP report matches none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lldp: Option<LldpHints>,
+}
+
+/// LLDP fields a NIC's report must carry, compared exactly as
+/// MachineHardware renders them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LldpHints {
+    /// The switch's chassis ID, for example `0c:a1:b2:c3:d4:e5`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub chassis_id: Option<String>,
+    /// The switch port, for example `Ethernet1/17`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub port_id: Option<String>,
+    /// The switch's system name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub system_name: Option<String>,
 }
 
 /// A data image and the disk it goes to.
@@ -497,6 +532,46 @@ pub struct HardwareNic {
     /// Whether the link is up.
     #[serde(default)]
     pub link: bool,
+    /// The switch port at the other end of the link, from the first LLDP
+    /// frame the agent received on it during inspection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lldp: Option<NicLldp>,
+}
+
+/// What a NIC's neighbour (a switch) announced over LLDP.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NicLldp {
+    /// Chassis ID: a MAC as `aa:bb:cc:dd:ee:ff`, a network address as an
+    /// IP, a name as text, other subtypes as colon-separated hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chassis_id: Option<String>,
+    /// Port ID, rendered like the chassis ID (often the switch's
+    /// interface name, such as `Ethernet1/17`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_id: Option<String>,
+    /// Port Description TLV.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_description: Option<String>,
+    /// System Name TLV (the switch's host name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_name: Option<String>,
+}
+
+impl HardwareNic {
+    /// Whether every hint given matches this NIC.
+    pub fn matches(&self, hints: &NicHints) -> bool {
+        hints.lldp.as_ref().is_none_or(|want| {
+            self.lldp.as_ref().is_some_and(|have| {
+                let eq = |w: &Option<String>, h: &Option<String>| {
+                    w.as_ref().is_none_or(|w| h.as_ref() == Some(w))
+                };
+                eq(&want.chassis_id, &have.chassis_id)
+                    && eq(&want.port_id, &have.port_id)
+                    && eq(&want.system_name, &have.system_name)
+            })
+        })
+    }
 }
 
 /// Processors of the inventory.
@@ -559,8 +634,8 @@ pub struct HardwareSystem {
 
 impl MachineHardwareSpec {
     /// Whether this inventory meets `floor`: enough CPUs, enough memory, and
-    /// a distinct disk for each disk hint (greedy in hint order, then
-    /// verified by a small matching search).
+    /// a distinct disk for each disk hint and a distinct NIC for each NIC
+    /// hint (a small matching search each).
     pub fn meets(&self, floor: &HardwareFloor) -> bool {
         if let Some(min) = floor.min_cpus
             && self.cpu.as_ref().is_none_or(|c| c.count < min)
@@ -578,24 +653,28 @@ impl MachineHardwareSpec {
             return false;
         }
         let mut used = vec![false; self.disks.len()];
-        assign_disks(&floor.disks, &self.disks, &mut used)
+        if !assign(&floor.disks, &self.disks, &mut used, HardwareDisk::matches) {
+            return false;
+        }
+        let mut used = vec![false; self.nics.len()];
+        assign(&floor.nics, &self.nics, &mut used, HardwareNic::matches)
     }
 }
 
-/// Whether each hint can be given its own disk (backtracking; hint lists are
-/// at most 16 long, disks few).
-fn assign_disks(hints: &[DiskHints], disks: &[HardwareDisk], used: &mut [bool]) -> bool {
+/// Whether each hint can be given its own item, disk or NIC (backtracking;
+/// hint lists are at most 16 long, items few).
+fn assign<H, T>(hints: &[H], items: &[T], used: &mut [bool], matches: fn(&T, &H) -> bool) -> bool {
     let Some((first, rest)) = hints.split_first() else {
         return true;
     };
-    for (i, disk) in disks.iter().enumerate() {
-        if used.get(i).copied().unwrap_or(true) || !disk.matches(first) {
+    for (i, item) in items.iter().enumerate() {
+        if used.get(i).copied().unwrap_or(true) || !matches(item, first) {
             continue;
         }
         if let Some(slot) = used.get_mut(i) {
             *slot = true;
         }
-        if assign_disks(rest, disks, used) {
+        if assign(rest, items, used, matches) {
             return true;
         }
         if let Some(slot) = used.get_mut(i) {
