@@ -292,7 +292,7 @@ fn text(b: &[u8]) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-/// Helpers that build frames, for this module's tests and the listener's.
+/// Helpers that build frames, for the tests.
 #[cfg(test)]
 pub(crate) mod build {
     /// A TLV of type `ty` (7 bits) and `value` (at most 511 bytes).
