@@ -80,14 +80,62 @@ pub fn token_state(secret: Option<Token>, armed_hash: Option<&str>) -> BootToken
     }
 }
 
-/// Lists everything and builds the snapshot; returns it with the Subnet's
-/// `status.dhcp.revision` (if any) and `appliedRevision`.
+/// The field selector of the Machines a bootd of Subnet `name` reads: those
+/// whose `spec.subnetRef.name` is `name` (a selectable field of the Machine
+/// CRD), so a write to another Subnet's Machine reaches no other bootd.
+/// Those naming a Subnet of that name in another namespace still come and
+/// are dropped by [`anneal_api::tenancy::boot_mac_holders`].
+pub fn machine_selector(subnet: &str) -> String {
+    format!("spec.subnetRef.name={subnet}")
+}
+
+/// The boot tokens of Secret `anneal-boot-tokens` (key to token).
+fn tokens_of(secret: Option<&Secret>) -> BTreeMap<String, Token> {
+    secret
+        .and_then(|s| s.data.as_ref())
+        .map(|d| {
+            d.iter()
+                .filter_map(|(key, b)| {
+                    Some((
+                        key.clone(),
+                        Token::new(String::from_utf8(b.0.clone()).ok()?),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Reads the Subnet, its Machines (by [`machine_selector`]) and the tokens
+/// once and builds the snapshot (start-up); see [`assemble`].
 pub async fn build(
     client: &kube::Client,
     cfg: &WatchConfig,
 ) -> Result<(Snapshot, Option<String>, Option<String>), WatchError> {
     let subnets: Api<Subnet> = Api::namespaced(client.clone(), &cfg.namespace);
     let subnet = subnets.get(&cfg.subnet).await?;
+    let machines: Api<Machine> = Api::all(client.clone());
+    let listed = machines
+        .list(&ListParams::default().fields(&machine_selector(&cfg.subnet)))
+        .await?
+        .items;
+    // the boot tokens: one Secret of the Subnet's namespace, read by name
+    // (bootd's Role allows no other Secret, and no list)
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
+    let tokens = tokens_of(secrets.get_opt(BOOT_TOKENS_SECRET).await?.as_ref());
+    assemble(cfg, &subnet, listed.iter(), &tokens)
+}
+
+/// Builds the snapshot from the Subnet, the Machines that may name it and
+/// the boot tokens; returns it with the Subnet's `status.dhcp.revision`
+/// (if any) and `appliedRevision`. No API call: the watch feeds it from its
+/// caches, so a Machine write costs bootd no read.
+pub fn assemble<'a>(
+    cfg: &WatchConfig,
+    subnet: &Subnet,
+    listed: impl IntoIterator<Item = &'a Machine>,
+    tokens: &BTreeMap<String, Token>,
+) -> Result<(Snapshot, Option<String>, Option<String>), WatchError> {
     let key = format!("{}/{}", cfg.namespace, cfg.subnet);
     let (Some(bootd), Some(dhcp)) = (&subnet.spec.bootd, &subnet.spec.dhcp) else {
         return Err(WatchError::NoBootHalf(key));
@@ -137,26 +185,13 @@ pub async fn build(
     let revision = status.and_then(|s| s.revision.clone());
     let applied = status.and_then(|s| s.applied_revision.clone());
 
-    let machines: Api<Machine> = Api::all(client.clone());
     let mut entries = BTreeMap::new();
     let mut boots = BTreeMap::new();
-    let listed = machines.list(&ListParams::default()).await?.items;
-    // the boot tokens: one Secret of the Subnet's namespace, read by name
-    // (bootd's Role allows no other Secret, and no list)
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
-    let tokens: BTreeMap<String, Token> = secrets
-        .get_opt(BOOT_TOKENS_SECRET)
-        .await?
-        .and_then(|s| s.data)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(key, b)| Some((key, Token::new(String::from_utf8(b.0).ok()?))))
-        .collect();
     // One Machine per boot MAC: the first enrolled on this Subnet from a
     // namespace it grants (the manager's reservations follow the same
     // rule); a later Machine claiming the MAC, from any namespace, never
     // gets this MAC's answer, its token or its address.
-    let holders = anneal_api::tenancy::boot_mac_holders(&subnet, &listed);
+    let holders = anneal_api::tenancy::boot_mac_holders(subnet, listed);
     for (mac, m) in holders {
         if m.metadata.deletion_timestamp.is_some() {
             continue;
@@ -246,32 +281,73 @@ pub async fn build(
     ))
 }
 
-/// Rebuilds on every change of a Machine, the Subnet or Secret
-/// `anneal-boot-tokens` (and every 30 s), installs the table, then writes
-/// `appliedRevision`.
+/// Rebuilds on every change of a Machine naming the Subnet, the Subnet or
+/// Secret `anneal-boot-tokens` (and every 30 s), installs the table, then
+/// writes `appliedRevision`. The three are watched into caches (reflector
+/// stores) and the table assembled from them: a Machine write costs this
+/// bootd one watch event, not a re-list of every Machine.
 pub async fn run(
     client: kube::Client,
     cfg: WatchConfig,
     shared: Arc<Shared>,
     cancel: CancellationToken,
 ) {
+    use kube::runtime::WatchStreamExt as _;
+    use kube::runtime::reflector;
     let machines: Api<Machine> = Api::all(client.clone());
     let subnets: Api<Subnet> = Api::namespaced(client.clone(), &cfg.namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &cfg.namespace);
-    let m = watcher(machines, watcher::Config::default()).map(|_| ());
-    let s = watcher(
-        subnets.clone(),
-        watcher::Config::default().fields(&format!("metadata.name={}", cfg.subnet)),
+    let (machine_store, mw) = reflector::store();
+    let (subnet_store, sw) = reflector::store();
+    let (token_store, tw) = reflector::store();
+    let m = reflector(
+        mw,
+        watcher(
+            machines,
+            watcher::Config::default().fields(&machine_selector(&cfg.subnet)),
+        ),
     )
+    .default_backoff()
+    .map(|_| ());
+    let s = reflector(
+        sw,
+        watcher(
+            subnets.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={}", cfg.subnet)),
+        ),
+    )
+    .default_backoff()
     .map(|_| ());
     // by name: RBAC's resourceNames authorises a list or watch only with
     // this field selector
-    let t = watcher(
-        secrets,
-        watcher::Config::default().fields(&format!("metadata.name={BOOT_TOKENS_SECRET}")),
+    let t = reflector(
+        tw,
+        watcher(
+            secrets,
+            watcher::Config::default().fields(&format!("metadata.name={BOOT_TOKENS_SECRET}")),
+        ),
     )
+    .default_backoff()
     .map(|_| ());
     let mut events = std::pin::pin!(futures::stream::select(futures::stream::select(m, s), t));
+    // Nothing is assembled from a cache before its first full list: an
+    // empty Machine cache would drop every reservation. The events are
+    // polled meanwhile (that is what fills the caches).
+    let ready = async {
+        let _ = tokio::join!(
+            machine_store.wait_until_ready(),
+            subnet_store.wait_until_ready(),
+            token_store.wait_until_ready()
+        );
+    };
+    tokio::pin!(ready);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = &mut ready => break,
+            e = events.next() => if e.is_none() { return },
+        }
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(30));
     loop {
         tokio::select! {
@@ -282,7 +358,14 @@ pub async fn run(
         // coalesce a burst of events into one rebuild
         tokio::time::sleep(Duration::from_millis(20)).await;
         while let Some(Some(())) = futures::FutureExt::now_or_never(events.next()) {}
-        match build(&client, &cfg).await {
+        let Some(subnet) = subnet_store.state().into_iter().next() else {
+            tracing::warn!(subnet = %cfg.subnet, "subnet not found; keeping the live boot table");
+            continue;
+        };
+        let listed = machine_store.state();
+        let tokens = tokens_of(token_store.state().first().map(AsRef::as_ref));
+        let built = assemble(&cfg, &subnet, listed.iter().map(AsRef::as_ref), &tokens);
+        match built {
             Ok((snap, revision, applied)) => {
                 let changed = {
                     let live = shared.snapshot();

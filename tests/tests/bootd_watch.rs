@@ -206,3 +206,100 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
     assert!(dropped(&d, DropReason::NotEnrolled), "{d:?}");
     watcher.stop().await;
 }
+
+/// The API server's GET and LIST requests of Machines, Subnets and Secrets
+/// (`apiserver_request_total`): what a bootd reads besides its watches.
+async fn bootd_reads(client: &kube::Client) -> u64 {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(req).await.unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && ["machines", "subnets", "secrets"]
+                    .iter()
+                    .any(|r| l.contains(&format!("resource=\"{r}\"")))
+                && (l.contains("verb=\"LIST\"") || l.contains("verb=\"GET\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A Machine write costs a bootd no API read: its table is assembled from
+/// watch caches, and it watches only Machines naming its Subnet (once every
+/// bootd re-listed every Machine, and re-read its Subnet and token Secret,
+/// on every change of any Machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_writes_cost_a_bootd_no_reads() {
+    let cp = ControlPlane::start().await.unwrap();
+    cp.install_crds(&anneal_api::crds()).await.unwrap();
+    let client = cp.client();
+    create_lease_subnet(&client, "default").await;
+    let machines: Api<Machine> = Api::namespaced(client.clone(), "default");
+    let machine = |name: &str, subnet: &str, mac: &str| -> Machine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name},
+            "spec": {"subnetRef": {"name": subnet}, "bootMACAddress": mac}
+        }))
+        .unwrap()
+    };
+    let watcher = Watcher::start(&client).await;
+    let gate_open = |mac: Mac| {
+        let watcher = &watcher;
+        move || async move {
+            let d = watcher.answer(mac);
+            if dropped(&d, DropReason::NoReservation) {
+                Ok(())
+            } else {
+                Err(d)
+            }
+        }
+    };
+    // live: its first Machine reached the table through the watch
+    machines
+        .create(&PostParams::default(), &machine("m1", "lab", MAC))
+        .await
+        .unwrap();
+    eventually("the gate open for m1", WATCH, gate_open(MAC_BYTES)).await;
+
+    let before = bootd_reads(&client).await;
+    // Machines of another Subnet, written and rewritten
+    for i in 0..30 {
+        let name = format!("other-{i}");
+        let mac = format!("52:54:00:c1:00:{i:02x}");
+        machines
+            .create(&PostParams::default(), &machine(&name, "other", &mac))
+            .await
+            .unwrap();
+        machines
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"state": "Available"}})),
+            )
+            .await
+            .unwrap();
+    }
+    // and one of its own, seen through the watch
+    const MAC2: &str = "52:54:00:c0:00:02";
+    machines
+        .create(&PostParams::default(), &machine("m2", "lab", MAC2))
+        .await
+        .unwrap();
+    eventually(
+        "the gate open for m2",
+        WATCH,
+        gate_open(MAC2.parse().unwrap()),
+    )
+    .await;
+    let after = bootd_reads(&client).await;
+    assert_eq!(
+        after - before,
+        0,
+        "bootd read the API server {} times for 61 Machine writes (GET/LIST of machines, subnets, secrets)",
+        after - before
+    );
+    // the other Subnet's Machines never entered this table
+    let snap = watcher.shared.snapshot();
+    assert_eq!(snap.machines.len(), 2, "{:?}", snap.machines.keys());
+}

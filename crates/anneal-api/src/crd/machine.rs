@@ -25,7 +25,8 @@ use super::common::{Condition, NameRef, Taint, Time};
     printcolumn = r#"{"name":"Cordoned","type":"boolean","jsonPath":".spec.unclaimable","description":"Whether new claims are kept off this machine"}"#,
     printcolumn = r#"{"name":"Powered","type":"boolean","jsonPath":".status.poweredOn","description":"Last observed power state"}"#,
     printcolumn = r#"{"name":"MAC","type":"string","jsonPath":".spec.bootMACAddress","priority":1,"description":"MAC address of the boot NIC"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    selectable = ".spec.subnetRef.name"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSpec {
