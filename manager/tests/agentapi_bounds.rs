@@ -172,13 +172,18 @@ fn hardware(memory: u64) -> Value {
 
 /// The API server's LIST count of Machines (`apiserver_request_total`).
 async fn machine_lists(client: &kube::Client) -> u64 {
+    machine_requests(client, "LIST").await
+}
+
+/// The API server's `verb` requests of Machines (`apiserver_request_total`).
+async fn machine_requests(client: &kube::Client, verb: &str) -> u64 {
     let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(req).await.unwrap();
     text.lines()
         .filter(|l| {
             l.starts_with("apiserver_request_total{")
                 && l.contains("resource=\"machines\"")
-                && l.contains("verb=\"LIST\"")
+                && l.contains(&format!("verb=\"{verb}\""))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
@@ -529,6 +534,27 @@ async fn agent_api_bounds() {
     assert_eq!(
         after, before,
         "bogus registrations made the API server LIST Machines"
+    );
+    // naming a machine does not make a bogus token worth a GET either
+    let before = machine_requests(&client, "GET").await;
+    let flood: Vec<_> = (0..50u8)
+        .map(|i| {
+            let tls = tls.clone();
+            let body = json!({"bootToken": format!("{:064x}", u64::from(i) + 1000), "bootMac": "52:54:00:00:00:01",
+                "agentVersion": "x", "machine": format!("default/m-{i}")});
+            tokio::spawn(async move {
+                tls.call(src(150 + i), "POST", "/v1/agent/register", None, Some(body))
+                    .await
+            })
+        })
+        .collect();
+    for f in flood {
+        assert_eq!(f.await.unwrap().0, 401);
+    }
+    let after = machine_requests(&client, "GET").await;
+    assert_eq!(
+        after, before,
+        "bogus registrations naming a machine made the API server GET Machines"
     );
 
     // --- the connection cap: CAP idle connections, then a request waits ---

@@ -684,17 +684,18 @@ impl Server {
                 .and_then(|n| n.token_hash.as_deref())
                 .is_some_and(|h| agent::ct_eq(h.as_bytes(), hash.as_bytes()))
         };
-        // A named machine is the only candidate: a token minted for
-        // another machine is refused even though it is valid there.
-        if let Some((ns, name)) = hint.and_then(|h| h.split_once('/')) {
-            let m = Api::<Machine>::namespaced(self.client.clone(), ns)
-                .get_opt(name)
-                .await?;
-            return Ok(m.filter(matches));
-        }
+        // The watch cache first: a hash no Machine is armed with costs the
+        // API server nothing, whatever machine the request names.
         let Some((ns, name)) = self.lookup(|i| i.boot.get(hash).cloned()).await else {
             return Ok(None);
         };
+        // A named machine is the only candidate: a token minted for
+        // another machine is refused even though it is valid there.
+        if let Some(h) = hint
+            && h.split_once('/') != Some((ns.as_str(), name.as_str()))
+        {
+            return Ok(None);
+        }
         let m = Api::<Machine>::namespaced(self.client.clone(), &ns)
             .get_opt(&name)
             .await?;
