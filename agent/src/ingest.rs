@@ -89,6 +89,13 @@ pub struct IngestArgs {
     /// Refuse a source larger than this many bytes.
     #[arg(long)]
     pub max_bytes: Option<u64>,
+    /// Store at most this many bytes of contents (what is left of the
+    /// namespace's store quota, docs/images.md "Store quota"): checked
+    /// while the capture runs (every 16 MiB read) and exactly before
+    /// publishing; past it the ingest ends with QuotaExceeded and publishes
+    /// nothing.
+    #[arg(long)]
+    pub max_store_bytes: Option<u64>,
     /// Directory for scratch files (default `<store>/.staging/...`).
     #[arg(long)]
     pub scratch: Option<PathBuf>,
@@ -167,18 +174,40 @@ struct Progress {
     out_dir: PathBuf,
 }
 
-impl Progress {
-    fn json(&self) -> serde_json::Value {
-        let mut captured = self.captured.load(Ordering::Relaxed);
-        if let Ok(rd) = std::fs::read_dir(&self.out_dir) {
-            let sum: u64 = rd
-                .filter_map(Result::ok)
+/// Bytes of the `*.stream` files in the capture output directory `dir`.
+fn stream_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
                 .filter(|e| e.file_name().to_string_lossy().ends_with(".stream"))
                 .filter_map(|e| e.metadata().ok())
                 .map(|m| m.len())
-                .sum();
-            captured = captured.max(sum);
-        }
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The failure of a capture that took `captured` bytes, more than the
+/// `budget` left of the namespace's store quota.
+fn over_store_budget(url: &str, captured: u64, budget: u64) -> Failure {
+    Failure::new(
+        "QuotaExceeded",
+        format!(
+            "the contents captured from {url} take {captured} bytes or more, past the {budget} bytes left of the namespace's content store quota; nothing was published"
+        ),
+    )
+}
+
+/// How many source bytes are read between two looks at what the capture
+/// stored so far.
+const STORE_CHECK_EVERY: u64 = 16 << 20;
+
+impl Progress {
+    fn json(&self) -> serde_json::Value {
+        let captured = self
+            .captured
+            .load(Ordering::Relaxed)
+            .max(stream_bytes(&self.out_dir));
         let phase = PHASES
             .get(self.phase.load(Ordering::Relaxed) as usize)
             .copied()
@@ -202,6 +231,10 @@ struct Source {
     hasher: Option<sha2::Sha256>,
     n: u64,
     max: Option<u64>,
+    /// What the capture may store (`--max-store-bytes`), looked at every
+    /// [`STORE_CHECK_EVERY`] bytes read.
+    store_budget: Option<u64>,
+    next_store_check: u64,
     url: String,
     prog: Arc<Progress>,
     failure: Arc<Mutex<Option<Failure>>>,
@@ -245,6 +278,15 @@ impl Read for Source {
                             self.url, self.n
                         ),
                     )));
+                }
+                if let Some(budget) = self.store_budget
+                    && self.n >= self.next_store_check
+                {
+                    self.next_store_check = self.n.saturating_add(STORE_CHECK_EVERY);
+                    let captured = stream_bytes(&self.prog.out_dir);
+                    if captured > budget {
+                        return Err(self.fail(over_store_budget(&self.url, captured, budget)));
+                    }
                 }
                 Ok(k)
             }
@@ -829,6 +871,8 @@ fn ingest(
         hasher: expected.is_some().then(sha2::Sha256::new),
         n: 0,
         max: args.max_bytes,
+        store_budget: args.max_store_bytes,
+        next_store_check: STORE_CHECK_EVERY,
         url: args.url.clone(),
         prog: prog.clone(),
         failure: failure.clone(),
@@ -873,10 +917,13 @@ fn ingest(
         }
         l
     });
-    prog.captured.store(
-        contents.iter().map(|c| c.index.header.used_bytes).sum(),
-        Ordering::Relaxed,
-    );
+    let captured: u64 = contents.iter().map(|c| c.index.header.used_bytes).sum();
+    prog.captured.store(captured, Ordering::Relaxed);
+    if let Some(budget) = args.max_store_bytes
+        && captured > budget
+    {
+        return Err(over_store_budget(&args.url, captured, budget));
+    }
 
     set_phase(2);
     publish(
@@ -1918,6 +1965,8 @@ mod tests {
             hasher: hash.then(sha2::Sha256::new),
             n: 0,
             max: None,
+            store_budget: None,
+            next_store_check: 0,
             url: "test://disk.raw".into(),
             prog,
             failure: Arc::new(Mutex::new(None)),

@@ -341,6 +341,9 @@ fn refused(
         409 => format!(
             "an upload named {name} already exists: import another --name, or import the staged file itself: kubectl anneal import staged://{name} --name OTHER -n {namespace}"
         ),
+        413 if message.contains("content store quota") => format!(
+            "namespace {namespace} has no room for it in the content store: delete Images and their PartitionContents (or unused staged uploads) there, or ask the administrator to raise the manager's --store-quota-bytes-per-namespace"
+        ),
         413 => "the file is larger than the manager's --max-source-bytes: raise it or import a smaller (e.g. qcow2) image".to_string(),
         503 => "the endpoint is busy (16 uploads at once) or cannot reach the API server: retry later".to_string(),
         _ => "see the manager's log".to_string(),

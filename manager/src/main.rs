@@ -117,9 +117,19 @@ struct ContentArgs {
     /// Kubernetes bearer token) here; process executor only.
     #[arg(long)]
     upload_listen: Option<std::net::SocketAddr>,
-    /// Refuse import sources larger than this many bytes.
-    #[arg(long)]
-    max_source_bytes: Option<u64>,
+    /// Refuse import sources (and staged uploads) larger than this many
+    /// bytes; 0: no limit (docs/images.md, "Store quota").
+    #[arg(long, default_value_t = 64 << 30)]
+    max_source_bytes: u64,
+    /// Bytes of the content store each namespace may hold (its
+    /// PartitionContents' stored bytes plus its staged uploads); 0:
+    /// unlimited (docs/images.md, "Store quota").
+    #[arg(long, default_value_t = 200 << 30)]
+    store_quota_bytes_per_namespace: u64,
+    /// A namespace's own quota, `NAMESPACE=BYTES` (0: unlimited); repeat
+    /// for more namespaces.
+    #[arg(long, value_parser = anneal_manager::content::quota::StoreQuota::parse_override)]
+    store_quota_namespace: Vec<(String, u64)>,
     /// Longest an ingest job may run, in seconds.
     #[arg(long, default_value_t = 6 * 3600)]
     ingest_deadline_secs: i64,
@@ -141,6 +151,20 @@ struct ContentArgs {
 }
 
 impl ContentArgs {
+    /// The store quota of `--store-quota-bytes-per-namespace` and
+    /// `--store-quota-namespace`.
+    fn store_quota(&self) -> anneal_manager::content::quota::StoreQuota {
+        anneal_manager::content::quota::StoreQuota {
+            per_namespace: self.store_quota_bytes_per_namespace,
+            overrides: self.store_quota_namespace.iter().cloned().collect(),
+        }
+    }
+
+    /// `--max-source-bytes`, `None` for 0 (no limit).
+    fn max_source_bytes(&self) -> Option<u64> {
+        (self.max_source_bytes > 0).then_some(self.max_source_bytes)
+    }
+
     fn config(
         &self,
         client: &kube::Client,
@@ -199,7 +223,7 @@ impl ContentArgs {
                 Some(anneal_manager::content::upload::UploadConfig {
                     listen,
                     store: p.store_dir().to_path_buf(),
-                    max_bytes: self.max_source_bytes.unwrap_or(64 << 30),
+                    max_bytes: self.max_source_bytes().unwrap_or(u64::MAX),
                     pki_namespace: pki_namespace.to_string(),
                     server_names: server_names.to_vec(),
                 })
@@ -212,7 +236,7 @@ impl ContentArgs {
         Ok(Some(anneal_manager::content::ContentConfig {
             executor,
             store_name,
-            max_source_bytes: self.max_source_bytes,
+            max_source_bytes: self.max_source_bytes(),
             ingest_deadline_secs: self.ingest_deadline_secs,
             server_listen: self.content_listen.clone(),
             upload,
@@ -311,7 +335,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     if let Some(mut content) = content {
         content.swarm = Some(args.lifecycle.swarm.clone());
-        runtime = runtime.with_content(content);
+        runtime = runtime
+            .with_content(content)
+            .with_store_quota(args.content.store_quota());
     }
     if let Some((lifecycle, agent_api)) = args
         .lifecycle

@@ -114,6 +114,7 @@ pub struct Runtime {
     metrics: Arc<Metrics>,
     lifecycle: Option<(LifecycleConfig, AgentApiConfig)>,
     content: Option<crate::content::ContentConfig>,
+    store_quota: crate::content::quota::StoreQuota,
     metadata: Option<crate::metadata::MetadataConfig>,
 }
 
@@ -147,6 +148,7 @@ impl Runtime {
             metrics: Metrics::new(),
             lifecycle: None,
             content: None,
+            store_quota: crate::content::quota::StoreQuota::default(),
             metadata: None,
         }
     }
@@ -164,6 +166,15 @@ impl Runtime {
     #[must_use]
     pub fn with_content(mut self, cfg: crate::content::ContentConfig) -> Self {
         self.content = Some(cfg);
+        self
+    }
+
+    /// The content store's per-namespace byte quota for the controllers of
+    /// [`Runtime::with_content`] (docs/images.md, "Store quota"); without
+    /// it: unlimited.
+    #[must_use]
+    pub fn with_store_quota(mut self, quota: crate::content::quota::StoreQuota) -> Self {
+        self.store_quota = quota;
         self
     }
 
@@ -218,7 +229,7 @@ impl Runtime {
         if let Some(cfg) = &self.content {
             self.spawn(
                 "content",
-                crate::content::controller(scope.clone(), cfg.clone()),
+                crate::content::controller(scope.clone(), cfg.clone(), self.store_quota.clone()),
             );
         }
         if let Some((cfg, _)) = &self.lifecycle {

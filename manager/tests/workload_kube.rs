@@ -63,6 +63,7 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         executor: Executor::Kubernetes(kube_ex.clone()),
         store_name: "content-site-a".into(),
         max_source_bytes: Some(10 << 30),
+        store_quota: Default::default(),
         ingest_deadline_secs: 3600,
     };
     let spec = ingest_spec(&imp, &ctx);

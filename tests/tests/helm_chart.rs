@@ -158,6 +158,14 @@ fn lint_and_template_pass_and_values_derive_the_managers_flags() {
     assert!(args.contains(&"--workload-executor=kubernetes".to_string()));
     assert!(args.contains(&"--workload-image=localhost:5000/anneal/agent:0.1.0".to_string()));
     assert!(args.contains(&"--bootd-image=localhost:5000/anneal/bootd:0.1.0".to_string()));
+    // the store quota and the source size limit (docs/images.md, "Store quota")
+    assert!(args.contains(&"--store-quota-bytes-per-namespace=214748364800".to_string()));
+    assert!(args.contains(&"--max-source-bytes=68719476736".to_string()));
+    let quotas = manager_args(&rendered(&[
+        "--set-json",
+        r#"contentStore.namespaceQuotas={"fleet":1099511627776}"#,
+    ]));
+    assert!(quotas.contains(&"--store-quota-namespace=fleet=1099511627776".to_string()));
     assert!(default.contains("image: localhost:5000/anneal/manager:0.1.0"));
     assert!(!default.contains("docker.io"), "no image from docker.io");
     assert!(default.contains("kind: PodDisruptionBudget"));

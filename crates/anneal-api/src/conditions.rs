@@ -226,7 +226,8 @@ pub mod reasons {
 
     // --- ImageImport Succeeded (failures also carry the ingest's own
     // reasons: ChecksumMismatch, SourceNotFound, HTTPError, TLSError,
-    // Unreachable, SourceTooLarge, InvalidSource, ContentExists, StoreError) ---
+    // Unreachable, SourceTooLarge, QuotaExceeded, InvalidSource,
+    // ContentExists, StoreError) ---
     /// Succeeded=False: the ingest job is running (or about to).
     pub const INGESTING: &str = "Ingesting";
     /// Succeeded=True: the Image and every content exist.
@@ -240,6 +241,13 @@ pub mod reasons {
     /// missing or its key holds no PEM certificate (the import stays
     /// Pending and is looked at again every 5 s).
     pub const CA_BUNDLE_UNAVAILABLE: &str = "CABundleUnavailable";
+    /// Succeeded=False: the namespace's bytes in the content store (its
+    /// PartitionContents and staged uploads) would pass the manager's
+    /// per-namespace quota; refused before the ingest starts when nothing
+    /// is left, else the ingest stops when its capture passes what is left
+    /// (the ingest's own reason too). The message names the namespace, the
+    /// quota, what is used and the fix.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 
     // --- PartitionContent Ready ---
     /// Ready=False: the stored stream is being verified against its index.
@@ -320,6 +328,7 @@ pub mod reasons {
         "TLSError",
         "Unreachable",
         "SourceTooLarge",
+        "QuotaExceeded",
         "InvalidSource",
         "ContentExists",
         "StoreError",
@@ -394,6 +403,7 @@ pub mod reasons {
         NAME_TAKEN,
         WORKLOAD_FAILED,
         CA_BUNDLE_UNAVAILABLE,
+        QUOTA_EXCEEDED,
         PUBLISHING,
         VERIFIED,
         VERIFICATION_FAILED,

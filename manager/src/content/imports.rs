@@ -1,8 +1,10 @@
 //! The ImageImport controller: Pending → Ingesting → Succeeded | Failed.
 //!
 //! - **Pending**: refuses a taken name before any work (the Image name, or a
-//!   PartitionContent named `<prefix>-p<N>` that another import made), then
-//!   starts the ingest workload (`anneal-agent ingest`, see
+//!   PartitionContent named `<prefix>-p<N>` that another import made), and a
+//!   namespace with nothing left of its store quota (QuotaExceeded; see
+//!   docs/images.md, "Store quota"), then starts the ingest workload
+//!   (allowed to capture at most what is left: `--max-store-bytes`) (`anneal-agent ingest`, see
 //!   [`crate::workload`]) and moves to Ingesting.
 //! - **Ingesting**: copies the workload's progress lines into
 //!   `status.progress` (checked every second, written when changed). When the
@@ -196,6 +198,53 @@ pub fn ingest_spec(imp: &ImageImport, ctx: &ContentContext) -> WorkloadSpec {
         owner: imp.controller_owner_ref(&()),
         deadline_secs: Some(ctx.ingest_deadline_secs),
         access: Default::default(),
+    }
+}
+
+/// `spec` allowed to store at most `budget` bytes (`None`: unlimited).
+fn with_store_budget(mut spec: WorkloadSpec, budget: Option<u64>) -> WorkloadSpec {
+    if let Some(b) = budget {
+        spec.args
+            .extend(["--max-store-bytes".to_string(), b.to_string()]);
+    }
+    spec
+}
+
+/// What the import may still store in its namespace (docs/images.md,
+/// "Store quota"): `Ok(None)` unlimited, `Ok(Some(bytes))`; the refusal's
+/// message when nothing is left. A `staged://` source's own file is not
+/// counted: the contents replace it.
+async fn store_budget(
+    imp: &ImageImport,
+    ns: &str,
+    ctx: &ContentContext,
+) -> Result<Result<Option<u64>, String>, ImportError> {
+    use super::quota;
+    if ctx.store_quota.limit(ns).is_none() {
+        return Ok(Ok(None));
+    }
+    let consumed = imp.spec.source.url.strip_prefix("staged://");
+    let used =
+        quota::namespace_usage(&ctx.client, ctx.executor.local_store(), ns, consumed).await?;
+    Ok(quota::budget(&ctx.store_quota, ns, used).map_err(|r| r.to_string()))
+}
+
+/// The ingest's failure message with what only the manager knows: the
+/// flag behind a size cap, the quota and its fix.
+fn explain_failure(reason: &str, message: String, ns: &str, ctx: &ContentContext) -> String {
+    match reason {
+        reasons::QUOTA_EXCEEDED => {
+            let quota = ctx
+                .store_quota
+                .limit(ns)
+                .map(|q| format!("the quota is {q} bytes; "))
+                .unwrap_or_default();
+            format!("{message}; {quota}{}", super::quota::fix(ns))
+        }
+        "SourceTooLarge" => format!(
+            "{message} (the manager's --max-source-bytes: import a smaller or compressed image, or ask the administrator to raise it)"
+        ),
+        _ => message,
     }
 }
 
@@ -686,6 +735,10 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
             if let Some(message) = taken_name(&imp, &ns, &ctx).await? {
                 return fail(&imp, reasons::NAME_TAKEN, message, &ctx).await;
             }
+            let spec = match store_budget(&imp, &ns, &ctx).await? {
+                Ok(budget) => with_store_budget(spec, budget),
+                Err(message) => return fail(&imp, reasons::QUOTA_EXCEEDED, message, &ctx).await,
+            };
             let spec = match with_ca_bundle(spec, &imp, &ns, &ctx).await? {
                 Ok(s) => s,
                 Err(message) => return ca_bundle_missing(&imp, &status, message, &ctx).await,
@@ -726,7 +779,13 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
             // again (with its CA bundle).
             let mut obs = ctx.executor.observe(&spec).await?;
             if obs.phase == Phase::Absent {
-                let spec = match with_ca_bundle(spec.clone(), &imp, &ns, &ctx).await? {
+                let spec = match store_budget(&imp, &ns, &ctx).await? {
+                    Ok(budget) => with_store_budget(spec.clone(), budget),
+                    Err(message) => {
+                        return fail(&imp, reasons::QUOTA_EXCEEDED, message, &ctx).await;
+                    }
+                };
+                let spec = match with_ca_bundle(spec, &imp, &ns, &ctx).await? {
                     Ok(s) => s,
                     Err(message) => {
                         return fail(&imp, reasons::CA_BUNDLE_UNAVAILABLE, message, &ctx).await;
@@ -751,6 +810,7 @@ async fn reconcile(imp: Arc<ImageImport>, ctx: Arc<ContentContext>) -> Result<Ac
                     } else {
                         reason
                     };
+                    let message = explain_failure(&reason, message, &ns, &ctx);
                     fail(&imp, &reason, message, &ctx).await
                 }
                 Phase::Succeeded => succeeded(&imp, &ns, &status, &obs, &ctx).await,

@@ -11,6 +11,7 @@
 pub mod contents;
 pub mod images;
 pub mod imports;
+pub mod quota;
 pub mod upload;
 
 use kube::Client;
@@ -132,6 +133,8 @@ pub struct ContentContext {
     pub store_name: String,
     /// Source size limit.
     pub max_source_bytes: Option<u64>,
+    /// The per-namespace byte quota.
+    pub store_quota: quota::StoreQuota,
     /// Ingest deadline.
     pub ingest_deadline_secs: i64,
 }
@@ -145,14 +148,21 @@ impl std::fmt::Debug for ContentContext {
     }
 }
 
-/// Runs the three content controllers in `scope` until it is cancelled.
-pub async fn controller(scope: crate::controller::Scope, cfg: ContentConfig) {
+/// Runs the three content controllers in `scope` until it is cancelled;
+/// `store_quota` is the store's per-namespace byte quota (docs/images.md,
+/// "Store quota").
+pub async fn controller(
+    scope: crate::controller::Scope,
+    cfg: ContentConfig,
+    store_quota: quota::StoreQuota,
+) {
     let ctx = std::sync::Arc::new(ContentContext {
         client: scope.client.clone(),
         recorder: scope.recorder.clone(),
         executor: cfg.executor.clone(),
         store_name: cfg.store_name,
         max_source_bytes: cfg.max_source_bytes,
+        store_quota: store_quota.clone(),
         ingest_deadline_secs: cfg.ingest_deadline_secs,
     });
     let server = async {
@@ -162,7 +172,7 @@ pub async fn controller(scope: crate::controller::Scope, cfg: ContentConfig) {
     };
     let uploads = async {
         if let Some(up) = cfg.upload {
-            match upload::start(scope.client.clone(), up, scope.cancel.clone()).await {
+            match upload::start(scope.client.clone(), up, store_quota, scope.cancel.clone()).await {
                 Ok(addr) => tracing::info!(%addr, "staged uploads accepted"),
                 Err(e) => tracing::error!(
                     error = %anneal_api::error_chain(&e),

@@ -12,6 +12,12 @@
 //! - **Bounded**: at most `max_bytes` per upload (413 past it), 16 uploads at
 //!   once (503 past it), 30 s to send the request head, 60 s without a body
 //!   frame ends it.
+//! - **Counted** against the namespace's store quota (docs/images.md, "Store
+//!   quota") from its first byte until an import consumes it or it is
+//!   removed: refused (413, naming the namespace, the quota, what is used
+//!   and the fix) before any byte is written when its Content-Length does
+//!   not fit, and ended (413, the partial file removed) when the bytes
+//!   received pass what was left.
 //! - TLS from the agent API's CA (Secret `anneal-agent-api-ca`), so one CA
 //!   covers the manager's HTTPS endpoints.
 
@@ -102,6 +108,7 @@ pub fn valid_name(s: &str) -> bool {
 struct Server {
     client: kube::Client,
     cfg: UploadConfig,
+    quota: super::quota::StoreQuota,
     slots: Semaphore,
 }
 
@@ -109,6 +116,7 @@ struct Server {
 pub async fn start(
     client: kube::Client,
     cfg: UploadConfig,
+    quota: super::quota::StoreQuota,
     cancel: CancellationToken,
 ) -> Result<SocketAddr, UploadError> {
     let pki =
@@ -131,6 +139,7 @@ pub async fn start(
     let server = Arc::new(Server {
         client,
         cfg,
+        quota,
         slots: Semaphore::new(16),
     });
     tokio::spawn(async move {
@@ -223,11 +232,12 @@ impl Server {
             }
             Err(status) => return error(status, "the token was not accepted"),
         }
-        if let Some(len) = req
+        let length = req
             .headers()
             .get(hyper::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(len) = length
             && len > self.cfg.max_bytes
         {
             return error(
@@ -244,7 +254,31 @@ impl Server {
                 "too many uploads at once; retry later",
             );
         };
-        self.store(ns, name, req.into_body()).await
+        let left = match self.quota_left(ns, length).await {
+            Ok(left) => left,
+            Err(resp) => return resp,
+        };
+        self.store(ns, name, left, req.into_body()).await
+    }
+
+    /// What the namespace may still stage (`None`: unlimited), or the
+    /// refusal when `length` (the Content-Length) does not fit.
+    async fn quota_left(&self, ns: &str, length: Option<u64>) -> Result<Option<u64>, Resp> {
+        use super::quota;
+        let Some(limit) = self.quota.limit(ns) else {
+            return Ok(None);
+        };
+        let used = quota::namespace_usage(&self.client, Some(&self.cfg.store), ns, None)
+            .await
+            .map_err(|_| {
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the namespace's store usage cannot be read from the API server; retry later",
+                )
+            })?;
+        quota::admit(&self.quota, ns, used, length.unwrap_or(0))
+            .map_err(|r| error(StatusCode::PAYLOAD_TOO_LARGE, r.to_string()))?;
+        Ok(Some(limit.saturating_sub(used.total())))
     }
 
     /// `Ok(allowed)`, or the status to answer when the token is not valid.
@@ -291,7 +325,7 @@ impl Server {
         Ok(done.status.is_some_and(|s| s.allowed))
     }
 
-    async fn store(&self, ns: &str, name: &str, mut body: Incoming) -> Resp {
+    async fn store(&self, ns: &str, name: &str, left: Option<u64>, mut body: Incoming) -> Resp {
         let dir = self.cfg.store.join(ns).join(".staged");
         let target = dir.join(name);
         if tokio::fs::create_dir_all(&dir).await.is_err() {
@@ -309,7 +343,7 @@ impl Server {
             );
         }
         let tmp = dir.join(format!(".{name}.part-{:016x}", rand::random::<u64>()));
-        let result = self.receive(&tmp, &mut body).await;
+        let result = self.receive(ns, &tmp, left, &mut body).await;
         let (sha, bytes) = match result {
             Ok(x) => x,
             Err(resp) => {
@@ -341,7 +375,15 @@ impl Server {
         }
     }
 
-    async fn receive(&self, tmp: &Path, body: &mut Incoming) -> Result<(String, u64), Resp> {
+    /// Streams the body into `tmp`, at most `max_bytes` and at most `left`
+    /// (the namespace's quota); the caller removes `tmp` on an error.
+    async fn receive(
+        &self,
+        ns: &str,
+        tmp: &Path,
+        left: Option<u64>,
+        body: &mut Incoming,
+    ) -> Result<(String, u64), Resp> {
         let mut file = tokio::fs::File::create(tmp).await.map_err(|_| {
             error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -367,6 +409,11 @@ impl Server {
                     format!("more than the limit of {} bytes", self.cfg.max_bytes),
                 ));
             }
+            if let Some(left) = left
+                && bytes > left
+            {
+                return Err(self.over_quota(ns, tmp, bytes).await);
+            }
             hasher.update(&data);
             file.write_all(&data).await.map_err(|_| {
                 error(
@@ -382,6 +429,30 @@ impl Server {
             )
         })?;
         Ok((hex::encode(hasher.finalize()), bytes))
+    }
+}
+
+impl Server {
+    /// The 413 of an upload whose bytes passed the namespace's quota while
+    /// streaming (the usage read again, this upload's partial file `tmp`
+    /// counted as what was asked for).
+    async fn over_quota(&self, ns: &str, tmp: &Path, received: u64) -> Resp {
+        use super::quota;
+        let partial = tmp.file_name().map(|n| n.to_string_lossy().into_owned());
+        let store = Some(self.cfg.store.as_path());
+        let refusal =
+            match quota::namespace_usage(&self.client, store, ns, partial.as_deref()).await {
+                Ok(used) => quota::admit(&self.quota, ns, used, received).err(),
+                Err(_) => None,
+            };
+        let message = match refusal {
+            Some(r) => format!("ended after {received} bytes: {r}"),
+            None => format!(
+                "ended after {received} bytes: namespace {ns} has no room left in its content store quota; {}",
+                quota::fix(ns)
+            ),
+        };
+        error(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
 }
 
