@@ -26,15 +26,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anneal_api::{Machine, MachineHardware, Subnet};
+use anneal_api::{Machine, MachineHardware, NicLldp, Subnet};
 use anneal_bootd::watch::WatchConfig;
 use anneal_bootd::{NetnsServer, ServerOptions, StaticConfig};
 use anneal_manager::agentapi::{AgentApiConfig, RunningAgentApi};
 use anneal_manager::lifecycle::LifecycleConfig;
 use anneal_qemu_bmc::{BmcConfig, RunningBmc};
 use anneal_testinfra::{
-    ControlPlane, DebianKernel, DiskBus, DiskConfig, Firmware, Netns, NicConfig, TcpForward, Vm,
-    VmConfig, debian_kernel, debian_kernel_arm64,
+    ChildGroup, ControlPlane, DebianKernel, DiskBus, DiskConfig, Firmware, Netns, NicConfig,
+    TcpForward, Vm, VmConfig, debian_kernel, debian_kernel_arm64,
 };
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -80,6 +80,10 @@ pub struct Lab {
     _workloads: Option<WorkloadsGuard>,
     pub vm: Option<Vm>,
     bmc: Option<RunningBmc>,
+    /// The VM's tap on `br0` (its switch port), once launched.
+    pub vm_tap: Option<String>,
+    /// lldpd playing the switch on the VM's tap ([`Lab::start_lldp`]).
+    lldpd: Option<ChildGroup>,
     /// When QEMU was launched (paused, i.e. powered off).
     pub vm_launched: Option<Instant>,
     pub bootd: NetnsServer,
@@ -167,6 +171,9 @@ impl Drop for Lab {
         }
         if let Some(mut p) = self.peer.take() {
             p.vm.kill();
+        }
+        if let Some(mut lldpd) = self.lldpd.take() {
+            lldpd.kill();
         }
     }
 }
@@ -588,6 +595,8 @@ impl Lab {
             _workloads: workloads,
             vm: None,
             bmc: None,
+            vm_tap: None,
+            lldpd: None,
             vm_launched: None,
             bootd,
             _forward: forward,
@@ -614,9 +623,10 @@ impl Lab {
     /// Launches the VM powered off (QEMU paused) and starts its BMC.
     pub async fn launch_vm(&mut self) -> anyhow::Result<()> {
         let launched = Instant::now();
-        let (vm, bmc) = self.launch_one(MACHINE, MAC, &self.dir.clone()).await?;
+        let (vm, bmc, tap) = self.launch_one(MACHINE, MAC, &self.dir.clone()).await?;
         self.vm = Some(vm);
         self.bmc = Some(bmc);
+        self.vm_tap = Some(tap);
         self.vm_launched = Some(launched);
         Ok(())
     }
@@ -626,19 +636,19 @@ impl Lab {
     pub async fn launch_peer(&mut self) -> anyhow::Result<()> {
         let dir = self.dir.join("peer");
         std::fs::create_dir_all(&dir)?;
-        let (vm, bmc) = self.launch_one(PEER, PEER_MAC, &dir).await?;
+        let (vm, bmc, _) = self.launch_one(PEER, PEER_MAC, &dir).await?;
         let address = format!("redfish+http://127.0.0.1:{}", bmc.addr().port());
         self.peer = Some(PeerVm { vm, _bmc: bmc });
         self.enrol_machine(PEER, PEER_MAC, &address).await
     }
 
-    /// One VM (disks and BMC files in `dir`), paused, and its BMC.
+    /// One VM (disks and BMC files in `dir`), paused, its BMC and its tap.
     async fn launch_one(
         &mut self,
         name: &str,
         mac: &str,
         dir: &Path,
-    ) -> anyhow::Result<(Vm, RunningBmc)> {
+    ) -> anyhow::Result<(Vm, RunningBmc, String)> {
         let mut disks = Vec::new();
         for &(bus, serial, mib, _) in &self.disks {
             let path = dir.join(format!("{serial}.raw"));
@@ -699,7 +709,69 @@ impl Lab {
             tls: None,
         })
         .await?;
-        Ok((vm, bmc))
+        Ok((vm, bmc, tap))
+    }
+
+    /// Issue 47: lldpd (Debian's package) plays the switch on the VM's tap,
+    /// inside the lab's namespace (so every VM of the lab has a port of its
+    /// own, which the bridge would not give): system name `system_name`,
+    /// port ID the tap's name (`portidsubtype ifname`), chassis ID the
+    /// tap's MAC, a frame every second. Call it after [`Lab::launch_vm`]
+    /// (the tap exists, the VM is still powered off) so the agent's
+    /// listening window hears a frame. lldpd runs until the lab drops (its
+    /// process group killed and reaped), with its own control socket and
+    /// log (`lldpd.log`) in the lab's directory.
+    pub fn start_lldp(&mut self, system_name: &str) -> anyhow::Result<NicLldp> {
+        let tap = self.vm_tap.clone().context("launch the VM first")?;
+        // `ip -br link show dev tap0`: "tap0  UP  aa:bb:cc:dd:ee:ff <...>"
+        let line = self.ns.ip(&["-br", "link", "show", "dev", &tap])?;
+        let chassis = line
+            .split_whitespace()
+            .nth(2)
+            .with_context(|| format!("no MAC in {line:?}"))?
+            .to_string();
+        let conf = self.dir.join("lldpd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "configure system hostname {system_name}\n\
+                 configure lldp portidsubtype ifname\n\
+                 configure lldp tx-interval 1\n"
+            ),
+        )?;
+        let lldpd = ChildGroup::spawn_logged(
+            "lldpd",
+            self.ns
+                .exec("lldpd")
+                .args(["-d", "-I", &tap, "-C", &tap, "-u"])
+                .arg(self.dir.join("lldpd.sock"))
+                .arg("-O")
+                .arg(&conf),
+            &self.dir.join("lldpd.log"),
+        )?;
+        self.lldpd = Some(lldpd);
+        Ok(NicLldp {
+            chassis_id: Some(chassis),
+            port_id: Some(tap.clone()),
+            // lldpd describes a port without an alias by its name
+            port_description: Some(tap),
+            system_name: Some(system_name.to_string()),
+        })
+    }
+
+    /// lldpd's log so far ([`Lab::start_lldp`]).
+    pub fn lldpd_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("lldpd.log")).unwrap_or_default()
+    }
+
+    /// The manager's claim controller (as `manager run` starts it), for a
+    /// lab without the deploy half; stopped with the lab.
+    pub fn start_claims(&self) {
+        let scope = anneal_manager::controller::Scope::standalone(
+            self.cp.client(),
+            self.cancel.child_token(),
+        );
+        tokio::spawn(anneal_manager::claims::controller(scope, 1));
     }
 
     /// The BMC's address as a Machine names it.

@@ -10,18 +10,31 @@
 //! QEMU command line, the NIC's MAC, memory and CPU count exactly as
 //! configured. Under 60 s from QEMU's launch. The set-up lives in `e2e/`
 //! (shared with the demo).
+//!
+//! Issue 47: lldpd plays the switch on the VM's tap (its port of the
+//! bridge) from before power-on; the agent's inspection hears it and
+//! MachineHardware carries the port ID, system name and chassis ID; a
+//! claim selecting another port of that switch stays Pending, one
+//! selecting the VM's port binds the Machine.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use anneal_tests::e2e;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anneal_api::{ClaimPhase, Machine, MachineClaim, MachineHardware, NicLldp};
 use e2e::{CPUS, DISKS, Lab, MAC, MACHINE, MEMORY_MIB, Progress};
+use kube::api::{Api, PostParams};
+
+/// The system name lldpd announces on the VM's tap.
+const SWITCH: &str = "leaf-e2e.test";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vm_network_boots_through_bootd_and_is_inspected() {
     let mut lab = Lab::start(&|s| println!("e2e: {s}")).await.unwrap();
     lab.launch_vm().await.unwrap();
+    // the switch on the VM's port, sending before the VM is powered on
+    let switch = lab.start_lldp(SWITCH).unwrap();
     lab.enrol().await.unwrap();
     let mut states = Vec::new();
     let res = lab
@@ -169,6 +182,119 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
             elapsed.as_secs_f64()
         );
     }
+
+    the_switch_port_is_reported_and_selects_the_machine(&lab, &hw, &switch).await;
+}
+
+/// Issue 47: the LLDP frame lldpd sent on the VM's tap is in MachineHardware
+/// (port ID the tap's name, the system name and chassis ID lldpd announced)
+/// and on the console; with the claim controller running, a claim selecting
+/// another port of the same switch waits (NoMatchingMachine, closest:
+/// hardware below the selector's floors: it saw the Machine and refused it) while one selecting the VM's port binds it, and
+/// the first still waits.
+async fn the_switch_port_is_reported_and_selects_the_machine(
+    lab: &Lab,
+    hw: &MachineHardware,
+    switch: &NicLldp,
+) {
+    let nic = hw.spec.nics.first().expect("the VM's NIC");
+    assert_eq!(
+        nic.lldp.as_ref(),
+        Some(switch),
+        "NIC {} in MachineHardware; lldpd said:\n{}",
+        nic.name,
+        lab.lldpd_log()
+    );
+    let port = switch.port_id.clone().unwrap();
+    let line = format!("lldp={SWITCH} port {port}");
+    assert!(
+        lab.console().contains(&line),
+        "console lacks {line:?}:\n{}",
+        e2e::tail(&lab.console(), 40)
+    );
+    println!(
+        "e2e: NIC {} heard LLDP: {SWITCH} port {port} (chassis {})",
+        nic.name,
+        switch.chassis_id.as_deref().unwrap_or("-")
+    );
+
+    let started = Instant::now();
+    lab.start_claims();
+    let claims: Api<MachineClaim> = Api::namespaced(lab.cp.client(), e2e::NAMESPACE);
+    let by_port = |name: &str, port: &str| -> MachineClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "anneal.dev/v1alpha1", "kind": "MachineClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"hardware": {"nics": [{"lldp": {"systemName": SWITCH, "portId": port}}]}},
+                "imageRef": {"name": "lldp-selected"},
+            },
+        }))
+        .unwrap()
+    };
+    let status = |name: &'static str| {
+        let claims = claims.clone();
+        async move { claims.get(name).await.unwrap().status.unwrap_or_default() }
+    };
+    // a port of the same switch that no machine of the lab is cabled to
+    let other = format!("{port}-other");
+    claims
+        .create(&PostParams::default(), &by_port("other-port", &other))
+        .await
+        .unwrap();
+    anneal_tests::eventually(
+        "claim other-port Pending: the Machine's NIC is on another port",
+        Duration::from_secs(60),
+        || async {
+            let s = status("other-port").await;
+            // it looked at the Machine and found its hardware short
+            let refused = s.conditions.iter().any(|c| {
+                c.type_ == "Bound"
+                    && c.reason == "NoMatchingMachine"
+                    && c.message.contains("hardware below")
+            });
+            if s.phase == Some(ClaimPhase::Pending) && refused {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        },
+    )
+    .await;
+    claims
+        .create(&PostParams::default(), &by_port("vm-port", &port))
+        .await
+        .unwrap();
+    anneal_tests::eventually(
+        "claim vm-port Bound to the lab's Machine",
+        Duration::from_secs(60),
+        || async {
+            let s = status("vm-port").await;
+            if s.phase == Some(ClaimPhase::Bound) && s.machine_name.as_deref() == Some(MACHINE) {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        },
+    )
+    .await;
+    let machines: Api<Machine> = Api::namespaced(lab.cp.client(), e2e::NAMESPACE);
+    let m = machines.get(MACHINE).await.unwrap();
+    assert_eq!(
+        m.spec.claim_ref.as_ref().map(|r| r.name.as_str()),
+        Some("vm-port"),
+        "{:?}",
+        m.spec.claim_ref
+    );
+    let s = status("other-port").await;
+    assert!(
+        s.phase == Some(ClaimPhase::Pending) && s.machine_name.is_none(),
+        "the claim of another port bound: {s:?}"
+    );
+    println!(
+        "e2e: claim of port {other} Pending, claim of port {port} Bound to {MACHINE} ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Issue 15, against the real watcher after the real registration: the
