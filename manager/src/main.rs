@@ -109,6 +109,10 @@ struct ContentArgs {
     /// interface's address). Jobs stay on the pod network.
     #[arg(long)]
     workload_host_network: bool,
+    /// Node selector, tolerations, pull secrets and pull policy of the
+    /// workload pods (kubernetes executor).
+    #[command(flatten)]
+    placement: anneal_manager::workload::kubernetes::PodPlacement,
     /// Run the content server (`anneal-agent serve` over the store) listening
     /// here, e.g. `0.0.0.0:8088`; unset: no content server.
     #[arg(long)]
@@ -213,6 +217,7 @@ impl ContentArgs {
                         bootd_image: self.bootd_image.clone(),
                         content_claim: self.content_claim.clone(),
                         server_host_network: self.workload_host_network,
+                        placement: self.placement.clone(),
                     },
                 )),
                 self.content_claim.clone(),

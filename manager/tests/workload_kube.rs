@@ -55,6 +55,17 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         bootd_image: "registry.example/anneal/bootd:1.2.3".into(),
         content_claim: "content-site-a".into(),
         server_host_network: false,
+        placement: anneal_manager::workload::kubernetes::PodPlacement {
+            node_selector: vec![("anneal.dev/provisioning".into(), "true".into())],
+            tolerations: vec![
+                anneal_manager::workload::kubernetes::parse_toleration(
+                    "dedicated=provisioning:NoSchedule",
+                )
+                .unwrap(),
+            ],
+            image_pull_secrets: vec!["regcred".into()],
+            image_pull_policy: "Always".into(),
+        },
     };
     let kube_ex = KubeExecutor::new(client.clone(), kcfg.clone());
     let ctx = ContentContext {
@@ -73,7 +84,13 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
 
     let jobs: Api<Job> = Api::namespaced(client.clone(), "anneal-system");
     let name = kube_ex.object_name(&spec);
-    assert_eq!(name, "tenant-ingest-debian-12");
+    // a tenant's workload: <namespace>-<name>-<tag>, the tag keeping
+    // namespaces apart whose joined names read the same
+    assert!(
+        name.starts_with("tenant-ingest-debian-12-")
+            && name.len() == "tenant-ingest-debian-12-".len() + 16,
+        "{name}"
+    );
     let job = jobs.get(&name).await.unwrap();
     let labels = job.labels();
     assert_eq!(
@@ -101,6 +118,38 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
     assert_eq!(js.active_deadline_seconds, Some(3600));
     let pod = js.template.spec.as_ref().unwrap();
     assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    // where and how it runs (--workload-node-selector, -toleration,
+    // -image-pull-secret, -image-pull-policy), as the API server kept it
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|s| s.get("anneal.dev/provisioning"))
+            .map(String::as_str),
+        Some("true")
+    );
+    let tol = &pod.tolerations.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            tol.key.as_deref(),
+            tol.operator.as_deref(),
+            tol.value.as_deref(),
+            tol.effect.as_deref()
+        ),
+        (
+            Some("dedicated"),
+            Some("Equal"),
+            Some("provisioning"),
+            Some("NoSchedule")
+        )
+    );
+    assert_eq!(
+        pod.image_pull_secrets.as_ref().unwrap()[0].name.as_str(),
+        "regcred"
+    );
+    assert_eq!(
+        pod.containers[0].image_pull_policy.as_deref(),
+        Some("Always")
+    );
     assert_eq!(pod.automount_service_account_token, Some(false));
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(

@@ -166,6 +166,31 @@ fn lint_and_template_pass_and_values_derive_the_managers_flags() {
         r#"contentStore.namespaceQuotas={"fleet":1099511627776}"#,
     ]));
     assert!(quotas.contains(&"--store-quota-namespace=fleet=1099511627776".to_string()));
+    // where the pods the manager creates run and what they pull with
+    assert!(args.contains(&"--workload-image-pull-policy=IfNotPresent".to_string()));
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--workload-node-selector"))
+    );
+    let placed = manager_args(&rendered(&[
+        "--set-json",
+        r#"workloads={"nodeSelector":{"rack":"r7"},"tolerations":["dedicated=provisioning:NoSchedule","maintenance"]}"#,
+        "--set-json",
+        r#"image.pullSecrets=["regcred",{"name":"mirror"}]"#,
+        "--set",
+        "image.pullPolicy=Always",
+    ]));
+    for want in [
+        "--workload-node-selector=rack=r7",
+        "--workload-toleration=dedicated=provisioning:NoSchedule",
+        "--workload-toleration=maintenance",
+        "--workload-image-pull-secret=regcred",
+        "--workload-image-pull-secret=mirror",
+        "--workload-image-pull-policy=Always",
+    ] {
+        assert!(placed.contains(&want.to_string()), "{want} in {placed:?}");
+    }
     assert!(default.contains("image: localhost:5000/anneal/manager:0.1.0"));
     assert!(!default.contains("docker.io"), "no image from docker.io");
     assert!(default.contains("kind: PodDisruptionBudget"));
@@ -263,11 +288,16 @@ fn manager_check(args: &[String]) -> (Vec<String>, String) {
 fn the_manager_accepts_the_rendered_flags_and_refuses_without_an_address() {
     let mut appliance = APPLIANCE.to_vec();
     appliance.extend(["--set", "provisioning.address=10.0.0.1"]);
+    // the workload pods' placement flags parse in the real binary too
     let cluster = [
         "--set",
         "provisioning.address=10.0.0.2",
         "--set",
         "agentApi.expose=NodePort",
+        "--set-json",
+        r#"workloads={"nodeSelector":{"anneal.dev/provisioning":"true"},"tolerations":["dedicated=provisioning:NoSchedule"]}"#,
+        "--set-json",
+        r#"image.pullSecrets=["regcred"]"#,
     ];
     for args in [&appliance[..], &cluster[..]] {
         let flags = manager_args(&rendered_with(args));

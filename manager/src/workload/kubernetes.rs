@@ -45,13 +45,142 @@ pub struct KubeConfig {
     /// (`--workload-host-network`). Jobs stay on the pod network; a
     /// workload with its own network attachment keeps it.
     pub server_host_network: bool,
+    /// Where and how the pods it creates are scheduled and pulled.
+    pub placement: PodPlacement,
+}
+
+/// Scheduling and pulling of the pods the kubernetes executor creates
+/// (ingest and store Jobs, content server, seeders, trackers, managed
+/// bootds): `manager run --workload-*` flags, docs/kubernetes.md
+/// "Where the manager's pods run".
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct PodPlacement {
+    /// A node label the pods must match, `KEY=VALUE` (repeat the flag).
+    #[arg(long = "workload-node-selector", value_parser = parse_node_selector)]
+    pub node_selector: Vec<(String, String)>,
+    /// A taint the pods tolerate, `KEY[=VALUE][:EFFECT]` as `kubectl taint`
+    /// writes it (no value: any value; no effect: every effect); repeat.
+    #[arg(long = "workload-toleration", value_parser = parse_toleration)]
+    pub tolerations: Vec<Toleration>,
+    /// A Secret of the workload namespace holding registry credentials
+    /// for the pods' images (repeat the flag).
+    #[arg(long = "workload-image-pull-secret")]
+    pub image_pull_secrets: Vec<String>,
+    /// The pods' imagePullPolicy (`Always` for a moving tag).
+    #[arg(long = "workload-image-pull-policy", default_value = "IfNotPresent",
+          value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub image_pull_policy: String,
+}
+
+/// One toleration of [`PodPlacement`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Toleration {
+    /// The taint's key.
+    pub key: String,
+    /// Its value (`None`: operator Exists).
+    pub value: Option<String>,
+    /// NoSchedule, PreferNoSchedule or NoExecute (`None`: every effect).
+    pub effect: Option<String>,
+}
+
+/// Parses `KEY=VALUE` of `--workload-node-selector`.
+pub fn parse_node_selector(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!(
+            "{s:?}: a node selector is KEY=VALUE, e.g. node-role.kubernetes.io/provisioning=true"
+        )),
+    }
+}
+
+/// Parses `KEY[=VALUE][:EFFECT]` of `--workload-toleration`.
+pub fn parse_toleration(s: &str) -> Result<Toleration, String> {
+    let (kv, effect) = match s.rsplit_once(':') {
+        Some((kv, e)) => (kv, Some(e)),
+        None => (s, None),
+    };
+    if let Some(e) = effect
+        && !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&e)
+    {
+        return Err(format!(
+            "{s:?}: the effect {e:?} is not NoSchedule, PreferNoSchedule or NoExecute (KEY[=VALUE][:EFFECT])"
+        ));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return Err(format!(
+            "{s:?}: a toleration needs a key (KEY[=VALUE][:EFFECT])"
+        ));
+    }
+    Ok(Toleration {
+        key: key.to_string(),
+        value,
+        effect: effect.map(str::to_string),
+    })
+}
+
+impl PodPlacement {
+    /// Writes the placement into a pod spec (and the pull policy into its
+    /// containers).
+    fn apply(&self, pod_spec: &mut Value) {
+        if !self.node_selector.is_empty() {
+            let sel: BTreeMap<&str, &str> = self
+                .node_selector
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            pod_spec["nodeSelector"] = json!(sel);
+        }
+        if !self.tolerations.is_empty() {
+            let tols: Vec<Value> = self
+                .tolerations
+                .iter()
+                .map(|t| {
+                    let mut v = json!({"key": t.key});
+                    match &t.value {
+                        Some(val) => {
+                            v["operator"] = json!("Equal");
+                            v["value"] = json!(val);
+                        }
+                        None => v["operator"] = json!("Exists"),
+                    }
+                    if let Some(e) = &t.effect {
+                        v["effect"] = json!(e);
+                    }
+                    v
+                })
+                .collect();
+            pod_spec["tolerations"] = json!(tols);
+        }
+        if !self.image_pull_secrets.is_empty() {
+            let refs: Vec<Value> = self
+                .image_pull_secrets
+                .iter()
+                .map(|n| json!({"name": n}))
+                .collect();
+            pod_spec["imagePullSecrets"] = json!(refs);
+        }
+        let policy = if self.image_pull_policy.is_empty() {
+            "IfNotPresent"
+        } else {
+            self.image_pull_policy.as_str()
+        };
+        if let Some(cs) = pod_spec["containers"].as_array_mut() {
+            for c in cs {
+                c["imagePullPolicy"] = json!(policy);
+            }
+        }
+    }
 }
 
 /// Runs workloads as Jobs and Deployments.
 #[derive(Clone)]
 pub struct KubeExecutor {
     client: Client,
-    cfg: KubeConfig,
+    cfg: std::sync::Arc<KubeConfig>,
 }
 
 impl std::fmt::Debug for KubeExecutor {
@@ -72,7 +201,10 @@ fn kube_err(name: &str, source: kube::Error) -> WorkloadError {
 impl KubeExecutor {
     /// An executor for `cfg`.
     pub fn new(client: Client, cfg: KubeConfig) -> Self {
-        Self { client, cfg }
+        Self {
+            client,
+            cfg: std::sync::Arc::new(cfg),
+        }
     }
 
     /// The object name of a workload (see [`object_name_in`]).
@@ -167,7 +299,6 @@ impl KubeExecutor {
             "containers": [{
                 "name": "work",
                 "image": image,
-                "imagePullPolicy": "IfNotPresent",
                 // a server that exits says why in its pod's status (and so
                 // in its owner's condition): the last lines of its log
                 "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -198,6 +329,7 @@ impl KubeExecutor {
             pod_spec["hostNetwork"] = json!(true);
             pod_spec["dnsPolicy"] = json!("ClusterFirstWithHostNet");
         }
+        self.cfg.placement.apply(&mut pod_spec);
         let pod = json!({"metadata": pod_meta, "spec": pod_spec});
         let metadata = json!({
             "name": name,
@@ -601,6 +733,64 @@ pub fn object_name_in(home: &str, spec: &WorkloadSpec) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placement_flags_parse_as_kubectl_writes_them() {
+        assert_eq!(
+            parse_toleration("dedicated=provisioning:NoSchedule"),
+            Ok(Toleration {
+                key: "dedicated".into(),
+                value: Some("provisioning".into()),
+                effect: Some("NoSchedule".into()),
+            })
+        );
+        let any = parse_toleration("node-role.kubernetes.io/control-plane").unwrap();
+        assert_eq!((any.value, any.effect), (None, None));
+        let e = parse_toleration("k=v:NoSchedul").unwrap_err();
+        assert!(e.contains("NoSchedul") && e.contains("NoExecute"), "{e}");
+        assert!(parse_toleration("=v").is_err());
+        assert_eq!(
+            parse_node_selector("rack=r7"),
+            Ok(("rack".into(), "r7".into()))
+        );
+        assert!(
+            parse_node_selector("rack")
+                .unwrap_err()
+                .contains("KEY=VALUE")
+        );
+    }
+
+    #[test]
+    fn placement_goes_into_every_pod_spec() {
+        let p = PodPlacement {
+            node_selector: vec![("rack".into(), "r7".into())],
+            tolerations: vec![
+                parse_toleration("dedicated=provisioning:NoSchedule").unwrap(),
+                parse_toleration("maintenance").unwrap(),
+            ],
+            image_pull_secrets: vec!["regcred".into()],
+            image_pull_policy: "Always".into(),
+        };
+        let mut spec = json!({"containers": [{"name": "work"}]});
+        p.apply(&mut spec);
+        assert_eq!(spec["nodeSelector"], json!({"rack": "r7"}));
+        assert_eq!(
+            spec["tolerations"],
+            json!([
+                {"key": "dedicated", "operator": "Equal", "value": "provisioning", "effect": "NoSchedule"},
+                {"key": "maintenance", "operator": "Exists"},
+            ])
+        );
+        assert_eq!(spec["imagePullSecrets"], json!([{"name": "regcred"}]));
+        assert_eq!(spec["containers"][0]["imagePullPolicy"], "Always");
+        // nothing asked: nothing added, the pull policy IfNotPresent
+        let mut plain = json!({"containers": [{"name": "work"}]});
+        PodPlacement::default().apply(&mut plain);
+        assert_eq!(
+            plain,
+            json!({"containers": [{"name": "work", "imagePullPolicy": "IfNotPresent"}]})
+        );
+    }
 
     #[test]
     fn tenant_workload_names_are_injective_across_namespaces() {
