@@ -437,7 +437,7 @@ fn parse_token(s: &str) -> Result<Token, CmdlineError> {
 }
 
 /// Where bootd's per-boot token cpio (the iPXE script's second initrd)
-/// puts the boot token (docs/api.md, issue 15). It wins over
+/// puts the boot token (docs/api.md, "Boot parameters"). It wins over
 /// `anneal.token=`, which stays accepted for labs.
 pub const TOKEN_FILE: &str = "/run/anneal/token";
 

@@ -63,8 +63,8 @@ pub fn mount_basics() {
         Some("gid=5,mode=0620,ptmxmode=0666"),
     );
     // The boot token arrives in the initramfs at /run/anneal/token (bootd's
-    // second initrd, issue 15); the tmpfs mounted over /run would hide it,
-    // so it is carried across in memory (never printed).
+    // second initrd, docs/api.md "Boot parameters"); the tmpfs mounted over
+    // /run would hide it, so it is carried across in memory (never printed).
     let token = take_token_file();
     try_mount(
         "tmpfs",

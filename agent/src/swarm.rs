@@ -1,4 +1,5 @@
-//! Partition content over BitTorrent (issue 14): a leecher that writes each
+//! Partition content over BitTorrent (docs/distribution.md, "The agent's
+//! swarm fetch"): a leecher that writes each
 //! verified piece straight onto its slot, and a seeder that serves content
 //! streams from a content store. Both run the vendored librqbit
 //! (vendor/librqbit: rarest-first piece selection) with DHT, local service

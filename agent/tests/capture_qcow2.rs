@@ -1,4 +1,5 @@
-//! `anneal-agent capture` of qcow2 sources through the binary (issue 41):
+//! `anneal-agent capture` of qcow2 sources through the binary
+//! (docs/content-format.md, "qcow2 sources"):
 //! the image is read natively (the capture runs with no `qemu-img`
 //! reachable and gives the raw disk's layout), and a qcow2 whose backing
 //! file is a host file is refused with the reason, writing nothing (with

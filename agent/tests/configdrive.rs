@@ -1,4 +1,5 @@
-//! The cloud-init NoCloud config drive (issue 45): plans with `configDrive`
+//! The cloud-init NoCloud config drive (docs/deploy.md, "Day-1
+//! configuration (cloud-init)"): plans with `configDrive`
 //! deployed by `anneal-agent deploy` from a local content server onto a
 //! regular file, checked with the host's tools (never with fatfs): `sfdisk
 //! --json` for the partition at the end, `blkid -p` for `TYPE=vfat` and

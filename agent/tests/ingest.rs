@@ -1168,7 +1168,8 @@ fn capture_fails(src: &Path, out: &Path, format: &str) -> String {
 
 /// Zero-length sources, a compressed nothing and a Clonezilla image without
 /// partitions: refused with "source is empty" by capture and ingest alike
-/// (InvalidSource), nothing published (issue 15).
+/// (InvalidSource), nothing published (docs/content-format.md, "Input
+/// bounds (capture and ingest)").
 #[test]
 fn empty_sources_are_refused() {
     let dir = tmpdir();
@@ -1225,7 +1226,8 @@ fn empty_sources_are_refused() {
 }
 
 /// A partclone image cut short of its used blocks: the error says how many
-/// of how many it holds; nothing published (issue 15).
+/// of how many it holds; nothing published (docs/content-format.md,
+/// "Input bounds (capture and ingest)").
 #[test]
 fn a_truncated_partclone_image_says_how_much_it_holds() {
     let dir = tmpdir();

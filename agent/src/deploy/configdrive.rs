@@ -1,4 +1,5 @@
-//! The cloud-init NoCloud config drive (issue 45): a FAT file system
+//! The cloud-init NoCloud config drive (docs/deploy.md, "Day-1
+//! configuration (cloud-init)"): a FAT file system
 //! labelled as the plan says (`CIDATA`) in the partition reserved at the end
 //! of the OS disk, holding the plan's files (`user-data`, `meta-data`,
 //! `network-config`) in its root directory, byte for byte, under their long

@@ -1,5 +1,6 @@
-//! Deploy: one [`DeployPlan`] onto the machine's disks (issue 13, the agent
-//! half of content writing), and the wipe of a Recycle.
+//! Deploy: one [`DeployPlan`] onto the machine's disks (the agent half of
+//! content writing, docs/deploy.md "3. The agent"), and the wipe of a
+//! Recycle.
 //!
 //! For each disk of the plan, before anything is written: the disk's
 //! identity is re-checked (serial number / WWN from sysfs), its `layout` is

@@ -1,4 +1,5 @@
-//! Contents whose plan entry has a swarm (issue 14): fetched over
+//! Contents whose plan entry has a swarm (docs/distribution.md, "The agent
+//! deploys from the swarm"): fetched over
 //! BitTorrent from the Site's seeder and the run's other machines
 //! ([`crate::swarm`]), each piece checked against the index before it is
 //! written at its slot, HTTP ranges of the content server after a stall.
