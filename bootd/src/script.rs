@@ -102,8 +102,8 @@ pub fn cmdline(snap: &Snapshot, mac: Mac, m: &MachineBoot) -> Result<String, Scr
     if !snap.api.ca_sha256.is_empty() {
         parts.push(arg("anneal.ca", &snap.api.ca_sha256)?);
     }
-    // The boot token is never on the command line (issue 15): it travels in
-    // the token cpio (see `boot_script`).
+    // The boot token is never on the command line (docs/api.md, "Boot
+    // parameters"): it travels in the token cpio (see `boot_script`).
     parts.push(arg("anneal.machine", &m.name)?);
     parts.push(format!("BOOTIF={}", mac.bootif()));
     for c in &m.console {

@@ -1,9 +1,9 @@
 //! bootd's router advertisements (`ServerOptions::router_advertisements`,
-//! issue 44) between two namespaces: the client hears an RA with the
-//! managed and other flags and the prefix, its kernel installs the on-link
-//! prefix route from it, and a Router Solicitation is answered no sooner
-//! than MIN_DELAY_BETWEEN_RAS after the previous RA and well before the
-//! next unsolicited one.
+//! docs/bootd.md "DHCPv6 and router advertisements") between two namespaces:
+//! the client hears an RA with the managed and other flags and the prefix,
+//! its kernel installs the on-link prefix route from it, and a Router
+//! Solicitation is answered no sooner than MIN_DELAY_BETWEEN_RAS after the
+//! previous RA and well before the next unsolicited one.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 

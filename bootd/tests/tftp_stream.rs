@@ -1,7 +1,7 @@
-//! Issue 41: bootd's TFTP streams from disk and bounds what it sends to a
-//! client that never answers, against the real `bootd` process on loopback
-//! (TFTP on a free port of 127.0.0.1, HTTP on port 0, DHCP on an ephemeral
-//! port, PXE off):
+//! bootd's TFTP (docs/bootd.md, "TFTP") streams from disk and bounds what it
+//! sends to a client that never answers, against the real `bootd` process on
+//! loopback (TFTP on a free port of 127.0.0.1, HTTP on port 0, DHCP on an
+//! ephemeral port, PXE off):
 //!
 //! - a file larger than the old whole-file cache limit (64 MiB) arrives
 //!   byte-identical over a windowed transfer, and bootd's peak RSS stays

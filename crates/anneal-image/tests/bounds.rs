@@ -1,6 +1,6 @@
 //! Hostile inputs that claim huge sizes in a few bytes: refused with an
 //! error naming the field and the limit, before the allocation they would
-//! cause (issue 15, "Capture and restore").
+//! cause (docs/content-format.md, "Input bounds (capture and ingest)").
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]

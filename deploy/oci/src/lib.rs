@@ -1,4 +1,5 @@
-//! Reproducible FROM-scratch OCI images (issue 17).
+//! Reproducible FROM-scratch OCI images (docs/kubernetes.md, "Images: FROM
+//! scratch, reproducible").
 //!
 //! An image is one layer holding static binaries and a few files (CA roots,
 //! `/etc/passwd`), written as an OCI image layout (`oci-layout`,
