@@ -89,6 +89,23 @@ impl Answer {
     }
 }
 
+/// The address of the host doing a PXE exchange, when its request names
+/// one: the datagram's source when it came from an address and not
+/// through a relay (a port 4011 request, an INFORM), else its `ciaddr`;
+/// `None` for a client that holds no address yet (a DISCOVER from
+/// 0.0.0.0): see [`Shared::record_pxe_exchange`].
+fn pxe_host(req: &anneal_dhcp::Request) -> Option<std::net::IpAddr> {
+    let src = *req.ingress.src.ip();
+    let ciaddr = req.header.ciaddr();
+    if req.header.giaddr().is_unspecified() && !src.is_unspecified() {
+        Some(src.into())
+    } else if !ciaddr.is_unspecified() {
+        Some(ciaddr.into())
+    } else {
+        None
+    }
+}
+
 /// Handles one datagram; returns what to send. A reply that needs no
 /// commit is counted and logged here; one that does, by [`release`].
 pub fn handle(shared: &Shared, bytes: &[u8], ingress: Ingress, now: u64) -> Option<Answer> {
@@ -116,6 +133,9 @@ pub fn handle(shared: &Shared, bytes: &[u8], ingress: Ingress, now: u64) -> Opti
     };
     match decision {
         Decision::Reply(r) => {
+            if snap.table.mode == anneal_dhcp::Mode::Proxy {
+                shared.record_pxe_exchange(req.mac, pxe_host(&req));
+            }
             let needs_commit = r.effect.is_some() && shared.lease_log.is_some();
             if let Some(e) = r.effect {
                 shared.leases().apply(e, now);

@@ -136,6 +136,13 @@ pub fn handle(
     };
     match decision {
         Decision6::Reply(r) => {
+            // proxy mode: the source is link-local, not the address the
+            // client fetches from: the first to ask after it is bound
+            if table.mode == anneal_dhcp::Mode::Proxy
+                && let Some(mac) = r.mac
+            {
+                shared.record_pxe_exchange(mac, None);
+            }
             if let Some(e) = r.effect {
                 leases
                     .lock()

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{HttpLabels, ReasonLabels};
 use crate::script;
-use crate::state::{BootToken, MachineBoot, Shared, Snapshot};
+use crate::state::{BootToken, MachineBoot, PxeHostRefusal, Shared, Snapshot};
 
 /// Bytes read from disk per step of a streamed file: what one download
 /// holds in memory (plus hyper's write buffer).
@@ -218,9 +218,11 @@ pub struct Refusal {
 
 /// The gate in front of a machine's script and token (docs/api.md, issue
 /// 15): in lease mode only the address leased to `mac` (an unexpired
-/// lease) may ask; in every mode only while the machine's token is unused
-/// (a machine without any token, a static lab table, has nothing to
-/// guard). `now` is Unix seconds.
+/// lease) may ask; in proxy mode, while the token is unused, only the host
+/// that did the MAC's last PXE exchange with this bootd (issue 41:
+/// [`Shared::bind_pxe_host`]); in every mode only while the machine's
+/// token is unused (a machine without any token, a static lab table, has
+/// nothing to guard). `now` is Unix seconds.
 pub fn gate(
     shared: &Shared,
     snap: &Snapshot,
@@ -275,6 +277,30 @@ pub fn gate(
                 m.name
             ),
         });
+    }
+    if snap.table.mode == Mode::Proxy && m.token.unused().is_some() {
+        // no leases: the host that did the MAC's PXE exchange (issue 41)
+        match shared.bind_pxe_host(mac, peer) {
+            Ok(()) => {}
+            Err(PxeHostRefusal::NoExchange) => {
+                return Err(Refusal {
+                    status: StatusCode::FORBIDDEN,
+                    why: format!(
+                        "the boot script of {} ({mac}) is served only to the host that did the PXE exchange for that MAC, and this bootd answered none; {peer} asked",
+                        m.name
+                    ),
+                });
+            }
+            Err(PxeHostRefusal::Other(h)) => {
+                return Err(Refusal {
+                    status: StatusCode::FORBIDDEN,
+                    why: format!(
+                        "the boot script of {} ({mac}) is served only to {h}, the host that did the PXE exchange for that MAC; {peer} asked",
+                        m.name
+                    ),
+                });
+            }
+        }
     }
     Ok(())
 }

@@ -388,6 +388,15 @@ impl Server {
     }
 }
 
+/// Dropping a server without [`Server::shutdown`] (a test that failed)
+/// still stops its tasks: the DHCP threads end at the cancellation, so a
+/// runtime waiting for its blocking threads does not wait forever.
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
 /// Runs `f` on a fresh thread that has entered the network namespace
 /// `/run/netns/NAME` (namespaces are per thread; the caller's is untouched).
 pub fn in_netns<T: Send + 'static>(

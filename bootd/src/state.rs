@@ -1,7 +1,8 @@
 //! What bootd serves from: one snapshot of the boot table, swapped whole.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -104,6 +105,19 @@ pub struct Shared {
     /// bootd's HTTP base on its IPv6 address (`http://[addr]:port`), once
     /// DHCPv6 serves: the URLs of a script fetched over IPv6.
     pub http_base6: std::sync::OnceLock<String>,
+    /// Proxy mode: the host that did the last PXE exchange of each
+    /// enrolled MAC ([`Shared::record_pxe_exchange`],
+    /// [`Shared::bind_pxe_host`]).
+    pxe_hosts: Mutex<HashMap<Mac, Option<IpAddr>>>,
+}
+
+/// Why [`Shared::bind_pxe_host`] refused an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PxeHostRefusal {
+    /// This bootd answered no PXE exchange for the MAC (since it started).
+    NoExchange,
+    /// Another host did the exchange (or fetched first after it).
+    Other(IpAddr),
 }
 
 impl Shared {
@@ -119,6 +133,57 @@ impl Shared {
             lease_log: None,
             leases6: Mutex::new(anneal_dhcp::v6::Leases6::default()),
             http_base6: std::sync::OnceLock::new(),
+            pxe_hosts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Proxy mode: bootd answered a PXE exchange (a proxyDHCP OFFER or
+    /// ACK, a port 4011 ACK, a DHCPv6 proxy answer) for `mac`. `host` is
+    /// the client's address when the exchange named one (the source of a
+    /// datagram sent from an address, or its `ciaddr` through a relay);
+    /// `None` for a client without one yet (a DISCOVER from 0.0.0.0,
+    /// DHCPv6 from a link-local address): then the first address to fetch
+    /// the MAC's script or token is bound ([`Shared::bind_pxe_host`]). A
+    /// new exchange replaces the previous binding (a rebooted machine may
+    /// hold another address). Kept for enrolled MACs only (one entry per
+    /// Machine at most).
+    pub fn record_pxe_exchange(&self, mac: Mac, host: Option<IpAddr>) {
+        let snap = self.snapshot();
+        if !snap.machines.contains_key(&mac) {
+            return;
+        }
+        let mut hosts = self
+            .pxe_hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // a new MAC with the map as large as the table: some entry is a MAC
+        // that left it, and those go
+        if !hosts.contains_key(&mac) && hosts.len() >= snap.machines.len() {
+            hosts.retain(|m, _| snap.machines.contains_key(m));
+        }
+        hosts.insert(mac, host.map(|h| h.to_canonical()));
+    }
+
+    /// Proxy mode's gate on a MAC's unused token (issue 41): `peer` may
+    /// fetch it only if it is the host of the MAC's last PXE exchange, or
+    /// the exchange named no address and `peer` is the first to ask after
+    /// it (it is then bound: every other address is refused until the next
+    /// exchange).
+    pub fn bind_pxe_host(&self, mac: Mac, peer: IpAddr) -> Result<(), PxeHostRefusal> {
+        let peer = peer.to_canonical();
+        let mut hosts = self
+            .pxe_hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match hosts.get_mut(&mac) {
+            None => Err(PxeHostRefusal::NoExchange),
+            Some(Some(h)) if *h == peer => Ok(()),
+            Some(Some(h)) => Err(PxeHostRefusal::Other(*h)),
+            Some(bound @ None) => {
+                *bound = Some(peer);
+                tracing::info!(%mac, host = %peer, "boot token bound to the first host asking after the PXE exchange");
+                Ok(())
+            }
         }
     }
 

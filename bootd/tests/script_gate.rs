@@ -7,7 +7,8 @@
 //!   cpio the script adds as a second initrd;
 //! - once the token is spent (what the watcher builds after the agent
 //!   registered), a replayed fetch gets 410 and no token, from any address;
-//! - proxy mode (no leases): only the token-unused rule gates.
+//! - proxy mode (no leases): the host of the MAC's PXE exchange, and the
+//!   token-unused rule (issue 41; bootd/tests/proxy_token.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 
@@ -257,26 +258,31 @@ async fn lease_mode_serves_the_script_to_the_dhcpv6_address_of_the_mac() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxy_mode_gates_on_the_unused_token_only() {
+async fn proxy_mode_gates_on_the_pxe_host_and_the_unused_token() {
     let server = start("proxy", Leases::default()).await;
     let script = "/ipxe/52-54-00-15-00-02";
     let token = "/token/52-54-00-15-00-02";
-    // no leases in proxy mode: any address may fetch while the token is unused
-    for from in [src(4), src(5)] {
-        let (code, body) = get(&server, from, script).await;
-        assert_eq!(code, 200, "{}", text(&body));
-        assert!(!contains(&body, TOKEN), "the token is in the script");
-        let (code, body) = get(&server, from, token).await;
-        assert_eq!(code, 200);
-        assert!(contains(&body, &format!("{TOKEN}x")));
-    }
+    // no leases in proxy mode: the host of the MAC's PXE exchange (issue
+    // 41; bootd/tests/proxy_token.rs does the exchange over DHCP) may
+    // fetch while the token is unused, no other
+    server.shared.record_pxe_exchange(M2, Some(src(4)));
+    let (code, body) = get(&server, src(4), script).await;
+    assert_eq!(code, 200, "{}", text(&body));
+    assert!(!contains(&body, TOKEN), "the token is in the script");
+    let (code, body) = get(&server, src(4), token).await;
+    assert_eq!(code, 200);
+    assert!(contains(&body, &format!("{TOKEN}x")));
+    let (code, body) = get(&server, src(5), token).await;
+    assert_eq!(code, 403, "{}", text(&body));
+    assert!(!contains(&body, TOKEN));
     spend(&server.shared, M2);
     for path in [script, token] {
         let (code, body) = get(&server, src(4), path).await;
         assert_eq!(code, 410, "{path}: {}", text(&body));
         assert!(!contains(&body, TOKEN));
     }
-    // m1 is untouched
+    // m1 is untouched (its own exchange, with no address: the first asks)
+    server.shared.record_pxe_exchange(M1, None);
     let (code, _) = get(&server, src(4), "/ipxe/52-54-00-15-00-01").await;
     assert_eq!(code, 200);
 }

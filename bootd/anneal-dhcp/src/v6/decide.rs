@@ -477,6 +477,8 @@ pub struct Reply6 {
     pub boot: Option<String>,
     /// The address handed out.
     pub address: Option<Ipv6Addr>,
+    /// The client's link-layer address, when known ([`Request6::mac`]).
+    pub mac: Option<Mac>,
 }
 
 /// The outcome for one request.
@@ -816,6 +818,7 @@ pub fn decide6(req: &Request6, t: &BootTable6, leases: &Leases6, now: u64) -> De
         effect,
         boot: if gives_config { boot } else { None },
         address,
+        mac: req.mac,
     }))
 }
 
