@@ -23,9 +23,10 @@
 //! it stays inside the range; an entry left without one (range exhausted)
 //! keeps its IPv4 address and sets `DHCPPoolExhausted` the same way, the
 //! message naming `spec.ipv6.leaseRange`.
-//! For the printer columns (issue 18) it also writes, in lease mode,
-//! `status.reservationCount` and `status.bootdReady` ([`bootd_ready`]);
-//! both are removed in proxy mode.
+//! For the printer columns (docs/operators.md, "Columns, short names,
+//! `kubectl get anneal`") it also writes, in lease mode,
+//! `status.reservationCount` and `status.bootdReady` ([`bootd_ready`]); both
+//! are removed in proxy mode.
 //!
 //! Status writes are merge patches guarded by the Subnet's resourceVersion;
 //! a conflict requeues.

@@ -1,7 +1,7 @@
-//! The start-up check of `manager run` (issue 43): a configuration that
-//! cannot provision is refused before the manager connects anywhere. Each
-//! missing or contradictory setting is one line that names the flag to set
-//! and why; `main` prints every line and exits non-zero.
+//! The start-up check of `manager run` (docs/lifecycle.md, "Start-up checks"):
+//! a configuration that cannot provision is refused before the manager
+//! connects anywhere. Each missing or contradictory setting is one line that
+//! names the flag to set and why; `main` prints every line and exits non-zero.
 //!
 //! The rules keep deliberately partial roles working: a replica with
 //! `--no-lifecycle`, one without `--workload-executor` (no image

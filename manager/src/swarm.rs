@@ -1,7 +1,7 @@
-//! Distribution (issue 14): the Site controller (its Subnets, its tracker
-//! URL, its seeders' readiness), the Site's tracker and the seeders per
-//! (Image, Site) as workloads, and the swarm a deploy plan hands to the
-//! agent. See docs/distribution.md.
+//! Distribution: the Site controller (its Subnets, its tracker URL, its
+//! seeders' readiness), the Site's tracker and the seeders per (Image, Site)
+//! as workloads, and the swarm a deploy plan hands to the agent. See
+//! docs/distribution.md, "The manager: trackers, seeders, the Site".
 //!
 //! - **Tracker**: a Site with `spec.tracker.ip` gets `anneal-agent tracker`
 //!   listening on `<ip>:<--tracker-port>` (workload `tracker-<site>`); with

@@ -661,10 +661,10 @@ async fn agent_api_accept_errors_back_off() {
     drop(child);
 }
 
-/// Issue 15: the register call's boot MAC must be the Machine's
-/// `spec.bootMACAddress`. A mismatch is refused with 403 naming the machine
-/// and both MACs, and uses nothing up: the token still registers from the
-/// right MAC (in another accepted spelling) afterwards.
+/// The register call's boot MAC must be the Machine's `spec.bootMACAddress`
+/// (docs/api.md, "Agent protocol"). A mismatch is refused with 403 naming the
+/// machine and both MACs, and uses nothing up: the token still registers from
+/// the right MAC (in another accepted spelling) afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_refuses_another_boot_mac() {
     let token = "cd".repeat(32);
@@ -710,9 +710,9 @@ async fn register_refuses_another_boot_mac() {
     assert_eq!(body["machine"]["name"], "m-mac");
     let session = body["sessionToken"].as_str().unwrap().to_string();
 
-    // the inspection ends as the controller writes it (issue 15): Available,
-    // the session's hash cleared. The session cannot act any more; its
-    // `next` still gets the poweroff an idle Available machine is owed.
+    // the inspection ends as the controller writes it: Available, the
+    // session's hash cleared. The session cannot act any more; its `next`
+    // still gets the poweroff an idle Available machine is owed.
     let (code, _, body) = tls
         .call(
             src(31),
@@ -748,10 +748,10 @@ async fn register_refuses_another_boot_mac() {
     api.join().await;
 }
 
-/// Issue 44: a session in use is renewed (its expiry moves to now + the TTL
-/// once `session_renew_after` has passed since it was set), so a deploy
-/// longer than the TTL keeps its session; an expired one is refused and
-/// never renewed.
+/// A session in use is renewed (docs/api.md, "Agent protocol"; its expiry
+/// moves to now + the TTL once `session_renew_after` has passed since it was
+/// set), so a deploy longer than the TTL keeps its session; an expired one is
+/// refused and never renewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_used_session_is_renewed_and_an_expired_one_is_not() {
     let token = "ef".repeat(32);

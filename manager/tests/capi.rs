@@ -1,4 +1,4 @@
-//! The Cluster API provider against a real kube-apiserver (issue 46): no
+//! The Cluster API provider (docs/capi.md) against a real kube-apiserver: no
 //! Cluster API controller runs here; the test plays the core's part (a
 //! minimal `Cluster` and `Machine` CRD of cluster.x-k8s.io/v1beta2, the
 //! Machine owning the AnnealMachine, its bootstrap data Secret) and the

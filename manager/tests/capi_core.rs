@@ -1,13 +1,13 @@
-//! The Cluster API provider under the real Cluster API (issue 46): the core
-//! manager and the kubeadm bootstrap manager of `sigs.k8s.io/cluster-api`
-//! (built by tests/setup.sh from tests/controlplane/capi, their CRDs copied
-//! from the module) run against a real kube-apiserver beside anneal's
-//! Cluster API and claim controllers. The test plays only what is not
-//! Cluster API's nor anneal's controllers' part: a control plane provider
-//! (a `TestControlPlane` object reporting an initialized control plane, the
-//! cluster CA and kubeconfig Secrets, the workload cluster being this same
-//! API server) and the deploy (a DeployRun and the Machine's Provisioned
-//! state; no VM).
+//! The Cluster API provider under the real Cluster API (docs/capi.md, "Under
+//! the real Cluster API"): the core manager and the kubeadm bootstrap manager
+//! of `sigs.k8s.io/cluster-api` (built by tests/setup.sh from
+//! tests/controlplane/capi, their CRDs copied from the module) run against a
+//! real kube-apiserver beside anneal's Cluster API and claim controllers. The
+//! test plays only what is not Cluster API's nor anneal's controllers' part: a
+//! control plane provider (a `TestControlPlane` object reporting an
+//! initialized control plane, the cluster CA and kubeconfig Secrets, the
+//! workload cluster being this same API server) and the deploy (a DeployRun
+//! and the Machine's Provisioned state; no VM).
 //!
 //! Checked: a Cluster on an AnnealCluster and a MachineDeployment of one
 //! worker (AnnealMachineTemplate, KubeadmConfigTemplate): the MachineSet

@@ -83,7 +83,7 @@ fn committed_reference_matches_types() {
 #[test]
 fn every_kind_is_namespaced_with_status_and_short_names() {
     for crd in anneal_api::crds() {
-        // anneal.dev, and the Cluster API provider's group (issue 46)
+        // anneal.dev, and the Cluster API provider's group (docs/capi.md)
         assert!(
             [anneal_api::GROUP, anneal_api::capi::GROUP].contains(&crd.spec.group.as_str()),
             "{}",

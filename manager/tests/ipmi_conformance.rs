@@ -1,9 +1,9 @@
-//! The IPMI driver (issue 16) against Debian's ipmi_sim on loopback: power
-//! status, on, off, cycle, hard reset, soft shutdown, the one-time PXE
-//! boot flags cross-checked with `ipmitool chassis bootparam get 5`, and the
-//! failures the lifecycle classifies (wrong password, unknown user, no
-//! BMC listening). ipmi_sim's chassis is the state directory of
-//! qemu/ipmi-sim/chassis-control.sh.
+//! The IPMI driver (docs/lifecycle.md, "BMC access and failures") against
+//! Debian's ipmi_sim on loopback: power status, on, off, cycle, hard reset,
+//! soft shutdown, the one-time PXE boot flags cross-checked with `ipmitool
+//! chassis bootparam get 5`, and the failures the lifecycle classifies (wrong
+//! password, unknown user, no BMC listening). ipmi_sim's chassis is the state
+//! directory of qemu/ipmi-sim/chassis-control.sh.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 

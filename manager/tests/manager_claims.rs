@@ -545,7 +545,7 @@ async fn claims_bind_atomically_by_selector_and_release() {
 
     // 4. Release: deleting the claim marks the machine Released (Retain)
     // and clears its claimRef; the claim goes away. While the machine is
-    // Parked the release waits (issue 44: every controller stands down).
+    // Parked the release waits (every controller stands down).
     let before = get_machine(&client, ns, "big").await.status.unwrap().state;
     let set_state = |state: Option<MachineState>| {
         let client = client.clone();

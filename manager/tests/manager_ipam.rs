@@ -4,7 +4,8 @@
 //! Machines), the revision, `DHCPPoolExhausted` with the waiting count, the
 //! Events, stability across a manager restart (no write at all), release on
 //! delete and on leaving the Subnet, proxy mode; `reservationCount` and
-//! `bootdReady` (issue 18).
+//! `bootdReady` (docs/operators.md, "Columns, short names, `kubectl get
+//! anneal`").
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 
@@ -251,9 +252,9 @@ async fn reservations_allocate_stay_release_and_exhaust() {
         (None, None),
         "proxy mode: no count, and bootd reports nothing"
     );
-    // The printer columns' fields (issue 18): the count, and bootd not
-    // ready until it has applied the current revision (bootd's write is
-    // played here: it patches appliedRevision once the table is live).
+    // The printer columns' fields: the count, and bootd not ready until it has
+    // applied the current revision (bootd's write is played here: it patches
+    // appliedRevision once the table is live).
     let st = s.status.clone().unwrap();
     assert_eq!(st.reservation_count, Some(2));
     assert_eq!(st.bootd_ready, Some(false), "no bootd has applied anything");
@@ -399,10 +400,10 @@ async fn reservations_allocate_stay_release_and_exhaust() {
     manager.stop().await;
 }
 
-/// `spec.ipv6` (issue 44): the API server admits a valid one and rejects
-/// the rules CEL holds, naming the field; in lease mode every reservation
-/// carries an `ipv6Address` from `spec.ipv6.leaseRange`, stable and unique,
-/// covered by the revision.
+/// `spec.ipv6` (docs/api.md, "Subnet"): the API server admits a valid one and
+/// rejects the rules CEL holds, naming the field; in lease mode every
+/// reservation carries an `ipv6Address` from `spec.ipv6.leaseRange`, stable
+/// and unique, covered by the revision.
 #[tokio::test]
 async fn ipv6_reservations_and_admission() {
     let cp = ControlPlane::start().await.unwrap();

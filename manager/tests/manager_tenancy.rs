@@ -1,4 +1,4 @@
-//! Tenancy against a real kube-apiserver (issue 15, "Tenancy and secrets"):
+//! Tenancy against a real kube-apiserver:
 //!
 //! 1. A Machine admitted before admission refused it (the CRD of an older
 //!    release, without the namespace rules) whose BMC Secret reference names

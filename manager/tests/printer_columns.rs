@@ -178,9 +178,9 @@ async fn tables_show_the_first_question_of_each_kind() {
     assert_eq!(cell(&names, &values, "DHCP"), "lease");
     assert_eq!(cell(&names, &values, "Pool Exhausted"), "False");
     assert_eq!(cell(&names, &values, "Applied"), "r1");
-    // Issue 18: the count and bootd's readiness (status fields the IPAM
-    // controller writes, set here by hand as no manager runs;
-    // manager_ipam.rs tests that the controller writes them).
+    // The count and bootd's readiness (status fields the IPAM controller
+    // writes, set here by hand as no manager runs; manager_ipam.rs tests that
+    // the controller writes them).
     assert_eq!(cell(&names, &values, "Reservations"), 1, "{t}");
     assert_eq!(cell(&names, &values, "Bootd Ready"), true, "{t}");
     let (names, _) = columns(&t, false);

@@ -1,12 +1,13 @@
 #![allow(clippy::too_many_lines)]
-//! Short names as the real kube-apiserver serves them (issue 43): every
-//! built-in resource's short names, plural and singular are listed through
-//! discovery, and no anneal short name (nor plural, nor singular) is one of
-//! them, nor one of the short names of the CRDs a bare-metal cluster
-//! commonly runs beside anneal (hard-coded below with their sources), so
-//! `kubectl get pc` keeps listing PriorityClasses and `kubectl get ma`
-//! Cluster API Machines. Once installed, every anneal kind is served with
-//! its short names and in the category `anneal` (`kubectl get anneal`).
+//! Short names as the real kube-apiserver serves them (docs/operators.md,
+//! "Columns, short names, `kubectl get anneal`"): every built-in resource's
+//! short names, plural and singular are listed through discovery, and no
+//! anneal short name (nor plural, nor singular) is one of them, nor one of the
+//! short names of the CRDs a bare-metal cluster commonly runs beside anneal
+//! (hard-coded below with their sources), so `kubectl get pc` keeps listing
+//! PriorityClasses and `kubectl get ma` Cluster API Machines. Once installed,
+//! every anneal kind is served with its short names and in the category
+//! `anneal` (`kubectl get anneal`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};

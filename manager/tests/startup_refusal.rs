@@ -1,8 +1,9 @@
-//! `manager run` refuses a configuration that cannot provision (issue 43):
-//! the real binary prints one line per missing or contradictory setting,
-//! each naming its flag, and exits non-zero before it connects anywhere
-//! (the kubeconfig here does not exist: a run that got past the check
-//! fails connecting instead). The shipped deploy/base/manager.yaml passes.
+//! `manager run` refuses a configuration that cannot provision
+//! (docs/lifecycle.md, "Start-up checks"): the real binary prints one line per
+//! missing or contradictory setting, each naming its flag, and exits non-zero
+//! before it connects anywhere (the kubeconfig here does not exist: a run that
+//! got past the check fails connecting instead). The shipped
+//! deploy/base/manager.yaml passes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;

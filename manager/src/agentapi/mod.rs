@@ -850,8 +850,9 @@ impl Server {
                 tracing::info!(%peer, machine = %name, "register refused: boot token expired");
                 return unauthorized(ErrorCode::ExpiredToken);
             }
-            // The token is bound to the machine's boot NIC too: an agent
-            // that booted from another MAC is not this machine's (issue 15).
+            // The token is bound to the machine's boot NIC too: an agent that
+            // booted from another MAC is not this machine's (docs/api.md,
+            // "Agent protocol").
             if let Some(want) = m.spec.boot_mac_address.as_deref()
                 && !same_mac(want, &req.boot_mac)
             {
@@ -1104,13 +1105,13 @@ impl Server {
         }
     }
 
-    /// `poweroff` for the agent of an inspection that ended: the transition
-    /// to Available cleared its session's hash (issue 15), so it can no
-    /// longer act; a `next` it sends after that (its long-poll was not
-    /// waiting at the moment) still gets the `poweroff` the contract
-    /// promises an idle Available machine. Only sessions this manager
-    /// minted are known (an in-memory index): after a restart such a poll
-    /// gets 401. None: not such a session.
+    /// `poweroff` for the agent of an inspection that ended: the transition to
+    /// Available cleared its session's hash (docs/api.md, "Agent protocol"),
+    /// so it can no longer act; a `next` it sends after that (its long-poll
+    /// was not waiting at the moment) still gets the `poweroff` the contract
+    /// promises an idle Available machine. Only sessions this manager minted
+    /// are known (an in-memory index): after a restart such a poll gets 401.
+    /// None: not such a session.
     async fn ended_inspection(&self, bearer: Option<Token>) -> Option<Resp> {
         let token = bearer.filter(well_formed)?;
         let hash = token_hash(token.expose());

@@ -1,4 +1,4 @@
-//! The Cluster API infrastructure provider (issue 46): the AnnealMachine
+//! The Cluster API infrastructure provider (docs/capi.md): the AnnealMachine
 //! and AnnealCluster controllers, in the manager's runtime under the leader
 //! lease like every other controller.
 //!

@@ -958,8 +958,9 @@ async fn cleanup(claim: &MachineClaim, ctx: &Context) -> Result<Action, ClaimErr
         return Ok(Action::await_change());
     }
     if live.status.as_ref().and_then(|s| s.state) == Some(MachineState::Parked) {
-        // Parked: every controller stands down; the release (and a
-        // Recycle's wipe) waits for `unpark` (issue 44)
+        // Parked: every controller stands down; the release (and a Recycle's
+        // wipe) waits for `unpark` (docs/troubleshooting.md,
+        // "ReleaseWaitsForUnpark")
         let message = format!(
             "claim {claim_name} was deleted while Machine {name} is Parked: the release waits until it is unparked (kubectl anneal unpark {name})"
         );

@@ -1,9 +1,10 @@
 //! Image readiness: `status.state` and condition `Ready` from its contents
 //! (the `Valid` condition is the validity controller's). Ready when every
-//! slot's content exists and is Ready; Failed when one failed or the Image
-//! is invalid for a reason a new content cannot fix; Pending otherwise.
-//! Also writes what the printer columns show (issue 18): `status.slots`,
-//! `status.sizeBytes` and `status.usedBytes` ([`sizes`]).
+//! slot's content exists and is Ready; Failed when one failed or the Image is
+//! invalid for a reason a new content cannot fix; Pending otherwise. Also
+//! writes what the printer columns show (docs/operators.md, "Columns, short
+//! names, `kubectl get anneal`"): `status.slots`, `status.sizeBytes` and
+//! `status.usedBytes` ([`sizes`]).
 
 use std::sync::Arc;
 
@@ -165,9 +166,9 @@ pub fn owner_ref(image: &Image) -> Option<OwnerReference> {
     })
 }
 
-/// Makes the Image an owner of every content of its slots (issue 44): a
-/// content no Image owns any more is collected (the content controller, and
-/// Kubernetes' garbage collector where it runs).
+/// Makes the Image an owner of every content of its slots (docs/api.md,
+/// "PartitionContent"): a content no Image owns any more is collected (the
+/// content controller, and Kubernetes' garbage collector where it runs).
 async fn own_contents(image: &Image, ctx: &Ctx) -> Result<(), ImageError> {
     let ns = image.namespace().unwrap_or_default();
     let Some(owner) = owner_ref(image) else {

@@ -1,8 +1,9 @@
-//! Day-1 configuration (issue 45): the cloud-init NoCloud config drive of a
-//! claim. Pure: the caller reads the Secrets, the Machine's inventory and its
-//! Subnet, and hands in the bytes; this renders `user-data` (as given),
-//! `network-config` (a Secret's as given, or generated and checked) and
-//! `meta-data`, and the digest that makes a change a new intent.
+//! Day-1 configuration (docs/deploy.md, "Day-1 configuration (cloud-init)"):
+//! the cloud-init NoCloud config drive of a claim. Pure: the caller reads the
+//! Secrets, the Machine's inventory and its Subnet, and hands in the bytes;
+//! this renders `user-data` (as given), `network-config` (a Secret's as given,
+//! or generated and checked) and `meta-data`, and the digest that makes a
+//! change a new intent.
 //!
 //! No value read from a Secret ever reaches an error message: errors name
 //! fields, Secrets and keys only.

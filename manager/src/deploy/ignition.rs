@@ -1,5 +1,6 @@
-//! Ignition (issue 45): a claim's Day-1 data for CoreOS-family Images
-//! (Fedora CoreOS, Flatcar), which boot with Ignition, not cloud-init.
+//! Ignition (docs/deploy.md, "Day-1 over the network"): a claim's Day-1 data
+//! for CoreOS-family Images (Fedora CoreOS, Flatcar), which boot with
+//! Ignition, not cloud-init.
 //!
 //! Delivery: the manager's metadata endpoint serves this config at
 //! `/ignition/config.ign` to the machine that holds the request's source

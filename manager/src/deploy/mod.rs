@@ -1,4 +1,5 @@
-//! Deploy: planning DeployRuns from bound claims (issue 13).
+//! Deploy: planning DeployRuns from bound claims (docs/deploy.md,
+//! "1. Planning").
 
 pub mod cloudinit;
 pub mod ignition;

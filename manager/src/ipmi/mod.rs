@@ -1,8 +1,8 @@
-//! IPMI driver (`ipmi://host[:port]`, issue 16): IPMI 2.0 RMCP+ "lanplus"
-//! over UDP with cipher suite 3 (RAKP-HMAC-SHA1, HMAC-SHA1-96,
-//! AES-CBC-128). One session per operation: open, RAKP 1-4, raise the
-//! privilege to administrator, the commands, close. Each request is sent
-//! up to [`ATTEMPTS`] times within the client's timeout.
+//! IPMI driver (`ipmi://host[:port]`, docs/lifecycle.md "BMC access and
+//! failures"): IPMI 2.0 RMCP+ "lanplus" over UDP with cipher suite 3
+//! (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128). One session per operation:
+//! open, RAKP 1-4, raise the privilege to administrator, the commands, close.
+//! Each request is sent up to [`ATTEMPTS`] times within the client's timeout.
 //!
 //! The pure encodings and the key derivation live in [`wire`] (golden
 //! vectors from ipmitool against ipmi_sim in its tests).

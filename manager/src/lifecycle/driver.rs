@@ -559,7 +559,7 @@ pub async fn delete_boot_token_secrets(client: &kube::Client, m: &Machine) -> Re
 /// The merge patch of `status` over `m`'s (`None`: nothing to write).
 /// `observedGeneration` moves with a status write and never causes one: a
 /// spec write that changes nothing this controller reports (the claim
-/// controller's bind, `spec.claimRef`) writes no status (issue 42).
+/// controller's bind, `spec.claimRef`) writes no status.
 fn status_patch(m: &Machine, status: &anneal_api::MachineStatus) -> Option<serde_json::Value> {
     let current = m.status.clone().unwrap_or_default();
     let mut status = status.clone();

@@ -703,10 +703,10 @@ pub fn apply(snap: &Snapshot<'_>) -> Decision {
         p.transition(MachineState::Available);
         p.d.status.net_boot = None;
         p.token = TokenOp::Delete;
-        // The inspection's session ends with the inspection (issue 15):
-        // its hash is cleared so it cannot act any more. Only fast-track
-        // keeps it (docs/api.md: the idle agent gets its deploy plan from
-        // `next` inside the window, then `poweroff`).
+        // The inspection's session ends with the inspection (docs/api.md,
+        // "Agent protocol"): its hash is cleared so it cannot act any more.
+        // Only fast-track keeps it (docs/api.md: the idle agent gets its
+        // deploy plan from `next` inside the window, then `poweroff`).
         if snap.cfg.fast_track_window.is_none()
             && let Some(agent) = p.d.status.agent.as_mut()
         {
@@ -901,7 +901,7 @@ fn park(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Option<Outcome> 
             p.d.drop_annotations.push(annotations::OPERATION);
             if p.m().spec.claim_ref.is_none() {
                 // unpark refreshes the inventory: a new inspection, the old
-                // MachineHardware gone (issue 44)
+                // MachineHardware gone (docs/lifecycle.md, "States")
                 p.d.delete_hardware = true;
                 p.transition(MachineState::Inspecting);
                 return Some(match arm(p, client, http_boot) {
@@ -1098,7 +1098,8 @@ fn available(p: &mut Pass<'_, '_>, client: bool, http_boot: bool) -> Outcome {
         };
     }
     // Released by a claim under reclaimPolicy Retain (the claim controller
-    // wrote Released): shut down and the override cleared, once (issue 44)
+    // wrote Released): shut down and the override cleared, once
+    // (docs/troubleshooting.md, "Released")
     if p.state() == MachineState::Released
         && p.m().spec.claim_ref.is_none()
         && p.m().spec.reclaim_policy == anneal_api::ReclaimPolicy::Retain
@@ -1878,8 +1879,8 @@ mod tests {
         }
     }
 
-    /// Issue 44: a claim released under Retain leaves the server off with
-    /// no boot override; under Recycle it is left for the wipe's boot.
+    /// A claim released under Retain leaves the server off with no boot
+    /// override; under Recycle it is left for the wipe's boot.
     #[test]
     fn a_retain_release_powers_off_and_clears_the_override() {
         let cfg = cfg();
@@ -2181,7 +2182,7 @@ mod tests {
         assert_eq!(d.token, TokenOp::Delete);
         assert!(d.actions.is_empty());
         assert_eq!(cond(&d, types::AGENT_REGISTERED).unwrap().status, "True");
-        // issue 15: the inspection's session is over: its hash is cleared
+        // the inspection's session is over: its hash is cleared
         let agent = d.draft.status.agent.clone().unwrap();
         assert_eq!(agent.session_token_hash, None);
         assert_eq!(agent.expires_at, None);

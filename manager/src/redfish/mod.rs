@@ -176,7 +176,8 @@ pub enum Scheme {
     Https,
     /// `redfish+http://`: plain HTTP (labs).
     Http,
-    /// `ipmi://`: IPMI 2.0 RMCP+ over UDP (issue 16).
+    /// `ipmi://`: IPMI 2.0 RMCP+ over UDP (docs/lifecycle.md, "BMC access and
+    /// failures").
     Ipmi,
 }
 
