@@ -393,8 +393,8 @@ pub struct DeployPlan {
     /// only); absent: the agent stops serving at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seeding: Option<SeedPolicy>,
-    /// The cloud-init config drive written on the OS disk (issue 45); absent:
-    /// none is written.
+    /// The cloud-init config drive written on the OS disk (docs/deploy.md,
+    /// "Day-1 configuration (cloud-init)"); absent: none is written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_drive: Option<PlannedConfigDrive>,
 }
@@ -543,8 +543,8 @@ pub struct PlannedContent {
     pub stream_sha256: String,
     /// Stream length in bytes (used bytes).
     pub stream_bytes: u64,
-    /// The content's swarm (issue 14); absent: the content comes over HTTP
-    /// from `stream_url` only.
+    /// The content's swarm (docs/distribution.md, "The agent's swarm
+    /// fetch"); absent: the content comes over HTTP from `stream_url` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swarm: Option<PlannedSwarm>,
 }

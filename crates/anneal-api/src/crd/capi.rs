@@ -1,4 +1,4 @@
-//! The Cluster API infrastructure provider's kinds (issue 46), group
+//! The Cluster API infrastructure provider's kinds (docs/capi.md), group
 //! `infrastructure.cluster.x-k8s.io`, version `v1alpha1`: AnnealCluster
 //! (InfraCluster), AnnealMachine (InfraMachine) and AnnealMachineTemplate
 //! (InfraMachineTemplate), following the Cluster API provider contract

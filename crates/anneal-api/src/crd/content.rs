@@ -487,19 +487,19 @@ pub struct ImageStatus {
     /// Pending, Ready or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<ImageState>,
-    /// Number of slots in `spec.layout.slots` (issue 18: a printer column
-    /// cannot count a list).
+    /// Number of slots in `spec.layout.slots` (a printer column cannot count
+    /// a list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<i32>,
     /// Disk space the layout takes, in bytes: the sum over slots of
     /// `sizeBytes`, or of the content's `spec.sizeBytes` for a content slot
     /// without one (a growing slot counts at that size). Absent while a
     /// slot's size is unknown (a blank slot without `sizeBytes`, or a
-    /// content that does not exist yet). Issue 18.
+    /// content that does not exist yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<i64>,
     /// Bytes a deploy writes: the sum of the contents' `spec.usedBytes`.
-    /// Absent while a content does not exist yet. Issue 18.
+    /// Absent while a content does not exist yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<i64>,
     /// Conditions: Ready, Valid, SeederDegraded.

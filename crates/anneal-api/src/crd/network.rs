@@ -394,13 +394,13 @@ pub struct SubnetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhcp: Option<SubnetDhcpStatus>,
     /// Number of entries in `dhcp.reservations` (lease mode; absent in
-    /// proxy mode). Issue 18: a printer column cannot count a list.
+    /// proxy mode): a printer column cannot count a list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_count: Option<i32>,
     /// Lease mode: true when bootd has made the current reservation table
     /// live (`dhcp.appliedRevision` equals `dhcp.revision`), false while it
     /// has not (no bootd running for the Subnet, or it is catching up).
-    /// Absent in proxy mode, where bootd reports nothing. Issue 18.
+    /// Absent in proxy mode, where bootd reports nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootd_ready: Option<bool>,
     /// Conditions: Valid, Ready, DHCPPoolExhausted.
