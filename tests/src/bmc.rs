@@ -195,7 +195,7 @@ pub fn now_ms() -> u64 {
     .unwrap()
 }
 
-/// A VM that starts powered off behind Debian's ipmi_sim (issue 16): its
+/// A VM that starts powered off behind Debian's ipmi_sim: its
 /// chassis control drives the VM over QMP (qemu/ipmi-sim/qmp-hook.py).
 #[derive(Debug)]
 pub struct IpmiVm {
@@ -292,7 +292,7 @@ impl IpmiVm {
 /// Datagrams a [`UdpTap`] received, with their arrival times.
 type Received = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Vec<u8>)>>>;
 
-/// A UDP address standing in for an IPMI BMC (issue 16) that records every
+/// A UDP address standing in for an IPMI BMC that records every
 /// datagram it receives with its arrival time: silent, or relaying each
 /// datagram to `upstream` (an ipmi_sim) and the answers back to the last
 /// sender. The task ends when the tap drops.

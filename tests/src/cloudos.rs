@@ -1,10 +1,11 @@
-//! The Day-1 cloud OS (issue 45): a plain Debian 12 cloud image built by
-//! `tests/setup.d/cloudos.sh` (debootstrap from Debian's packages, with
-//! cloud-init and openssh-server, nothing anneal-specific), as a raw GPT
-//! disk: p1 an ESP holding a UKI at `\EFI\debian\linuxx64.efi`, p2 an ext4
-//! root with a fixed UUID, unallocated space after it. Plus what a test needs
-//! around it: an SSH key pair, `ssh` into a namespace, and a NoCloud seed
-//! (a vfat filesystem labelled `CIDATA`) built with the host's mtools.
+//! The Day-1 cloud OS (docs/deploy.md, "Day-1 configuration (cloud-init)"): a
+//! plain Debian 12 cloud image built by `tests/setup.d/cloudos.sh`
+//! (debootstrap from Debian's packages, with cloud-init and openssh-server,
+//! nothing anneal-specific), as a raw GPT disk: p1 an ESP holding a UKI at
+//! `\EFI\debian\linuxx64.efi`, p2 an ext4 root with a fixed UUID, unallocated
+//! space after it. Plus what a test needs around it: an SSH key pair, `ssh`
+//! into a namespace, and a NoCloud seed (a vfat filesystem labelled `CIDATA`)
+//! built with the host's mtools.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -129,15 +129,15 @@ pub struct LabOptions {
     /// `OVMF_VARS_4M.ms.fd`), the Machine with `bootLoader: shim`: Debian's
     /// signed shim, network GRUB and kernel (tests/setup.d/secureboot.sh).
     pub secure_boot: bool,
-    /// An arm64 machine (issue 16): AAVMF on QEMU's `virt` board, the
-    /// Machine of `architecture: aarch64` with `bootLoader: shim` (Debian's
-    /// arm64 shim and network GRUB: no arm64 iPXE is available here), the
-    /// aarch64 agent in an initramfs of the arm64 kernel's modules, served
-    /// as bootd's `artifacts.aarch64`.
+    /// An arm64 machine (docs/testing.md, "arm64"): AAVMF on QEMU's `virt`
+    /// board, the Machine of `architecture: aarch64` with `bootLoader: shim`
+    /// (Debian's arm64 shim and network GRUB: no arm64 iPXE is available
+    /// here), the aarch64 agent in an initramfs of the arm64 kernel's modules,
+    /// served as bootd's `artifacts.aarch64`.
     pub aarch64: bool,
-    /// Distribution (issue 14, deploy lab only): the Site gets a tracker on
-    /// [`SERVER_IP`] (`spec.tracker.ip`, the lab Subnet as its seeder
-    /// Subnet), the manager runs it and the seeders inside the lab's
+    /// Distribution (docs/distribution.md; deploy lab only): the Site gets a
+    /// tracker on [`SERVER_IP`] (`spec.tracker.ip`, the lab Subnet as its
+    /// seeder Subnet), the manager runs it and the seeders inside the lab's
     /// namespace (on the VMs' bridge: no NAT in front of a peer), and plans
     /// carry each content's swarm.
     pub swarm: bool,
@@ -712,15 +712,15 @@ impl Lab {
         Ok((vm, bmc, tap))
     }
 
-    /// Issue 47: lldpd (Debian's package) plays the switch on the VM's tap,
-    /// inside the lab's namespace (so every VM of the lab has a port of its
-    /// own, which the bridge would not give): system name `system_name`,
-    /// port ID the tap's name (`portidsubtype ifname`), chassis ID the
-    /// tap's MAC, a frame every second. Call it after [`Lab::launch_vm`]
-    /// (the tap exists, the VM is still powered off) so the agent's
-    /// listening window hears a frame. lldpd runs until the lab drops (its
-    /// process group killed and reaped), with its own control socket and
-    /// log (`lldpd.log`) in the lab's directory.
+    /// LLDP (docs/api.md, MachineHardware `nics[].lldp`): lldpd (Debian's
+    /// package) plays the switch on the VM's tap, inside the lab's namespace
+    /// (so every VM of the lab has a port of its own, which the bridge would
+    /// not give): system name `system_name`, port ID the tap's name
+    /// (`portidsubtype ifname`), chassis ID the tap's MAC, a frame every
+    /// second. Call it after [`Lab::launch_vm`] (the tap exists, the VM is
+    /// still powered off) so the agent's listening window hears a frame. lldpd
+    /// runs until the lab drops (its process group killed and reaped), with
+    /// its own control socket and log (`lldpd.log`) in the lab's directory.
     pub fn start_lldp(&mut self, system_name: &str) -> anyhow::Result<NicLldp> {
         let tap = self.vm_tap.clone().context("launch the VM first")?;
         // `ip -br link show dev tap0`: "tap0  UP  aa:bb:cc:dd:ee:ff <...>"

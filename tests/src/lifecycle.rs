@@ -234,8 +234,9 @@ impl AgentClient {
         self.register_as(token, machine, "52:54:00:00:00:00").await
     }
 
-    /// [`AgentClient::register`] from boot MAC `mac`: a registration that
-    /// must succeed names the Machine's `spec.bootMACAddress` (issue 15).
+    /// [`AgentClient::register`] from boot MAC `mac`: a registration that must
+    /// succeed names the Machine's `spec.bootMACAddress` (docs/api.md, "Agent
+    /// protocol").
     pub async fn register_as(
         &self,
         token: &str,

@@ -1,7 +1,7 @@
-//! What the node tests (`node_*`, issue 17) share: FROM-scratch image
-//! archives of our static binaries (`anneal-oci`, as `deploy/images` builds
-//! them), and a kustomize overlay in a test directory over one of
-//! `deploy/overlays/`.
+//! What the node tests (`node_*`, docs/kubernetes.md "On a real node (the test
+//! tier)") share: FROM-scratch image archives of our static binaries
+//! (`anneal-oci`, as `deploy/images` builds them), and a kustomize overlay in
+//! a test directory over one of `deploy/overlays/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

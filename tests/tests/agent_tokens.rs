@@ -1,6 +1,6 @@
-//! Issue 6 acceptance, in VMs: "a boot with a wrong, expired or reused
-//! token stops with one clear console line and no registration; a CA
-//! fingerprint mismatch refuses the connection".
+//! Boot tokens (docs/api.md, "Agent protocol"), in VMs: "a boot with a wrong,
+//! expired or reused token stops with one clear console line and no
+//! registration; a CA fingerprint mismatch refuses the connection".
 //!
 //! The real static agent in our initramfs is booted directly (-kernel/-initrd
 //! on OVMF under TCG, the kernel command line of docs/api.md) against the real

@@ -158,7 +158,7 @@ async fn agent_boots_registers_and_reports() {
     assert!(events.starts_with("POST /v1/agent/register -> 200\nPUT /v1/agent/hardware -> 204\n"));
 }
 
-/// Issue 16, "the agent registers over IPv6": with `anneal.api` at an IPv6
+/// The agent registers over IPv6: with `anneal.api` at an IPv6
 /// literal the agent brings its boot network up over DHCPv6 (here
 /// dnsmasq's, a reference peer; router advertisements from radvd with the
 /// managed flag and no SLAAC, so DHCPv6 is the only way to an address),

@@ -312,7 +312,7 @@ fn lease_mode_gate_tftp_http_hostile_and_restart() {
             .args(args);
         out(c)
     };
-    // issue 15: h0 (10.77.0.200) is not the address leased to the
+    // h0 (10.77.0.200) is not the address leased to the
     // enrolled MAC (c0's 10.77.0.50): 403 and no token
     for path in ["ipxe", "token"] {
         let o = curl(&[

@@ -1,4 +1,4 @@
-//! Issue 15, "bootd needs no cluster-wide Secret access": bootd and the
+//! bootd needs no cluster-wide Secret access: bootd and the
 //! manager run with the ServiceAccounts and roles of `deploy/base/` on the
 //! real API server (RBAC on). A Machine of namespace `tenant-b` boots from
 //! Subnet `lab` of `site-a`, where bootd runs: the manager, acting as

@@ -1,6 +1,6 @@
 //! Firmware conformance matrix: real firmware under TCG network-boots through
 //! bootd (DHCP, TFTP, HTTP) to a marker printed by a tiny busybox initramfs
-//! started by the Debian kernel, or, in the cases of issue 16 that no
+//! started by the Debian kernel, or, in the cases of the boot matrix that no
 //! end-to-end test boots (IPv6 PXE, IPv6 HTTP boot, a site's Secure Boot
 //! key), to the agent: it registers with the agent-protocol test server
 //! (`fake_manager`, in the namespace) over the address family it booted
@@ -20,10 +20,10 @@ use anneal_testinfra::{
     smoke_initramfs_with,
 };
 
-/// Issue 3's lease renewal across a bootd restart, with real VMs
-/// (`bootd_vm/renew.rs`). In this binary so that its minute of waiting for
-/// the agent's renewal overlaps the matrix instead of holding a test lane
-/// of `tests/run.sh` on its own.
+/// The lease renewal across a bootd restart (docs/bootd.md, "Leases"), with
+/// real VMs (`bootd_vm/renew.rs`). In this binary so that its minute of
+/// waiting for the agent's renewal overlaps the matrix instead of holding a
+/// test lane of `tests/run.sh` on its own.
 #[path = "bootd_vm/renew.rs"]
 mod renew;
 

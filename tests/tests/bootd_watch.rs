@@ -159,7 +159,7 @@ async fn a_boot_mac_boots_only_its_first_machine_from_granted_namespaces() {
         let key = anneal_api::tenancy::boot_token_secret(ns, name, "default");
         tokens.insert(key, format!("token-of-{name}"));
         // armed: bootd serves a token only while status.netBoot.tokenHash
-        // is its hash (issue 15)
+        // is its hash
         let hash = anneal_bootd::watch::token_hash(&anneal_bootd::state::Token::new(format!(
             "token-of-{name}"
         )));

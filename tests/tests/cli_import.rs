@@ -1,12 +1,12 @@
-//! `kubectl anneal import` (issue 18) as a process against a real API server
-//! and the manager (in process, the `process` executor, its staged-upload
-//! endpoint on loopback): a 256 MiB GPT disk (ext4 data) is uploaded with
-//! progress lines (stdout is a pipe), its sha256 computed while it streams,
-//! and the ImageImport of `staged://NAME` is followed to Succeeded and its
-//! Image to Ready; a URL is imported without an upload; refusals (name
-//! taken, 409, 413, a bad token, an unreachable endpoint) name the object
-//! and the fix. In a real terminal (tmux) the upload and the import are
-//! each one bar redrawn in place.
+//! `kubectl anneal import` (docs/operators.md, "`kubectl anneal`") as a
+//! process against a real API server and the manager (in process, the
+//! `process` executor, its staged-upload endpoint on loopback): a 256 MiB GPT
+//! disk (ext4 data) is uploaded with progress lines (stdout is a pipe), its
+//! sha256 computed while it streams, and the ImageImport of `staged://NAME` is
+//! followed to Succeeded and its Image to Ready; a URL is imported without an
+//! upload; refusals (name taken, 409, 413, a bad token, an unreachable
+//! endpoint) name the object and the fix. In a real terminal (tmux) the upload
+//! and the import are each one bar redrawn in place.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -326,8 +326,9 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         "{}",
         r.stderr
     );
-    // A successful import removed its upload (issue 44); an upload no
-    // import has consumed yet keeps its name: 409 from the endpoint.
+    // A successful import removed its upload (docs/images.md, "Staged
+    // upload"); an upload no import has consumed yet keeps its name: 409 from
+    // the endpoint.
     let staged = store.join("images/.staged/disk");
     assert!(!staged.exists(), "the staged upload outlived its import");
     imports

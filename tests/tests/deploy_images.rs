@@ -1,11 +1,12 @@
-//! Issue 17, images: `anneal-oci` (the builder of `deploy/images`) makes a
-//! FROM-scratch image of the static musl agent (the binary the machines
-//! boot, and the workloads' image). Two builds give the same bytes and
-//! digest; skopeo, a real OCI client, reads the archive, copies it (checking
-//! every blob's digest) and reports our manifest digest, the architecture
-//! and the entrypoint; the layer holds the binary byte for byte, owned by
-//! root with mtime 0, and the CA roots; the image is under 30 MiB; a limit
-//! under its size is refused with the size named.
+//! Images (docs/kubernetes.md, "Images: FROM scratch, reproducible"):
+//! `anneal-oci` (the builder of `deploy/images`) makes a FROM-scratch image of
+//! the static musl agent (the binary the machines boot, and the workloads'
+//! image). Two builds give the same bytes and digest; skopeo, a real OCI
+//! client, reads the archive, copies it (checking every blob's digest) and
+//! reports our manifest digest, the architecture and the entrypoint; the layer
+//! holds the binary byte for byte, owned by root with mtime 0, and the CA
+//! roots; the image is under 30 MiB; a limit under its size is refused with
+//! the size named.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;

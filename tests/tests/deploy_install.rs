@@ -1,16 +1,16 @@
-//! Issue 17, manifests: `kubectl apply -k` of each overlay of `deploy/`
-//! against a real kube-apiserver (schema-validated, strict): the appliance
-//! installs one manager replica on the host's network with a hostPath
-//! content store and no disruption budget; the cluster overlay two replicas,
-//! a PodDisruptionBudget and a claim from the default StorageClass; every
-//! CRD is Established; applying again changes nothing. Then, acting with
-//! the manager's ServiceAccount token (as its pod would), `kubectl auth
-//! can-i` shows it may do what the manager needs and is refused what it
-//! does not: its Lease only in its own namespace, no CRD, RBAC, Namespace,
-//! Pod or Node writes, and Secrets only in its own namespace and in the
-//! tenant namespaces an operator enrolled (a RoleBinding of
-//! `anneal-manager-secrets`): a Secret of another namespace is refused,
-//! and so is listing Secrets cluster-wide.
+//! Manifests (docs/kubernetes.md, "Manifests (`deploy/`)"): `kubectl apply -k`
+//! of each overlay of `deploy/` against a real kube-apiserver
+//! (schema-validated, strict): the appliance installs one manager replica on
+//! the host's network with a hostPath content store and no disruption budget;
+//! the cluster overlay two replicas, a PodDisruptionBudget and a claim from
+//! the default StorageClass; every CRD is Established; applying again changes
+//! nothing. Then, acting with the manager's ServiceAccount token (as its pod
+//! would), `kubectl auth can-i` shows it may do what the manager needs and is
+//! refused what it does not: its Lease only in its own namespace, no CRD,
+//! RBAC, Namespace, Pod or Node writes, and Secrets only in its own namespace
+//! and in the tenant namespaces an operator enrolled (a RoleBinding of
+//! `anneal-manager-secrets`): a Secret of another namespace is refused, and so
+//! is listing Secrets cluster-wide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;

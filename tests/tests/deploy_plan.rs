@@ -1,5 +1,5 @@
 //! Deploy planning and the deploy half of the agent protocol on a real
-//! control plane (issue 13): a claimed Available Machine whose disk hint
+//! control plane (docs/deploy.md): a claimed Available Machine whose disk hint
 //! matches two disks gets no run and no net boot (Warning Event
 //! DeployPlanFailed naming both disks); fixing the hint writes a DeployRun and
 //! its plan Secret and arms a boot; the agent (a test client over real HTTPS)
@@ -702,7 +702,7 @@ async fn fast_track_deploys_through_the_running_agent() {
     .await;
 }
 
-/// Issue 44: a run that keeps reporting progress but does not end within
+/// A run that keeps reporting progress but does not end within
 /// the claim's `spec.deployDeadline` fails, naming the deadline, and a new
 /// run follows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -767,7 +767,7 @@ async fn a_run_past_its_deadline_fails_naming_it() {
     .await;
 }
 
-/// Issue 44: a deploy whose BMC stops answering just before the agent
+/// A deploy whose BMC stops answering just before the agent
 /// reports success ends Provisioned while the BMC still fails (the agent's
 /// report is applied before the BMC is tried).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,15 +1,15 @@
-//! Issue 16, the arm64 boot matrix end to end, under TCG: an arm64 machine
-//! (AAVMF on QEMU's `virt` board, a Cortex-A72) of `architecture: aarch64`
-//! PXE-boots Debian's arm64 shim and network GRUB from bootd (client
-//! architecture 11; no arm64 iPXE is available here), then the arm64 kernel
-//! and our initramfs with the aarch64 agent (bootd's `artifacts.aarch64`).
-//! The agent registers and inventories (MachineHardware: aarch64, UEFI), the
-//! Machine is Available; the arm64 test OS (tests/src/testos.rs
-//! `test_os_for(Aarch64)`: its UKI built from Debian's arm64 kernel and
-//! `linuxaa64.efi.stub`) is imported, the machine claimed and deployed: the
-//! agent writes the contents, runs the default hook (mkswap,
-//! install-removable-fallback, efibootmgr), and AAVMF boots the load option
-//! it wrote, `\EFI\BOOT\BOOTAA64.EFI`: the test OS prints its marker and the
+//! The arm64 boot matrix (docs/testing.md, "arm64") end to end, under TCG: an
+//! arm64 machine (AAVMF on QEMU's `virt` board, a Cortex-A72) of
+//! `architecture: aarch64` PXE-boots Debian's arm64 shim and network GRUB from
+//! bootd (client architecture 11; no arm64 iPXE is available here), then the
+//! arm64 kernel and our initramfs with the aarch64 agent (bootd's
+//! `artifacts.aarch64`). The agent registers and inventories (MachineHardware:
+//! aarch64, UEFI), the Machine is Available; the arm64 test OS
+//! (tests/src/testos.rs `test_os_for(Aarch64)`: its UKI built from Debian's
+//! arm64 kernel and `linuxaa64.efi.stub`) is imported, the machine claimed and
+//! deployed: the agent writes the contents, runs the default hook (mkswap,
+//! install-removable-fallback, efibootmgr), and AAVMF boots the load option it
+//! wrote, `\EFI\BOOT\BOOTAA64.EFI`: the test OS prints its marker and the
 //! Machine's name.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,15 +1,16 @@
-//! Day-1 configuration end to end (issue 45), under TCG: a Debian 12 root
-//! built with debootstrap from Debian's packages, with cloud-init and
-//! openssh-server and nothing anneal-specific (tests/setup.d/cloudos.sh,
-//! tests/src/cloudos.rs), is imported through an ImageImport and deployed by
-//! a claim carrying `userData` (a user with an SSH key, a command writing a
-//! marker whose value only the Secret holds), generated `networkData` (a
-//! static address on the boot NIC, outside the lease range its DHCP lease
-//! comes from) and `metaData` (hostname = the Machine's name, the public key
-//! from a Secret). The agent writes the NoCloud config drive; the deployed
-//! OS's cloud-init reads it on first boot. The test logs in over SSH from
-//! the host side of the lab's network (inside the lab's namespace) to the
-//! static address and reads `hostname` and the marker.
+//! Day-1 configuration end to end (docs/deploy.md, "Day-1 configuration
+//! (cloud-init)"), under TCG: a Debian 12 root built with debootstrap from
+//! Debian's packages, with cloud-init and openssh-server and nothing
+//! anneal-specific (tests/setup.d/cloudos.sh, tests/src/cloudos.rs), is
+//! imported through an ImageImport and deployed by a claim carrying `userData`
+//! (a user with an SSH key, a command writing a marker whose value only the
+//! Secret holds), generated `networkData` (a static address on the boot NIC,
+//! outside the lease range its DHCP lease comes from) and `metaData` (hostname
+//! = the Machine's name, the public key from a Secret). The agent writes the
+//! NoCloud config drive; the deployed OS's cloud-init reads it on first boot.
+//! The test logs in over SSH from the host side of the lab's network (inside
+//! the lab's namespace) to the static address and reads `hostname` and the
+//! marker.
 //!
 //! Before that, two malformed `networkData` (an unknown NIC, an address
 //! outside the Subnet) are refused before anything is written: the Machine
@@ -17,7 +18,7 @@
 //! redeploys and the new marker is read. Finally no log, Event or status of
 //! the runs carries either marker, and no agent request was refused
 //! although each run has a hook step silent for longer than the session
-//! TTL (the agent keeps its session alive). Last (issue 44), the running server's
+//! TTL (the agent keeps its session alive). Last, the running server's
 //! claimed Machine is deleted (it waits, Warning `DeletingClaimedHost`),
 //! force-released, enrolled again with `spec.externallyProvisioned` and
 //! adopted for a new claim: no power or boot request reaches the BMC, no
@@ -39,7 +40,7 @@ const STATIC: &str = "10.77.0.60";
 const MARKER_1: &str = "day1-marker-7c41e9-first";
 const MARKER_2: &str = "day1-marker-0b8d2a-second";
 const USER: &str = "ops";
-/// The agent sessions' TTL, shorter than a deploy here (issue 44: a run
+/// The agent sessions' TTL, shorter than a deploy here (a run
 /// that outlives it completes, its session renewed while it reports).
 const SESSION_TTL: Duration = Duration::from_secs(12);
 /// A hook step that prints nothing for longer than [`SESSION_TTL`].
@@ -458,7 +459,7 @@ async fn machine_event(lab: &Lab, reason: &str) -> Event {
     .await
 }
 
-/// Issue 44, with the server running its deployed OS: deleting the claimed
+/// With the server running its deployed OS: deleting the claimed
 /// Machine waits with the Warning `DeletingClaimedHost`; `force-release`
 /// then deletes it with no BMC call; the server, enrolled again with
 /// `spec.externallyProvisioned` and named by a new claim, is adopted

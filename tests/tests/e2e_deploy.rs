@@ -1,16 +1,16 @@
-//! Deploy end to end, under TCG (issue 13, first acceptance line): the test
-//! OS (tests/src/testos.rs: a GPT image with the OS loader only under
+//! Deploy end to end, under TCG (docs/deploy.md, "6. What the VM tests show"):
+//! the test OS (tests/src/testos.rs: a GPT image with the OS loader only under
 //! `\EFI\anneal\`, swap, an ext4 root with a marker) is imported through an
-//! ImageImport from an HTTP server, the lab's VM (OVMF, PXE through bootd,
-//! the agent in our initramfs) is inspected, claimed and deployed: the agent
+//! ImageImport from an HTTP server, the lab's VM (OVMF, PXE through bootd, the
+//! agent in our initramfs) is inspected, claimed and deployed: the agent
 //! streams the contents from the content server into the disk, runs the
 //! default hook (mkswap, install-removable-fallback, efibootmgr) and reboots;
 //! OVMF boots the load option the agent wrote (first in BootOrder; the only
-//! anneal entry in the VARS store) and the test OS prints the marker's
-//! SHA-256 and the Machine's name. The Machine is Provisioned.
+//! anneal entry in the VARS store) and the test OS prints the marker's SHA-256
+//! and the Machine's name. The Machine is Provisioned.
 //!
-//! The same VM then goes through the rest of a machine's life (second
-//! acceptance line, fast-track): the first claim is bound inside the
+//! The same VM then goes through the rest of a machine's life
+//! (fast-track): the first claim is bound inside the
 //! manager's fast-track window, so it deploys without a new PXE boot; the
 //! deployed VM is power-cycled through the BMC (`anneal.dev/reboot`) and
 //! boots its disk again, with no DHCP DISCOVER reaching bootd after the
@@ -269,10 +269,10 @@ async fn a_claimed_vm_is_deployed_and_boots_its_disk() {
     lab.wait_state("Released", Duration::from_secs(1800), &mut log)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    // ...and left off with no boot override (issue 44): the manager shuts
-    // down a released server that is on (the test OS powers itself off once
-    // its markers are printed, so here it is usually off already); the
-    // Machine says so
+    // ...and left off with no boot override (docs/troubleshooting.md,
+    // "Released"): the manager shuts down a released server that is on (the
+    // test OS powers itself off once its markers are printed, so here it is
+    // usually off already); the Machine says so
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let system = lab.bmc_system().unwrap();

@@ -1,5 +1,5 @@
-//! Deploy failures end to end, under TCG (issue 13, "Failures" and the data
-//! image line), in one VM with two disks:
+//! Deploy failures end to end, under TCG (docs/deploy.md, "6. What the VM
+//! tests show"), in one VM with two disks:
 //!
 //! 1. A claim deploys the test OS to the first disk and a data image to the
 //!    second. While the agent writes, the VM loses power (`ForceOff` sent to

@@ -11,11 +11,11 @@
 //! configured. Under 60 s from QEMU's launch. The set-up lives in `e2e/`
 //! (shared with the demo).
 //!
-//! Issue 47: lldpd plays the switch on the VM's tap (its port of the
-//! bridge) from before power-on; the agent's inspection hears it and
-//! MachineHardware carries the port ID, system name and chassis ID; a
-//! claim selecting another port of that switch stays Pending, one
-//! selecting the VM's port binds the Machine.
+//! LLDP (docs/api.md, MachineHardware `nics[].lldp`): lldpd plays the switch
+//! on the VM's tap (its port of the bridge) from before power-on; the agent's
+//! inspection hears it and MachineHardware carries the port ID, system name
+//! and chassis ID; a claim selecting another port of that switch stays
+//! Pending, one selecting the VM's port binds the Machine.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use anneal_tests::e2e;
@@ -65,7 +65,7 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
     println!(
         "e2e: /init → registration {after_init:.1} s ({after_net:.1} s after the lease): {line}"
     );
-    // Issue 6: the console gives /init → registration; the goal on a quiet
+    // The console gives /init → registration; the goal on a quiet
     // machine is at most 3 s from the lease to registration (printed). The
     // assertion is generous (a TCG guest on a loaded host runs slowly): it
     // catches a fixed wait or a retry timeout, not load.
@@ -115,7 +115,8 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
     ] {
         assert!(cmdline.contains(want), "{want:?} not in {cmdline}");
     }
-    // issue 15: the token came in the second initrd, never on the command line
+    // the token came in the second initrd, never on the command line
+    // (docs/api.md, "Boot parameters")
     assert!(!cmdline.contains("anneal.token"), "{cmdline}");
     replayed_fetches_get_nothing(&lab).await;
     // The address the manager's reservations controller wrote.
@@ -186,7 +187,7 @@ async fn vm_network_boots_through_bootd_and_is_inspected() {
     the_switch_port_is_reported_and_selects_the_machine(&lab, &hw, &switch).await;
 }
 
-/// Issue 47: the LLDP frame lldpd sent on the VM's tap is in MachineHardware
+/// The LLDP frame lldpd sent on the VM's tap is in MachineHardware
 /// (port ID the tap's name, the system name and chassis ID lldpd announced)
 /// and on the console; with the claim controller running, a claim selecting
 /// another port of the same switch waits (NoMatchingMachine, closest:
@@ -297,7 +298,7 @@ async fn the_switch_port_is_reported_and_selects_the_machine(
     );
 }
 
-/// Issue 15, against the real watcher after the real registration: the
+/// Against the real watcher after the real registration: the
 /// machine's script and token cpio, asked for again once the agent
 /// registered, give nothing usable: another host gets 403; even the
 /// address leased to the MAC (added on br0 now that the VM is done) gets
@@ -357,15 +358,15 @@ async fn replayed_fetches_get_nothing(lab: &Lab) {
     );
 }
 
-/// Issue 16: a machine whose firmware enforces Secure Boot with the
-/// Microsoft keys boots the agent through Debian's signed shim, signed
-/// network GRUB and signed kernel (`bootLoader: shim`), with our initramfs,
-/// and the agent reports Secure Boot on. Then the Secure Boot test OS
-/// (`testos::test_os_secure_boot`: Debian's signed shim, GRUB and kernel on
-/// its ESP) is deployed: install-removable-fallback puts shim first, as
-/// `\EFI\BOOT\BOOTX64.EFI` with GRUB beside it, the efibootmgr entry
-/// points there, and the firmware, still enforcing, boots the deployed OS
-/// through its own shim.
+/// Secure Boot (docs/bootd.md, "Secure Boot"): a machine whose firmware
+/// enforces Secure Boot with the Microsoft keys boots the agent through
+/// Debian's signed shim, signed network GRUB and signed kernel (`bootLoader:
+/// shim`), with our initramfs, and the agent reports Secure Boot on. Then the
+/// Secure Boot test OS (`testos::test_os_secure_boot`: Debian's signed shim,
+/// GRUB and kernel on its ESP) is deployed: install-removable-fallback puts
+/// shim first, as `\EFI\BOOT\BOOTX64.EFI` with GRUB beside it, the efibootmgr
+/// entry points there, and the firmware, still enforcing, boots the deployed
+/// OS through its own shim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secure_boot_machine_boots_through_shim_is_inspected_and_deployed() {
     let os = tokio::task::spawn_blocking(anneal_tests::testos::test_os_secure_boot);

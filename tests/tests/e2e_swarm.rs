@@ -1,12 +1,12 @@
 //! Two machines deploy the same Image at once through the swarm, under TCG
-//! (issue 14, "End to end in QEMU"): the lab's Site has a tracker on the
-//! VMs' bridge (`spec.tracker.ip`), so the manager runs it and, while the
-//! deploys are active, the Image's seeder, both inside the lab's namespace.
-//! Two VMs (OVMF, PXE through bootd, the agent in our initramfs) are
-//! inspected, then claimed together inside the fast-track window; each
-//! agent fetches the test OS's contents over BitTorrent from the seeder and
-//! from the other machine, writes each verified piece at its slot, seeds
-//! until the other is done, runs the default hook and reboots; both VMs
+//! (docs/distribution.md, "The agent deploys from the swarm"): the lab's Site
+//! has a tracker on the VMs' bridge (`spec.tracker.ip`), so the manager runs
+//! it and, while the deploys are active, the Image's seeder, both inside the
+//! lab's namespace. Two VMs (OVMF, PXE through bootd, the agent in our
+//! initramfs) are inspected, then claimed together inside the fast-track
+//! window; each agent fetches the test OS's contents over BitTorrent from the
+//! seeder and from the other machine, writes each verified piece at its slot,
+//! seeds until the other is done, runs the default hook and reboots; both VMs
 //! boot their deployed OS (the marker's SHA-256 and their own name on the
 //! console). The DeployRuns' `status.transfer` shows the bytes each machine
 //! received from the other and from the seeder, and the PartitionContents

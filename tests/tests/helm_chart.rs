@@ -1,19 +1,19 @@
 #![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! Issue 43, the Helm chart (`deploy/helm/anneal`): `helm lint` and `helm
-//! template` pass with the default values and with the appliance values;
-//! the values derive the manager's provisioning flags (`--agent-api-name`,
-//! `--bootd-api-url`, `--content-listen`, `--content-url`); an empty
-//! required value or a contradiction fails the render naming the value;
-//! the chart's `crds/` are `deploy/base/crds` byte for byte. Against the
-//! real kube-apiserver: the CRDs are created, then every object of each
-//! rendering is accepted by a server-side dry run, and the rendered RBAC
-//! and admission policy are deploy/base's, rule for rule (nothing wider).
-//! Finally the documented install command (`helm install
-//! --create-namespace --take-ownership`) runs against the API server (no
-//! node: nothing is scheduled), and the manager binary's start-up check
-//! accepts the rendered flags (and refuses the defaults, which name no
-//! provisioning address).
+//! The Helm chart (`deploy/helm/anneal`, docs/kubernetes.md "Install with
+//! Helm"): `helm lint` and `helm template` pass with the default values and
+//! with the appliance values; the values derive the manager's provisioning
+//! flags (`--agent-api-name`, `--bootd-api-url`, `--content-listen`,
+//! `--content-url`); an empty required value or a contradiction fails the
+//! render naming the value; the chart's `crds/` are `deploy/base/crds` byte
+//! for byte. Against the real kube-apiserver: the CRDs are created, then every
+//! object of each rendering is accepted by a server-side dry run, and the
+//! rendered RBAC and admission policy are deploy/base's, rule for rule
+//! (nothing wider). Finally the documented install command (`helm install
+//! --create-namespace --take-ownership`) runs against the API server (no node:
+//! nothing is scheduled), and the manager binary's start-up check accepts the
+//! rendered flags (and refuses the defaults, which name no provisioning
+//! address).
 
 use std::collections::BTreeMap;
 use std::io::Write;

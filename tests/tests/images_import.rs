@@ -868,7 +868,7 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         store.join(NS).join("deb-p3/stream").is_file(),
         "files removed while referenced"
     );
-    // --- and while an active DeployRun streams it (issue 44): the Image
+    // --- and while an active DeployRun streams it: the Image
     // goes, the content stays until the run ends, the run named.
     let runs: Api<anneal_api::DeployRun> = Api::namespaced(client.clone(), NS);
     runs.create(
@@ -895,7 +895,8 @@ async fn imports_reach_ready_contents_and_refusals_create_nothing() {
         }
     };
     set_phase("WritingContent").await;
-    // Images own their contents (issue 44); a second Image keeps deb-p4
+    // Images own their contents (docs/api.md, "PartitionContent"); a second
+    // Image keeps deb-p4
     eventually("deb owns deb-p1", WAIT, || {
         let contents = contents.clone();
         async move {

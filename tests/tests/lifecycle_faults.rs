@@ -8,7 +8,7 @@
 //!   retried every 15 s, recovers by itself when the BMC returns; a wrong
 //!   password → CredentialsRejected, recovered at once by a Secret edit;
 //!   a missing Secret → CredentialsMissing; an `ipmi://` BMC that does not
-//!   answer → BMCUnreachable naming its address (issue 16).
+//!   answer → BMCUnreachable naming its address.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};

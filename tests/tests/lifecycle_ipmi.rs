@@ -1,15 +1,15 @@
 //! The Machine lifecycle walk of lifecycle_walk.rs through the IPMI driver
-//! (issue 16): a real control plane, a QEMU VM (paused, `-S`) behind
-//! Debian's ipmi_sim whose chassis control drives it over QMP, and a test
-//! client standing in for the agent. Enrolment, the one-time PXE boot
-//! flags then the power-on, registration, Available with MachineHardware,
-//! the power-off over IPMI. Beside it, the retry cadences Redfish has in
-//! lifecycle_faults.rs, measured on the wire: a BMC that does not answer
-//! (BMCUnreachable) gets a burst of 3 sends within the BMC timeout every
-//! 15 s; a wrong password (CredentialsRejected, a second ipmi_sim behind a
-//! counting relay) is not retried (its cadence is 300 s) until the Secret
-//! is fixed, which retries at once and powers that machine on with PXE
-//! once. Every message names its BMC.
+//! (docs/lifecycle.md, "BMC access and failures"): a real control plane, a
+//! QEMU VM (paused, `-S`) behind Debian's ipmi_sim whose chassis control
+//! drives it over QMP, and a test client standing in for the agent. Enrolment,
+//! the one-time PXE boot flags then the power-on, registration, Available with
+//! MachineHardware, the power-off over IPMI. Beside it, the retry cadences
+//! Redfish has in lifecycle_faults.rs, measured on the wire: a BMC that does
+//! not answer (BMCUnreachable) gets a burst of 3 sends within the BMC timeout
+//! every 15 s; a wrong password (CredentialsRejected, a second ipmi_sim behind
+//! a counting relay) is not retried (its cadence is 300 s) until the Secret is
+//! fixed, which retries at once and powers that machine on with PXE once.
+//! Every message names its BMC.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -155,7 +155,8 @@ async fn lifecycle_walk_over_ipmi() {
 
     // Registration, hardware, Available.
     let agent = AgentClient::new(manager.api_addr, &manager.ca_pem);
-    // from the Machine's boot MAC: register checks it (issue 15)
+    // from the Machine's boot MAC: register checks it (docs/api.md, "Agent
+    // protocol")
     let (code, reg) = agent
         .register_as(&token, Some("default/ipmi-a"), MAC_A)
         .await;

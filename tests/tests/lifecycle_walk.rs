@@ -257,8 +257,8 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
     let session = reg["sessionToken"].as_str().unwrap().to_string();
     assert_eq!(session.len(), 64);
     // a lost answer retried (the same request from the same address, the
-    // session unused) gets the same session (issue 15); another request is
-    // refused
+    // session unused) gets the same session (docs/api.md, "Agent protocol");
+    // another request is refused
     let (code, again) = agent
         .register_as(&token_a, Some("default/walk-a"), MAC_A)
         .await;
@@ -414,8 +414,8 @@ async fn lifecycle_walk_security_table_and_manager_restart() {
             .is_none()
     );
     annotate("walk-a", "anneal.dev/operation", Some("unpark")).await;
-    // unpark refreshes the inventory (issue 44): a new inspection, the old
-    // MachineHardware gone until the agent reports again
+    // unpark refreshes the inventory (docs/lifecycle.md, "States"): a new
+    // inspection, the old MachineHardware gone until the agent reports again
     state_is("walk-a", "Inspecting").await;
     eventually(
         "walk-a's inventory gone at unpark",

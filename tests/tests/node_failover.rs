@@ -1,6 +1,6 @@
-//! Issue 17: the cluster overlay on the test tier's real node: two manager
-//! replicas on the pod network, one leader, a deploy in progress when the
-//! leader pod is killed.
+//! The cluster overlay on the test tier's real node (docs/kubernetes.md, "On a
+//! real node (the test tier)"): two manager replicas on the pod network, one
+//! leader, a deploy in progress when the leader pod is killed.
 //!
 //! The overlay is the cluster one adapted to this machine only: the
 //! in-cluster API address (the node's relay), images never pulled, a

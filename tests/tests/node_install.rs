@@ -1,17 +1,18 @@
-//! Issue 17: anneal installed with `kubectl apply -k` on the test tier's
-//! real node. FROM-scratch images built by `anneal-oci` are imported into
-//! the node's containerd: the workloads' (the static musl agent, as
-//! `deploy/images` builds it) and the manager's (the test build's manager
-//! with its shared libraries, `anneal_tests::node::manager_image`: no
-//! second compile for musl in the suite); the appliance overlay is
-//! applied through a test overlay that only adapts it to this machine (the
-//! API server's loopback address as the in-cluster one, since the test
-//! node runs no kube-proxy; the manager's ports on the node's address
-//! instead of all interfaces; the content store under the node's
-//! directory). The manager pod becomes Ready (its readiness probe answered
-//! by the manager itself), holds the Lease `anneal-system/anneal-manager`
-//! under its own name, and writes the agent API's CA Secret with its own
-//! ServiceAccount. The node leaves nothing on the host.
+//! anneal installed with `kubectl apply -k` on the test tier's real node
+//! (docs/kubernetes.md, "On a real node (the test tier)"). FROM-scratch images
+//! built by `anneal-oci` are imported into the node's containerd: the
+//! workloads' (the static musl agent, as `deploy/images` builds it) and the
+//! manager's (the test build's manager with its shared libraries,
+//! `anneal_tests::node::manager_image`: no second compile for musl in the
+//! suite); the appliance overlay is applied through a test overlay that only
+//! adapts it to this machine (the API server's loopback address as the
+//! in-cluster one, since the test node runs no kube-proxy; the manager's ports
+//! on the node's address instead of all interfaces; the content store under
+//! the node's directory). The manager pod becomes Ready (its readiness probe
+//! answered by the manager itself), holds the Lease
+//! `anneal-system/anneal-manager` under its own name, and writes the agent
+//! API's CA Secret with its own ServiceAccount. The node leaves nothing on the
+//! host.
 //!
 //! Then a managed bootd: a Site and a lease-mode Subnet with
 //! `spec.bootd.mode: Managed` (the host's network) in `anneal-system`. The

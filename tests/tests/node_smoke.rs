@@ -1,13 +1,13 @@
-//! Issue 17, the test tier's real node: containerd and runc from Debian,
-//! kubelet, kube-scheduler and kube-controller-manager built from the
-//! pinned Go modules, joined to a real kube-apiserver. The node becomes
-//! Ready; a FROM-scratch pod of the agent's image (built by `anneal-oci`,
-//! imported with `ctr`, sandboxed by our own pause) runs to completion and
-//! its log comes back through the API server from the kubelet; a second pod
-//! on the pod network (the bridge CNI plugin) serves the agent's tracker,
-//! reached from the host at its pod IP. Stopping the node leaves nothing on
-//! the host: no iptables chain, mount, cgroup, process, file, bridge, and
-//! ip_forward as it was.
+//! The test tier's real node (docs/kubernetes.md, "On a real node (the test
+//! tier)"): containerd and runc from Debian, kubelet, kube-scheduler and
+//! kube-controller-manager built from the pinned Go modules, joined to a real
+//! kube-apiserver. The node becomes Ready; a FROM-scratch pod of the agent's
+//! image (built by `anneal-oci`, imported with `ctr`, sandboxed by our own
+//! pause) runs to completion and its log comes back through the API server
+//! from the kubelet; a second pod on the pod network (the bridge CNI plugin)
+//! serves the agent's tracker, reached from the host at its pod IP. Stopping
+//! the node leaves nothing on the host: no iptables chain, mount, cgroup,
+//! process, file, bridge, and ip_forward as it was.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;

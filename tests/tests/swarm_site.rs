@@ -1,14 +1,15 @@
-//! Distribution in the manager (issue 14), against a real kube-apiserver and
-//! the process executor: a Site with a pinned tracker gets its tracker
-//! (`anneal-agent tracker` on the Site's `spec.tracker.ip`) and
-//! `status.trackerURL`, `status.subnetRefs`; an active DeployRun of an Image
-//! on a Machine of the Site starts the seeder of (Image, Site), which
-//! announces the Image's contents to the tracker; PartitionContent
-//! `status.seeders` counts the machines deploying; the plan's swarm names
-//! the tracker; once the run has ended and the grace period is over the
-//! seeder is stopped and `status.seeders` emptied. The Image's
-//! SeederDegraded follows its seeder: serving, ended (and restarted) with
-//! the reason, serving again, none running.
+//! Distribution in the manager (docs/distribution.md, "The manager: trackers,
+//! seeders, the Site"), against a real kube-apiserver and the process
+//! executor: a Site with a pinned tracker gets its tracker (`anneal-agent
+//! tracker` on the Site's `spec.tracker.ip`) and `status.trackerURL`,
+//! `status.subnetRefs`; an active DeployRun of an Image on a Machine of the
+//! Site starts the seeder of (Image, Site), which announces the Image's
+//! contents to the tracker; PartitionContent `status.seeders` counts the
+//! machines deploying; the plan's swarm names the tracker; once the run has
+//! ended and the grace period is over the seeder is stopped and
+//! `status.seeders` emptied. The Image's SeederDegraded follows its seeder:
+//! serving, ended (and restarted) with the reason, serving again, none
+//! running.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;

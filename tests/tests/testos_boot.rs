@@ -1,5 +1,5 @@
-//! The bootable test OS (`anneal_tests::testos`) the deploy tests import:
-//! its image has the layout issue 13 asks for (GPT: ESP with the loader
+//! The bootable test OS (`anneal_tests::testos`) the deploy tests import: its
+//! image has the layout of docs/testos.md "Layout" (GPT: ESP with the loader
 //! under `\EFI\anneal\` only, swap, ext4 root), and a copy of it on which the
 //! test installs the removable fallback `\EFI\BOOT\BOOTX64.EFI` boots on OVMF
 //! under TCG to the marker lines: the marker's SHA-256, the DMI serial QEMU

@@ -1,10 +1,11 @@
-//! A real Kubernetes node for the test tier (issue 17): containerd and runc
-//! from Debian, and kubelet, kube-scheduler and kube-controller-manager
-//! built by the set-up from the same pinned Go modules as kube-apiserver,
-//! joined to a [`ControlPlane`]. Pods run FROM-scratch images imported with
-//! `ctr` (no registry here); the sandbox image is our own `pause`
-//! (tests/node/pause.c). Non-host-network pods get addresses from the
-//! `bridge` + `host-local` CNI plugins (no masquerading, no iptables rule).
+//! A real Kubernetes node for the test tier (docs/kubernetes.md, "On a real
+//! node (the test tier)"): containerd and runc from Debian, and kubelet,
+//! kube-scheduler and kube-controller-manager built by the set-up from the
+//! same pinned Go modules as kube-apiserver, joined to a [`ControlPlane`].
+//! Pods run FROM-scratch images imported with `ctr` (no registry here); the
+//! sandbox image is our own `pause` (tests/node/pause.c). Non-host-network
+//! pods get addresses from the `bridge` + `host-local` CNI plugins (no
+//! masquerading, no iptables rule).
 //!
 //! One node per machine at a time (kubelet's cgroups, iptables chains and
 //! the CNI bridge are host-wide): [`Node::start`] takes an exclusive lock

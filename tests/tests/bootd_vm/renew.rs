@@ -1,5 +1,6 @@
-//! Issue 3 acceptance, with a real VM: "a VM that leased an address before a
-//! bootd restart renews the same address after it".
+//! Leases across a restart (docs/bootd.md, "Leases"), with a real VM: "a VM
+//! that leased an address before a bootd restart renews the same address after
+//! it".
 //!
 //! OVMF's PXE client → the bootd binary (lease mode, 2 min leases, a lease
 //! file, inside the test namespace) → `snponly.efi` over TFTP → the iPXE
