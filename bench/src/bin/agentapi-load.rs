@@ -1,9 +1,9 @@
-//! Agent API load figure (issue 15): N concurrent connections (default
-//! 1,000) with bogus tokens against the real manager process's agent API
-//! (half register with a bogus boot token, half call `next` with a bogus
-//! session; each from its own loopback source address, so no per-address
-//! rate limit hides them), while M legitimate agents (default 5) register
-//! with the boot tokens the manager minted. Prints:
+//! Agent API load figure (docs/lifecycle.md, "Agent API"): N concurrent
+//! connections (default 1,000) with bogus tokens against the real manager
+//! process's agent API (half register with a bogus boot token, half call
+//! `next` with a bogus session; each from its own loopback source address, so
+//! no per-address rate limit hides them), while M legitimate agents (default
+//! 5) register with the boot tokens the manager minted. Prints:
 //! - the API server's LIST count of Machines (`apiserver_request_total`)
 //!   before and after the flood: the bogus requests must cause none;
 //! - how many legitimate registrations succeeded, and their latency;
@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
-/// Issue 15's budget for the manager's RSS under this load.
+/// The budget for the manager's RSS under this load.
 const BUDGET_MIB: f64 = 150.0;
 
 /// The API server's LIST count of Machines.

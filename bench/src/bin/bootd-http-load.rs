@@ -1,8 +1,8 @@
-//! bootd HTTP load figure: N parallel downloads (default 50) of an initrd of
-//! S MiB (default 64) from the real `bootd` process on loopback; prints its
-//! peak RSS (VmHWM, read after the downloads) against the 128 MiB budget of
-//! issue 15, the throughput, and whether every body was byte-identical.
-//! Writes target/bench/bootd-http.json.
+//! bootd HTTP load figure: N parallel downloads (default 50) of an initrd of S
+//! MiB (default 64) from the real `bootd` process on loopback; prints its peak
+//! RSS (VmHWM, read after the downloads) against the 128 MiB budget
+//! (docs/bootd.md, "HTTP"), the throughput, and whether every body was
+//! byte-identical. Writes target/bench/bootd-http.json.
 //!
 //! Build bootd first, then run:
 //! `cargo build --release -p anneal-bootd --bin bootd &&
@@ -20,7 +20,7 @@ use anneal_bench::{ChildGroup, load_average, option, write_json};
 use anyhow::bail;
 
 const MIB: u64 = 1024 * 1024;
-/// Issue 15's budget for bootd's RSS under this load.
+/// The budget for bootd's RSS under this load (docs/bootd.md, "HTTP").
 const BUDGET_MIB: f64 = 128.0;
 
 /// Deterministic incompressible-looking content (xorshift).

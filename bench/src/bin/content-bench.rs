@@ -1,4 +1,5 @@
-//! Content server benchmark (issue 12, "Images into the cluster").
+//! Content server benchmark (docs/benchmarks.md; docs/images.md, "The
+//! content store").
 //!
 //! A content of ~256 MiB (a GPT disk whose ext4 holds `--data-mib` of
 //! pseudo-random files plus the filesystem's metadata and journal, ingested from `staged://` and verified with

@@ -1,5 +1,5 @@
-//! Deploy benchmark (issue 13, "Deploy"): the agent's HTTP path, content
-//! server → verified writes, outside a VM.
+//! Deploy benchmark (docs/benchmarks.md; docs/deploy.md): the agent's HTTP
+//! path, content server → verified writes, outside a VM.
 //!
 //! A 1 GiB GPT disk (ESP with a few files, ext4 holding `--data-mib` (384)
 //! MiB of pseudo-random files: ~400 MiB of used blocks) is captured, its

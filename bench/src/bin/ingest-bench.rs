@@ -1,4 +1,4 @@
-//! Ingest benchmark (issue 12, "Images into the cluster"): a 1 GiB raw GPT
+//! Ingest benchmark (docs/benchmarks.md; docs/images.md): a 1 GiB raw GPT
 //! disk image with ~400 MiB used (ESP vfat with a few files, ext4 with
 //! ~390 MiB of pseudo-random files) served by our own nginx on 127.0.0.1.
 //!

@@ -26,7 +26,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
-/// The goals of the issue for 10,000 machines + 10,000 claims (issue 42).
+/// The goals for 10,000 machines + 10,000 claims (docs/benchmarks.md).
 const GOAL_SECS: f64 = 60.0;
 const GOAL_MIB: f64 = 150.0;
 /// How long the manager may take to judge every Machine at start-up.

@@ -1,6 +1,6 @@
-//! Distribution benchmark (issue 14): one content to N hosts at once over
-//! 100 Mbit/s links, the slowest host's time, for N = 1, 4, 8, 16, in one
-//! run, by four methods side by side:
+//! Distribution benchmark (docs/distribution.md): one content to N hosts at
+//! once over 100 Mbit/s links, the slowest host's time, for N = 1, 4, 8, 16,
+//! in one run, by four methods side by side:
 //!
 //! - `anneal`: `anneal-agent swarm-fetch` (librqbit, rarest-first) from one
 //!   `anneal-agent seed` and the `anneal-agent tracker`, each host writing

@@ -1,10 +1,10 @@
-//! bootd TFTP memory figure (issue 41): N concurrent TFTP transfers
-//! (default 20) of an S MiB file (default 100) from the real `bootd`
-//! process on loopback, each with blksize 1468 and windowsize W (default
-//! 64, the largest bootd grants: the largest buffer a transfer holds);
-//! verifies every result's size and SHA-256 and prints bootd's peak RSS
-//! (VmHWM, read after the transfers) against the 64 MiB goal of issue 41,
-//! and the throughput. Writes target/bench/tftp-rss.json.
+//! bootd TFTP memory figure (docs/bootd.md, "TFTP"): N concurrent TFTP
+//! transfers (default 20) of an S MiB file (default 100) from the real `bootd`
+//! process on loopback, each with blksize 1468 and windowsize W (default 64,
+//! the largest bootd grants: the largest buffer a transfer holds); verifies
+//! every result's size and SHA-256 and prints bootd's peak RSS (VmHWM, read
+//! after the transfers) against the 64 MiB goal (docs/benchmarks.md), and the
+//! throughput. Writes target/bench/tftp-rss.json.
 //!
 //! Build bootd first, then run:
 //! `cargo build --release -p anneal-bootd --bin bootd &&
@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail};
 use sha2::{Digest as _, Sha256};
 
 const MIB: u64 = 1024 * 1024;
-/// Issue 41's goal for bootd's RSS under this load.
+/// The goal for bootd's RSS under this load (docs/benchmarks.md).
 const GOAL_MIB: f64 = 64.0;
 const BLKSIZE: usize = 1468;
 
