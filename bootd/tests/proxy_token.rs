@@ -1,7 +1,8 @@
-//! Issue 41: in proxy mode (bootd holds no leases) a machine's unused boot
-//! token, and its boot script, go only to the host that did the PXE
-//! exchange for its MAC with this bootd, over real DHCP (port 4011) and
-//! HTTP on loopback, two hosts being two source addresses (127.0.0.x):
+//! In proxy mode (bootd holds no leases; docs/api.md, "Boot token delivery") a
+//! machine's unused boot token, and its boot script, go only to the host that
+//! did the PXE exchange for its MAC with this bootd, over real DHCP (port
+//! 4011) and HTTP on loopback, two hosts being two source addresses
+//! (127.0.0.x):
 //!
 //! - no exchange seen for a MAC: 403 from any address;
 //! - an exchange from an address (a port 4011 REQUEST from 127.0.0.2):
