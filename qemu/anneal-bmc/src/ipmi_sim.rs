@@ -1,8 +1,9 @@
-//! An IPMI BMC for tests (issue 16): Debian's `ipmi_sim` (openipmi) with a
-//! LAN channel on one UDP address, one administrator, and its chassis
-//! power and boot device handled by `qemu/ipmi-sim/chassis-control.sh`,
-//! which keeps them in a state directory and, given a VM's QMP socket,
-//! drives that VM through `qemu/ipmi-sim/qmp-hook.py`.
+//! An IPMI BMC for tests (qemu/README.md, "BMCs"): Debian's `ipmi_sim`
+//! (openipmi) with a LAN channel on one UDP address, one administrator, and
+//! its chassis power and boot device handled by
+//! `qemu/ipmi-sim/chassis-control.sh`, which keeps them in a state directory
+//! and, given a VM's QMP socket, drives that VM through
+//! `qemu/ipmi-sim/qmp-hook.py`.
 //!
 //! The process is killed by its PID when the handle drops.
 
