@@ -63,6 +63,26 @@ pub struct BootdConfig {
     /// Environment given to bootd (the API server's in-cluster address when
     /// the manager was given one explicitly).
     pub env: BTreeMap<String, String>,
+    /// Namespaces besides the manager's (`ca_namespace`) whose Subnets may
+    /// get a managed bootd (`--managed-bootd-namespace`): a DHCP server on
+    /// the host's network is the administrator's to grant.
+    pub allowed_namespaces: Vec<String>,
+}
+
+/// Whether a managed bootd may run for `subnet`: a Subnet of the manager's
+/// namespace, or of a namespace the administrator listed with
+/// `--managed-bootd-namespace` (docs/api.md "Subnet"). Otherwise why not
+/// (the `BootdNotAllowed` message).
+pub fn bootd_allowed(subnet: &Subnet, cfg: &BootdConfig) -> Result<(), String> {
+    let ns = subnet.namespace().unwrap_or_default();
+    if ns == cfg.ca_namespace || cfg.allowed_namespaces.contains(&ns) {
+        return Ok(());
+    }
+    Err(format!(
+        "Subnet {ns}/{name} asks for a managed bootd (a DHCP server on the host's network), which          the manager runs only for Subnets of its namespace {home} or of a namespace the          administrator allows (manager run --managed-bootd-namespace {ns}); set          spec.bootd.mode: External and run bootd yourself, or ask the administrator",
+        name = subnet.name_any(),
+        home = cfg.ca_namespace,
+    ))
 }
 
 impl BootdConfig {
@@ -313,6 +333,10 @@ async fn pass(
     };
     let mut want: BTreeMap<String, WorkloadSpec> = BTreeMap::new();
     for s in &managed {
+        if let Err(message) = bootd_allowed(s, cfg) {
+            set_condition(scope, s, false, reasons::BOOTD_NOT_ALLOWED, message).await?;
+            continue;
+        }
         let spec = match bootd_spec(s, cfg, ca.as_deref()) {
             Ok(spec) => spec,
             Err(message) => {
@@ -442,6 +466,7 @@ mod tests {
             http_port: 8080,
             service_account: "anneal-bootd".into(),
             env: BTreeMap::new(),
+            allowed_namespaces: Vec::new(),
         }
     }
 
@@ -587,6 +612,31 @@ mod tests {
         assert!(!spec.access.host_network);
         assert_eq!(spec.access.network_attachment.as_deref(), Some("lab/prov"));
         assert!(!is_managed(&subnet("lab", "External", None)));
+    }
+
+    #[test]
+    fn a_managed_bootd_runs_only_where_the_administrator_allows() {
+        let c = cfg();
+        assert_eq!(
+            bootd_allowed(&subnet("anneal-system", "Managed", None), &c),
+            Ok(())
+        );
+        let e = bootd_allowed(&subnet("tenant-a", "Managed", None), &c).unwrap_err();
+        assert!(
+            e.contains("Subnet tenant-a/rack1")
+                && e.contains("--managed-bootd-namespace tenant-a")
+                && e.contains("spec.bootd.mode: External"),
+            "{e}"
+        );
+        let granted = BootdConfig {
+            allowed_namespaces: vec!["tenant-a".into()],
+            ..cfg()
+        };
+        assert_eq!(
+            bootd_allowed(&subnet("tenant-a", "Managed", None), &granted),
+            Ok(())
+        );
+        assert!(bootd_allowed(&subnet("tenant-b", "Managed", None), &granted).is_err());
     }
 
     #[test]

@@ -137,6 +137,11 @@ struct ContentArgs {
     /// Longest an ingest job may run, in seconds.
     #[arg(long, default_value_t = 6 * 3600)]
     ingest_deadline_secs: i64,
+    /// A namespace besides the manager's whose Subnets may get a managed
+    /// bootd (a root DHCP server on the host's network); repeat the flag.
+    /// Elsewhere a Managed Subnet gets `BootdNotAllowed` and no bootd.
+    #[arg(long)]
+    managed_bootd_namespace: Vec<String>,
     /// Image of a managed bootd (kubernetes executor): `bootd` at `/bootd`.
     #[arg(long, default_value = "docker.io/anneal/bootd:dev")]
     bootd_image: String,
@@ -255,6 +260,7 @@ impl ContentArgs {
                 ca_namespace: pki_namespace.to_string(),
                 http_port: self.bootd_http_port,
                 service_account: self.bootd_service_account.clone(),
+                allowed_namespaces: self.managed_bootd_namespace.clone(),
                 // the API server's address as this manager was given it
                 // (a node without kube-proxy); a pod otherwise gets the
                 // same from its kubelet

@@ -303,6 +303,7 @@ async fn jobs_and_deployments_hold_the_workload_spec() {
         http_port: 8080,
         service_account: "anneal-bootd".into(),
         env: Default::default(),
+        allowed_namespaces: vec!["tenant".into()],
     };
     let home =
         anneal_manager::bootd::bootd_spec(&subnet_of("anneal-system"), &bcfg, Some("ab")).unwrap();

@@ -295,6 +295,9 @@ pub mod reasons {
     /// API URL for the boot table, or the agent API's CA Secret not written
     /// yet); the message names the flag or the Secret.
     pub const BOOTD_NOT_CONFIGURED: &str = "BootdNotConfigured";
+    /// A managed bootd asked for in a namespace the administrator did not
+    /// allow (`--managed-bootd-namespace`).
+    pub const BOOTD_NOT_ALLOWED: &str = "BootdNotAllowed";
 
     // --- Machine Progressing / DeployRun Succeeded ---
     /// Progressing=False on a claimed Machine: no run can be planned (a disk
@@ -419,6 +422,7 @@ pub mod reasons {
         BOOTD_RUNNING,
         BOOTD_STARTING,
         BOOTD_NOT_CONFIGURED,
+        BOOTD_NOT_ALLOWED,
         DEPLOY_PLAN_FAILED,
         DEPLOYING,
         DEPLOY_SUCCEEDED,
