@@ -219,8 +219,8 @@ pub struct Refusal {
 /// The gate in front of a machine's script and token (docs/api.md, issue
 /// 15): in lease mode only the address leased to `mac` (an unexpired
 /// lease) may ask; in proxy mode, while the token is unused, only the host
-/// that did the MAC's last PXE exchange with this bootd (issue 41:
-/// [`Shared::bind_pxe_host`]); in every mode only while the machine's
+/// that did the MAC's last PXE exchange with this bootd
+/// ([`Shared::bind_pxe_host`]); in every mode only while the machine's
 /// token is unused (a machine without any token, a static lab table, has
 /// nothing to guard). `now` is Unix seconds.
 pub fn gate(
@@ -279,7 +279,7 @@ pub fn gate(
         });
     }
     if snap.table.mode == Mode::Proxy && m.token.unused().is_some() {
-        // no leases: the host that did the MAC's PXE exchange (issue 41)
+        // no leases: the host that did the MAC's PXE exchange (docs/api.md, Boot token delivery)
         match shared.bind_pxe_host(mac, peer) {
             Ok(()) => {}
             Err(PxeHostRefusal::NoExchange) => {

@@ -164,7 +164,7 @@ impl Shared {
         hosts.insert(mac, host.map(|h| h.to_canonical()));
     }
 
-    /// Proxy mode's gate on a MAC's unused token (issue 41): `peer` may
+    /// Proxy mode's gate on a MAC's unused token (docs/api.md, Boot token delivery): `peer` may
     /// fetch it only if it is the host of the MAC's last PXE exchange, or
     /// the exchange named no address and `peer` is the first to ask after
     /// it (it is then bound: every other address is refused until the next

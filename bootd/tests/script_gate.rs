@@ -8,7 +8,7 @@
 //! - once the token is spent (what the watcher builds after the agent
 //!   registered), a replayed fetch gets 410 and no token, from any address;
 //! - proxy mode (no leases): the host of the MAC's PXE exchange, and the
-//!   token-unused rule (issue 41; bootd/tests/proxy_token.rs).
+//!   token-unused rule (bootd/tests/proxy_token.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 
