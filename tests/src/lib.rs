@@ -14,6 +14,8 @@
 //!   capture, the agent protocol over HTTPS, Machine/Secret fixtures.
 //! - [`e2e`]: the whole inspection lab (control plane, manager, bootd, VM).
 //! - [`node`]: image archives and overlays of the node tests.
+//! - [`uploads`]: the manager in process with its staged-upload endpoint
+//!   and an uploader's token (`cli_import`, `store_quota`).
 //! - [`testos`]: the bootable test OS disk image (GPT, ESP with a UKI, swap,
 //!   ext4 root with a marker) the deploy tests import, built and cached.
 //!
@@ -36,6 +38,7 @@ pub mod node_lab;
 pub mod ovmf;
 pub mod rbac;
 pub mod testos;
+pub mod uploads;
 pub mod wait;
 
 pub use wait::{eventually, eventually_blocking};

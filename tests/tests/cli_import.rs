@@ -13,14 +13,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anneal_api::{Image, ImageImport, ImageState, ImportState};
-use anneal_manager::content::ContentConfig;
-use anneal_manager::content::upload::UploadConfig;
-use anneal_manager::workload::{Executor, process::ProcessExecutor};
 use anneal_testinfra::ControlPlane;
 use anneal_tests::images::{FileServer, gpt_disk, sha256_file};
+use anneal_tests::uploads::UploadLab;
 use anneal_tests::{artifacts, eventually};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 const NS: &str = "images";
@@ -64,7 +62,6 @@ async fn plugin(bin: &Path, kubeconfig: &Path, args: &[&str]) -> Out {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
-    let agent = artifacts::agent_host();
     let bin = artifacts::kubectl_anneal();
     let base = Path::new("/var/tmp/anneal-test");
     std::fs::create_dir_all(base).unwrap();
@@ -86,76 +83,11 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
     let cp = ControlPlane::start().await.unwrap();
     cp.install_crds(&anneal_api::crds()).await.unwrap();
     let client = cp.client();
-    for ns in [NS, "anneal-system"] {
-        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &obj)
-            .await
-            .unwrap();
-    }
-    let upload_port = anneal_testinfra::free_port().unwrap();
-    let runtime =
-        anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
-            .with_content(ContentConfig {
-                executor: Executor::Process(ProcessExecutor::new(
-                    agent.parent().unwrap().to_path_buf(),
-                    &store,
-                )),
-                store_name: "test-store".into(),
-                max_source_bytes: Some(300 << 20),
-                ingest_deadline_secs: 600,
-                server_listen: None,
-                swarm: None,
-                bootd: None,
-                upload: Some(UploadConfig {
-                    listen: format!("127.0.0.1:{upload_port}").parse().unwrap(),
-                    store: store.clone(),
-                    max_bytes: 300 << 20,
-                    pki_namespace: "anneal-system".into(),
-                    server_names: vec!["127.0.0.1".into()],
-                }),
-            });
-    let shutdown = runtime.shutdown_token();
-    let manager = tokio::spawn(runtime.run());
-
-    // A ServiceAccount allowed to create imageimports: its token uploads.
-    for obj in [
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "uploader", "namespace": NS}}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "importer", "namespace": NS},
-               "rules": [{"apiGroups": ["anneal.dev"], "resources": ["imageimports"], "verbs": ["create"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "importer", "namespace": NS},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "importer"},
-               "subjects": [{"kind": "ServiceAccount", "name": "uploader", "namespace": NS}]}),
-    ] {
-        let f = work.path().join("obj.json");
-        std::fs::write(&f, obj.to_string()).unwrap();
-        anneal_testinfra::run(cp.kubectl().unwrap().arg("apply").arg("-f").arg(&f)).unwrap();
-    }
-    let token = anneal_testinfra::run(
-        cp.kubectl()
-            .unwrap()
-            .args(["create", "token", "uploader", "-n", NS]),
-    )
-    .unwrap()
-    .trim()
-    .to_string();
-    // The endpoint listens once the manager made its CA and published its
-    // certificate (ConfigMap anneal-agent-api-ca, what the CLI reads).
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "anneal-system");
-    eventually("the manager's CA ConfigMap", WAIT, || {
-        let maps = maps.clone();
-        async move { maps.get_opt("anneal-agent-api-ca").await.ok()? }
-    })
-    .await;
-    eventually("the upload endpoint listens", WAIT, || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", upload_port))
-            .await
-            .is_ok()
-    })
-    .await;
+    let lab = UploadLab::start(&cp, NS, &store, 300 << 20, None).await;
+    let token = lab.token.clone();
 
     let kc = cp.kubeconfig_path().to_path_buf();
-    let url = format!("https://127.0.0.1:{upload_port}");
+    let url = lab.url.clone();
     let disk_arg = disk.display().to_string();
     let upload_args = |name: &'static str, file: &str| -> Vec<String> {
         [
@@ -460,6 +392,5 @@ async fn import_uploads_a_file_with_progress_and_ends_with_a_ready_image() {
         r.stdout
     );
 
-    shutdown.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(30), manager).await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), lab.stop()).await;
 }

@@ -15,14 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anneal_api::{ImageImport, ImportState, PartitionContent};
-use anneal_manager::content::ContentConfig;
 use anneal_manager::content::quota::StoreQuota;
-use anneal_manager::content::upload::UploadConfig;
-use anneal_manager::workload::{Executor, process::ProcessExecutor};
 use anneal_testinfra::ControlPlane;
+use anneal_tests::eventually;
 use anneal_tests::images::{FileServer, gpt_disk};
-use anneal_tests::{artifacts, eventually};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
+use anneal_tests::uploads::UploadLab;
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -139,7 +137,6 @@ async fn stored_bytes(client: &Client) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_quota_refuses_the_upload_and_import_that_would_pass_it() {
-    let agent = artifacts::agent_host();
     let base = Path::new("/var/tmp/anneal-test");
     std::fs::create_dir_all(base).unwrap();
     let work = tempfile::tempdir_in(base).unwrap();
@@ -153,78 +150,14 @@ async fn a_namespace_quota_refuses_the_upload_and_import_that_would_pass_it() {
     let cp = ControlPlane::start().await.unwrap();
     cp.install_crds(&anneal_api::crds()).await.unwrap();
     let client = cp.client();
-    for ns in [NS, "anneal-system"] {
-        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &obj)
-            .await
-            .unwrap();
-    }
-    let upload_port = anneal_testinfra::free_port().unwrap();
-    let runtime =
-        anneal_manager::Runtime::new(client.clone(), anneal_manager::RunConfig::default())
-            .with_content(ContentConfig {
-                executor: Executor::Process(ProcessExecutor::new(
-                    agent.parent().unwrap().to_path_buf(),
-                    &store,
-                )),
-                store_name: "test-store".into(),
-                max_source_bytes: Some(1 << 30),
-                ingest_deadline_secs: 600,
-                server_listen: None,
-                swarm: None,
-                bootd: None,
-                upload: Some(UploadConfig {
-                    listen: format!("127.0.0.1:{upload_port}").parse().unwrap(),
-                    store: store.clone(),
-                    max_bytes: 1 << 30,
-                    pki_namespace: "anneal-system".into(),
-                    server_names: vec!["127.0.0.1".into()],
-                }),
-            })
-            .with_store_quota(StoreQuota {
-                per_namespace: QUOTA,
-                overrides: Default::default(),
-            });
-    let shutdown = runtime.shutdown_token();
-    let manager = tokio::spawn(runtime.run());
-
-    // A ServiceAccount allowed to create imageimports: its token uploads.
-    for obj in [
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "uploader", "namespace": NS}}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "importer", "namespace": NS},
-               "rules": [{"apiGroups": ["anneal.dev"], "resources": ["imageimports"], "verbs": ["create"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "importer", "namespace": NS},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "importer"},
-               "subjects": [{"kind": "ServiceAccount", "name": "uploader", "namespace": NS}]}),
-    ] {
-        let f = work.path().join("obj.json");
-        std::fs::write(&f, obj.to_string()).unwrap();
-        anneal_testinfra::run(cp.kubectl().unwrap().arg("apply").arg("-f").arg(&f)).unwrap();
-    }
-    let token = anneal_testinfra::run(
-        cp.kubectl()
-            .unwrap()
-            .args(["create", "token", "uploader", "-n", NS]),
-    )
-    .unwrap()
-    .trim()
-    .to_string();
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "anneal-system");
-    let ca_map = eventually("the manager's CA ConfigMap", WAIT, || {
-        let maps = maps.clone();
-        async move { maps.get_opt("anneal-agent-api-ca").await.ok()? }
-    })
-    .await;
+    let quota = StoreQuota {
+        per_namespace: QUOTA,
+        overrides: Default::default(),
+    };
+    let lab = UploadLab::start(&cp, NS, &store, 1 << 30, Some(quota)).await;
+    let (url, token) = (lab.url.clone(), lab.token.clone());
     let ca = work.path().join("ca.crt");
-    std::fs::write(&ca, &ca_map.data.unwrap()["ca.crt"]).unwrap();
-    eventually("the upload endpoint listens", WAIT, || async move {
-        tokio::net::TcpStream::connect(("127.0.0.1", upload_port))
-            .await
-            .is_ok()
-    })
-    .await;
-    let url = format!("https://127.0.0.1:{upload_port}");
+    std::fs::write(&ca, &lab.ca_pem).unwrap();
 
     // --- the first import fits.
     create_import(&client, "first", &server.url("disk.raw")).await;
@@ -347,6 +280,5 @@ async fn a_namespace_quota_refuses_the_upload_and_import_that_would_pass_it() {
         "no ingest started: {ev:?}"
     );
 
-    shutdown.cancel();
-    let _ = manager.await;
+    lab.stop().await;
 }
