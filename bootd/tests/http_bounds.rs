@@ -15,22 +15,29 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 
+mod common;
+
+use common::process::BootdProcess;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1024 * 1024;
 
-/// A running `bootd` process; killed (by its PID) on drop.
+/// A running `bootd` serving HTTP on `addr`.
 struct Bootd {
-    child: Child,
+    process: BootdProcess,
     addr: SocketAddr,
-    /// bootd's log lines after "bootd serving".
-    lines: mpsc::Receiver<String>,
+}
+
+impl std::ops::Deref for Bootd {
+    type Target = BootdProcess;
+    fn deref(&self) -> &BootdProcess {
+        &self.process
+    }
 }
 
 impl Bootd {
@@ -76,78 +83,31 @@ machines:
             }
             None => Command::new(env!("CARGO_BIN_EXE_bootd")),
         };
-        let mut child = cmd
-            .arg("--config")
-            .arg(&cfg)
-            .args([
-                "--listen-ip",
-                "127.0.0.1",
-                "--http-port",
-                "0",
-                "--dhcp-port",
-                "0",
-                "--pxe-port",
-                "0",
-                "--tftp-port",
-                "0",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel::<String>();
-        // Forwards every line (and keeps the pipe drained after the start).
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("bootd: {line}");
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let addr = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match rx.recv_timeout(left) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("bootd did not print \"bootd serving\" ({e}): see its lines above");
-                }
-            };
-            if line.contains("bootd serving")
-                && let Some(a) = line
-                    .split_whitespace()
-                    .find_map(|w| w.strip_prefix("http_addr="))
-            {
-                break a.parse().unwrap();
-            }
-        };
-        Bootd {
-            child,
-            addr,
-            lines: rx,
-        }
-    }
-
-    /// bootd's peak resident set (VmHWM), bytes.
-    fn peak_rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .unwrap()
-            .to_string();
-        let kib: u64 = line
+        let process = BootdProcess::spawn(
+            cmd.arg("--config")
+                .arg(&cfg)
+                .args([
+                    "--listen-ip",
+                    "127.0.0.1",
+                    "--http-port",
+                    "0",
+                    "--dhcp-port",
+                    "0",
+                    "--pxe-port",
+                    "0",
+                    "--tftp-port",
+                    "0",
+                ])
+                .args(extra),
+        );
+        let addr = process
+            .serving
             .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
+            .find_map(|w| w.strip_prefix("http_addr="))
+            .unwrap_or_else(|| panic!("no http_addr in {:?}", process.serving))
+            .parse()
             .unwrap();
-        kib * 1024
+        Bootd { process, addr }
     }
 
     fn metrics(&self) -> String {
@@ -170,13 +130,6 @@ machines:
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-}
-
-impl Drop for Bootd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

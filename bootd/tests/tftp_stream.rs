@@ -16,21 +16,28 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+mod common;
+
+use common::process::BootdProcess;
+use std::io::{Seek, SeekFrom, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 const MIB: u64 = 1024 * 1024;
 
-/// A running `bootd` process; killed (by its PID) on drop.
+/// A running `bootd` serving TFTP on `tftp`.
 struct Bootd {
-    child: Child,
+    process: BootdProcess,
     tftp: SocketAddr,
-    /// bootd's log lines after "bootd serving".
-    lines: mpsc::Receiver<String>,
+}
+
+impl std::ops::Deref for Bootd {
+    type Target = BootdProcess;
+    fn deref(&self) -> &BootdProcess {
+        &self.process
+    }
 }
 
 impl Bootd {
@@ -54,82 +61,15 @@ impl Bootd {
             .unwrap()
             .local_addr()
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_bootd"))
-            .arg("--config")
-            .arg(&cfg)
-            .args(["--listen-ip", "127.0.0.1", "--http-port", "0"])
-            .args(["--dhcp-port", "0", "--pxe-port", "0"])
-            .args(["--tftp-port", &tftp.port().to_string()])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                eprintln!("bootd: {line}");
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = match rx.recv_timeout(left) {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("bootd did not print \"bootd serving\" ({e}): see its lines above");
-                }
-            };
-            if line.contains("bootd serving") {
-                break;
-            }
-        }
-        Bootd {
-            child,
-            tftp,
-            lines: rx,
-        }
-    }
-
-    /// bootd's peak resident set (VmHWM), bytes.
-    fn peak_rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap();
-        kib * 1024
-    }
-
-    /// Waits (up to 30 s) for `n` log lines containing every one of `words`.
-    fn wait_lines(&self, words: &[&str], n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut seen = 0;
-        while seen < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|e| panic!("no log line with {words:?} ({e}), {seen} of {n}"));
-            if words.iter().all(|w| line.contains(w)) {
-                seen += 1;
-            }
-        }
-    }
-}
-
-impl Drop for Bootd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let process = BootdProcess::spawn(
+            Command::new(env!("CARGO_BIN_EXE_bootd"))
+                .arg("--config")
+                .arg(&cfg)
+                .args(["--listen-ip", "127.0.0.1", "--http-port", "0"])
+                .args(["--dhcp-port", "0", "--pxe-port", "0"])
+                .args(["--tftp-port", &tftp.port().to_string()]),
+        );
+        Bootd { process, tftp }
     }
 }
 

@@ -2,6 +2,8 @@
 //! joined by a veth pair, a DHCP client socket, packets and replies.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod process;
+
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
