@@ -17,13 +17,13 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use common::{contains, text};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 
 use anneal_bootd::state::BootToken;
 use anneal_bootd::{Server, Shared, StaticConfig};
 use anneal_dhcp::{Ingress, Mac, ServerPort};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "41e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f041";
 const M1: Mac = Mac([0x52, 0x54, 0, 0x41, 0, 1]);
@@ -71,33 +71,7 @@ async fn start() -> (Server, u16) {
 
 /// One GET from source address `from`: status and body.
 async fn get(server: &Server, from: IpAddr, path: &str) -> (u16, Vec<u8>) {
-    let s = tokio::net::TcpSocket::new_v4().unwrap();
-    s.bind(SocketAddr::new(from, 0)).unwrap();
-    let mut c = s.connect(server.http_addr).await.unwrap();
-    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).await.unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap();
-    (code, raw[split + 4..].to_vec())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_string()
-}
-
-fn contains(hay: &[u8], needle: &str) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+    common::http_get_from(server.http_addr, from, path).await
 }
 
 /// Options of a BIOS PXE client: vendor class `PXEClient...`, arch 0.

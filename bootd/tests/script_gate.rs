@@ -12,6 +12,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::too_many_lines)]
 
+mod common;
+
+use common::{contains, text};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -20,7 +23,6 @@ use anneal_bootd::script::BOOT_TEMPLATE;
 use anneal_bootd::state::BootToken;
 use anneal_bootd::{CancellationToken, Shared, StaticConfig};
 use anneal_dhcp::{Lease, Leases, Mac};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 const M1: Mac = Mac([0x52, 0x54, 0, 0x15, 0, 1]);
@@ -86,37 +88,7 @@ async fn start_on(mode: &str, leases: Leases, bind: &str) -> Server {
 
 /// One GET from source address `from`: status and body.
 async fn get(server: &Server, from: IpAddr, path: &str) -> (u16, Vec<u8>) {
-    let s = if from.is_ipv6() {
-        tokio::net::TcpSocket::new_v6().unwrap()
-    } else {
-        tokio::net::TcpSocket::new_v4().unwrap()
-    };
-    s.bind(SocketAddr::new(from, 0)).unwrap();
-    let mut c = s.connect(server.addr).await.unwrap();
-    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw).await.unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap();
-    (code, raw[split + 4..].to_vec())
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_string()
-}
-
-fn contains(hay: &[u8], needle: &str) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+    common::http_get_from(server.addr, from, path).await
 }
 
 /// Marks `mac`'s token spent, as the watcher does once the Machine's

@@ -83,3 +83,42 @@ pub fn client_socket(iface: &str, timeout: Duration) -> UdpSocket {
     s.set_read_timeout(Some(timeout)).unwrap();
     s.into()
 }
+
+/// One HTTP GET to `to` from source address `from` (`Connection: close`):
+/// status and body.
+pub async fn http_get_from(to: SocketAddr, from: std::net::IpAddr, path: &str) -> (u16, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = if from.is_ipv6() {
+        tokio::net::TcpSocket::new_v6().unwrap()
+    } else {
+        tokio::net::TcpSocket::new_v4().unwrap()
+    };
+    s.bind(SocketAddr::new(from, 0)).unwrap();
+    let mut c = s.connect(to).await.unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).await.unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    (code, raw[split + 4..].to_vec())
+}
+
+/// `b` as text (lossy).
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+/// Whether `hay` holds `needle`.
+pub fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
