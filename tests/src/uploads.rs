@@ -2,7 +2,7 @@
 //! directory and its staged-upload endpoint on loopback (docs/images.md,
 //! "Staged uploads"), plus a ServiceAccount of the tenant namespace allowed
 //! to create imageimports, whose token uploads: what `cli_import` and
-//! `store_quota` start from.
+//! `store_quota` start from; and waiting for an import to finish.
 
 use std::path::Path;
 use std::time::Duration;
@@ -134,4 +134,26 @@ impl UploadLab {
         self.shutdown.cancel();
         let _ = self.manager.await;
     }
+}
+
+/// Waits (up to 180 s) until ImageImport `ns/name` Succeeded or Failed.
+pub async fn import_finished(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> anneal_api::ImageImport {
+    use anneal_api::{ImageImport, ImportState};
+    let api: Api<ImageImport> = Api::namespaced(client.clone(), ns);
+    eventually(&format!("ImageImport {ns}/{name} finished"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let i = api.get(name).await.ok()?;
+            matches!(
+                i.status.as_ref().and_then(|s| s.state),
+                Some(ImportState::Succeeded | ImportState::Failed)
+            )
+            .then_some(i)
+        }
+    })
+    .await
 }

@@ -54,19 +54,7 @@ async fn content_ready(contents: &Api<PartitionContent>, name: &str) -> Partitio
 }
 
 async fn finished(client: &Client, name: &str) -> ImageImport {
-    let api: Api<ImageImport> = Api::namespaced(client.clone(), NS);
-    eventually(&format!("ImageImport {name} finished"), WAIT, || {
-        let api = api.clone();
-        async move {
-            let i = api.get(name).await.ok()?;
-            matches!(
-                i.status.as_ref().and_then(|s| s.state),
-                Some(ImportState::Succeeded | ImportState::Failed)
-            )
-            .then_some(i)
-        }
-    })
-    .await
+    anneal_tests::uploads::import_finished(client, NS, name).await
 }
 
 fn condition(i: &ImageImport, type_: &str) -> (String, String, String) {

@@ -12,12 +12,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anneal_api::{ImageImport, ImportState, PartitionContent};
+use anneal_api::{ImageImport, PartitionContent};
 use anneal_manager::content::quota::StoreQuota;
 use anneal_testinfra::ControlPlane;
-use anneal_tests::eventually;
 use anneal_tests::images::{FileServer, gpt_disk};
 use anneal_tests::uploads::UploadLab;
 use k8s_openapi::api::core::v1::Event;
@@ -27,7 +25,6 @@ use serde_json::json;
 
 const NS: &str = "tenant";
 const QUOTA: u64 = 64 << 20;
-const WAIT: Duration = Duration::from_secs(180);
 
 async fn create_import(client: &Client, name: &str, url: &str) {
     let api: Api<ImageImport> = Api::namespaced(client.clone(), NS);
@@ -42,19 +39,7 @@ async fn create_import(client: &Client, name: &str, url: &str) {
 }
 
 async fn finished(client: &Client, name: &str) -> ImageImport {
-    let api: Api<ImageImport> = Api::namespaced(client.clone(), NS);
-    eventually(&format!("ImageImport {name} finished"), WAIT, || {
-        let api = api.clone();
-        async move {
-            let i = api.get(name).await.ok()?;
-            matches!(
-                i.status.as_ref().and_then(|s| s.state),
-                Some(ImportState::Succeeded | ImportState::Failed)
-            )
-            .then_some(i)
-        }
-    })
-    .await
+    anneal_tests::uploads::import_finished(client, NS, name).await
 }
 
 fn succeeded(i: &ImageImport) -> (String, String, String) {
