@@ -986,7 +986,13 @@ mod tests {
         .unwrap();
         image.metadata.namespace = Some("default".into());
         let spec = seeder_spec(&image, &s, &["root".into(), "esp".into()], &cfg).unwrap();
-        assert_eq!(spec.name, "seed-debian-rack1");
+        // image and Site joined, tagged so `a-b`/`c` and `a`/`b-c` differ
+        assert!(
+            spec.name.starts_with("seed-debian-rack1-")
+                && spec.name.len() == "seed-debian-rack1-".len() + 10,
+            "{}",
+            spec.name
+        );
         assert_eq!(
             spec.args,
             [
